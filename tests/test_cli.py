@@ -1,0 +1,97 @@
+"""The `icr` console script, run as a real process the way users run it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ICR = shutil.which("icr", path=str(Path(sys.executable).parent)) or "icr"
+
+
+def icr(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ICR, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_help_lists_commands_with_examples() -> None:
+    top = icr("--help")
+    assert top.returncode == 0
+    assert "data" in top.stdout and "demo" in top.stdout
+    synth = icr("data", "synth", "--help")
+    assert synth.returncode == 0
+    assert "Examples" in synth.stdout and "icr data synth --out" in synth.stdout
+    for sub in ("stats", "check"):
+        assert "Examples" in icr("data", sub, "--help").stdout
+
+
+def test_synth_stats_check_round_trip(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    made = icr("data", "synth", "--out", str(out), "--train", "20", "--val", "5", "--test", "6", "--quiet")
+    assert made.returncode == 0, made.stderr
+    assert "wrote 31 images" in made.stdout
+    stats = icr("data", "stats", str(out), "--json", str(tmp_path / "stats.json"))
+    assert stats.returncode == 0, stats.stderr
+    assert "ground_truth" in stats.stdout
+    result = json.loads((tmp_path / "stats.json").read_text())
+    assert (result["splits"]["train"]["images"], result["splits"]["train"]["captions"]) == (20, 100)
+    assert result["ground_truth"]["test"]["captions_true_of_own_image"] == 1.0
+    assert result["ground_truth"]["test"]["relevant_images_per_caption_mean"] >= 1.0
+    checked = icr("data", "check", str(out))
+    assert checked.returncode == 0, checked.stderr
+    assert "test: 6 images decoded, 30 captions: ok" in checked.stdout
+
+
+def test_user_errors_exit_2_with_a_message_and_no_traceback(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    assert (
+        icr(
+            "data", "synth", "--out", str(out), "--train", "2", "--val", "1", "--test", "1", "--quiet"
+        ).returncode
+        == 0
+    )
+    again = icr("data", "synth", "--out", str(out), "--quiet")
+    assert again.returncode == 2
+    assert "--force" in again.stderr and "Traceback" not in again.stderr
+    missing = icr("data", "stats", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2
+    assert "nowhere" in missing.stderr and "Traceback" not in missing.stderr
+    broken = out / "images" / "synth_test_000000.png"
+    broken.write_bytes(b"not a png")
+    bad = icr("data", "check", str(out))
+    assert bad.returncode == 2
+    assert "synth_test_000000.png" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_check_and_stats_on_a_precomp_folder(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy")
+    np.save(tmp_path / "test_ims.npy", np.zeros((2, 3, 8), dtype=np.float32))
+    (tmp_path / "test_caps.txt").write_text("\n".join(f"caption {i}" for i in range(10)) + "\n")
+    checked = icr("data", "check", str(tmp_path))
+    assert checked.returncode == 0, checked.stderr
+    assert "test: 2 feature rows (3, 8), 10 captions: ok" in checked.stdout
+    stats = icr("data", "stats", str(tmp_path))
+    assert stats.returncode == 0 and "captions_per_image_row  5" in stats.stdout
+
+
+def test_demo_generates_then_reuses_the_cached_benchmark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The demo's sizes are fixed (10k/1k/1k, ~30 s); run it in-process with small ones.
+    from typer.testing import CliRunner
+
+    from service import cli
+
+    monkeypatch.setattr(cli, "DEMO_COUNTS", {"train": 10, "val": 5, "test": 5})
+    runner = CliRunner()
+    first = runner.invoke(cli.app, ["demo", "--workdir", str(tmp_path / "demo")])
+    assert first.exit_code == 0, first.output
+    assert "generating 20 images" in first.output and "captions_true_of_own_image" in first.output
+    second = runner.invoke(cli.app, ["demo", "--workdir", str(tmp_path / "demo")])
+    assert second.exit_code == 0, second.output
+    assert "cached" in second.output
+    other_seed = runner.invoke(cli.app, ["demo", "--workdir", str(tmp_path / "demo"), "--seed", "1"])
+    assert "generating" in other_seed.output

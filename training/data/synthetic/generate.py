@@ -1,0 +1,283 @@
+"""Writes the embedded benchmark (Karpathy JSON + PNG folder + scene structures) and streams
+distractor images lazily.
+
+Every image is a pure function of (seed, stream, index): image i of a split is the same whatever
+the split sizes, and distractor k can be drawn without drawing the k - 1 before it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from training.data.errors import DatasetError
+from training.data.synthetic.captions import write_captions
+from training.data.synthetic.render import render
+from training.data.synthetic.scene import Scene, SceneTable, sample_scene
+from training.data.vocab import tokenize
+
+GENERATOR_NAME = "icr-synthetic-scenes"
+# Bump when a change alters what a seed produces, so stored datasets are known to be stale.
+GENERATOR_VERSION = 1
+SCENES_FORMAT_VERSION = 1
+JSON_NAME = "dataset_synthetic.json"
+SCENES_NAME = "scenes.json"
+IMAGE_DIR = "images"
+SPLITS = ("train", "val", "test")
+# Independent random streams per split; distractors have their own.
+STREAMS = {"train": 1, "val": 2, "test": 3, "distractor": 4}
+
+
+def _rngs(seed: int, stream: str, index: int) -> tuple[np.random.Generator, ...]:
+    """Three independent generators (scene, pixels, captions) for one image."""
+    children = np.random.SeedSequence([seed, STREAMS[stream], index]).spawn(3)
+    return tuple(np.random.default_rng(c) for c in children)
+
+
+def make_scene(seed: int, stream: str, index: int) -> Scene:
+    # Only the first of the three child streams: the same scene as make_image, without spawning
+    # (and paying for) the pixel and caption generators.
+    child = np.random.SeedSequence([seed, STREAMS[stream], index], spawn_key=(0,))
+    return sample_scene(np.random.default_rng(child))
+
+
+def make_image(seed: int, stream: str, index: int, image_size: int) -> tuple[Scene, np.ndarray]:
+    scene_rng, pixel_rng, _ = _rngs(seed, stream, index)
+    scene = sample_scene(scene_rng)
+    return scene, render(scene, image_size, pixel_rng)
+
+
+def _png_bytes(image: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG", compress_level=6)
+    return buf.getvalue()
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    from tqdm import tqdm  # imported on use: keeps module import light
+
+    return tqdm(total=total, disable=not enabled, desc=desc, unit="img")
+
+
+def write_dataset(
+    out: str | os.PathLike[str],
+    *,
+    train: int = 2000,
+    val: int = 200,
+    test: int = 200,
+    image_size: int = 64,
+    seed: int = 0,
+    force: bool = False,
+    progress: bool = False,
+) -> dict:
+    """Generate the benchmark into `out` and return its summary.
+
+    The dataset is written to a hidden sibling folder and renamed into place when complete, so an
+    interrupted run never leaves a half dataset at `out` (nor destroys the one already there).
+    """
+    out = Path(out)
+    counts = {"train": train, "val": val, "test": test}
+    for split, n in counts.items():
+        if n < 0:
+            raise ValueError(f"--{split} must be >= 0, got {n}")
+    if image_size < 16:
+        raise ValueError(f"--image-size must be at least 16 pixels, got {image_size}")
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not force:
+        raise FileExistsError(f"{out} already exists and is not empty; pass --force to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / IMAGE_DIR).mkdir(parents=True)
+    start = time.perf_counter()
+    try:
+        images, scenes = [], []
+        imgid = 0
+        with _progress(sum(counts.values()), progress, "synthesising") as bar:
+            for split in SPLITS:
+                for i in range(counts[split]):
+                    scene_rng, pixel_rng, caption_rng = _rngs(seed, split, i)
+                    scene = sample_scene(scene_rng)
+                    filename = f"synth_{split}_{i:06d}.png"
+                    (tmp / IMAGE_DIR / filename).write_bytes(_png_bytes(render(scene, image_size, pixel_rng)))
+                    captions = [text for text, _ in write_captions(scene, caption_rng)]
+                    sentids = list(range(5 * imgid, 5 * imgid + len(captions)))
+                    images.append(
+                        {
+                            "filepath": IMAGE_DIR,
+                            "filename": filename,
+                            "imgid": imgid,
+                            "split": split,
+                            "sentids": sentids,
+                            "sentences": [
+                                {"raw": text, "tokens": tokenize(text), "imgid": imgid, "sentid": sid}
+                                for text, sid in zip(captions, sentids, strict=True)
+                            ],
+                        }
+                    )
+                    scenes.append({"imgid": imgid, "filename": filename, "split": split, **scene.to_dict()})
+                    imgid += 1
+                    bar.update(1)
+        generator = {
+            "name": GENERATOR_NAME,
+            "version": GENERATOR_VERSION,
+            "seed": seed,
+            "image_size": image_size,
+            "counts": counts,
+        }
+        _write_json(tmp / JSON_NAME, {"dataset": "synthetic", "images": images})
+        _write_json(
+            tmp / SCENES_NAME,
+            {"format_version": SCENES_FORMAT_VERSION, "generator": generator, "scenes": scenes},
+        )
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {
+        "out": str(out),
+        "images": sum(counts.values()),
+        "seconds": time.perf_counter() - start,
+        **generator,
+    }
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    # Compact but stable: sorted keys are not used so the Karpathy field order stays familiar.
+    path.write_text(json.dumps(payload, separators=(",", ":")), encoding="utf-8")
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Move `new` to `target`; an existing target is kept aside until the move has succeeded."""
+    old = None
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+    try:
+        os.replace(new, target)
+    except BaseException:
+        if old is not None:
+            os.replace(old, target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class SyntheticScenes:
+    """The scene structures stored beside a synthetic dataset."""
+
+    generator: dict
+    by_imgid: dict[int, Scene]
+
+    @property
+    def seed(self) -> int:
+        return int(self.generator["seed"])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.generator["image_size"])
+
+    def for_imgids(self, imgids: list[int]) -> list[Scene]:
+        return [self.by_imgid[i] for i in imgids]
+
+
+_REGENERATE = "Regenerate the dataset with `icr data synth --out DIR --force`."
+
+
+def load_scenes(directory: str | os.PathLike[str]) -> SyntheticScenes:
+    """Read `scenes.json` of a dataset written by :func:`write_dataset`."""
+    path = Path(directory) / SCENES_NAME
+    if not path.is_file():
+        raise DatasetError(
+            "no scene file.", path=path, hint="Only datasets made by `icr data synth` have one."
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DatasetError(
+            f"malformed JSON ({e.msg}).", path=path, line=e.lineno, column=e.colno, hint=_REGENERATE
+        ) from e
+    version = data.get("format_version") if isinstance(data, dict) else None
+    if version != SCENES_FORMAT_VERSION:
+        raise DatasetError(
+            f"scene format version {version!r}, this code reads {SCENES_FORMAT_VERSION}.",
+            path=path,
+            hint=_REGENERATE,
+        )
+    try:
+        by_imgid = {int(s["imgid"]): Scene.from_dict(s) for s in data["scenes"]}
+    except (KeyError, TypeError, ValueError) as e:
+        raise DatasetError(f"malformed scene entry ({e!r}).", path=path, hint=_REGENERATE) from e
+    return SyntheticScenes(data["generator"], by_imgid)
+
+
+class DistractorStream:
+    """`n` further images drawn lazily from `seed`; never more than one batch in memory.
+
+    Distractor k is the same image whatever `n` is and whichever order it is asked for in, so an
+    index can store only k and re-derive the image and its scene (for relevance) on demand.
+    """
+
+    def __init__(self, n: int, *, seed: int = 0, image_size: int = 64):
+        if n < 0:
+            raise ValueError(f"number of distractors must be >= 0, got {n}")
+        self.n, self.seed, self.image_size = n, seed, image_size
+
+    @classmethod
+    def for_dataset(cls, directory: str | os.PathLike[str], n: int) -> DistractorStream:
+        """Distractors matching a stored synthetic dataset's seed and image size."""
+        scenes = load_scenes(directory)
+        return cls(n, seed=scenes.seed, image_size=scenes.image_size)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _check(self, k: int) -> None:
+        if not 0 <= k < self.n:
+            raise IndexError(f"distractor {k} out of range [0, {self.n})")
+
+    def scene(self, k: int) -> Scene:
+        self._check(k)
+        return make_scene(self.seed, "distractor", k)
+
+    def image(self, k: int) -> np.ndarray:
+        """(H, W, 3) uint8."""
+        self._check(k)
+        return make_image(self.seed, "distractor", k, self.image_size)[1]
+
+    def __iter__(self) -> Iterator[tuple[int, Scene, np.ndarray]]:
+        for k in range(self.n):
+            scene, image = make_image(self.seed, "distractor", k, self.image_size)
+            yield k, scene, image
+
+    def batches(
+        self, batch_size: int, start: int = 0
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, list[Scene]]]:
+        """Yields (ids (B,) int64, images (B, H, W, 3) uint8, scenes) from distractor `start` on."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        for lo in range(start, self.n, batch_size):
+            ids = np.arange(lo, min(lo + batch_size, self.n), dtype=np.int64)
+            pairs = [make_image(self.seed, "distractor", int(k), self.image_size) for k in ids]
+            yield ids, np.stack([img for _, img in pairs]), [s for s, _ in pairs]
+
+    def scene_table(self, start: int = 0, stop: int | None = None, chunk: int = 100_000) -> SceneTable:
+        """Scene structures of distractors [start, stop) in column form (no rendering)."""
+        stop = self.n if stop is None else min(stop, self.n)
+        tables = [
+            SceneTable.from_scenes(
+                [make_scene(self.seed, "distractor", k) for k in range(lo, min(lo + chunk, stop))]
+            )
+            for lo in range(start, stop, chunk)
+        ]
+        return SceneTable.concat(tables) if tables else SceneTable.from_scenes([])
