@@ -101,7 +101,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
 def test_corrupt_vocab_file(tmp_path: Path) -> None:
     path = tmp_path / "vocab.json"
     path.write_text('{\n  "format_version": 1,\n  "words": ["a", \n', encoding="utf-8")
-    with pytest.raises(DatasetError, match="not valid JSON") as info:
+    with pytest.raises(DatasetError, match="malformed JSON") as info:
         Vocabulary.load(path)
     assert f"{path}:4:" in str(info.value)
 

@@ -8,8 +8,10 @@ is one, and says what to do.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 
 class DatasetError(ValueError):
@@ -69,3 +71,36 @@ def line_of(text: str, needle: str) -> int | None:
     if index < 0:
         return None
     return text.count("\n", 0, index) + 1
+
+
+def read_text(path: Path, what: str, hint: str) -> str:
+    """UTF-8 text of a dataset file (a BOM is tolerated); DatasetError naming the file otherwise.
+
+    ``what`` names the file for the user ("dataset JSON", "caption file"); ``hint`` says how to
+    get a good copy.
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DatasetError(f"{what} not found.", path=path, hint=hint) from None
+    except OSError as err:
+        raise DatasetError(f"cannot read {what}: {err.strerror}.", path=path, hint=hint) from None
+    try:
+        return raw.decode("utf-8-sig")  # -sig: tolerate a BOM written by some editors
+    except UnicodeDecodeError as err:
+        raise DatasetError(
+            f"{what} is not UTF-8 text ({err.reason} at byte {err.start}).",
+            path=path,
+            line=raw.count(b"\n", 0, err.start) + 1,
+            hint=hint,
+        ) from None
+
+
+def parse_json(text: str, path: Path, what: str, hint: str) -> Any:
+    """``json.loads`` with a DatasetError at file:line:column on malformed input."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DatasetError(
+            f"{what} is malformed JSON: {err.msg}.", path=path, line=err.lineno, column=err.colno, hint=hint
+        ) from None

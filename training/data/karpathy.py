@@ -17,7 +17,7 @@ from typing import Any
 
 from PIL import Image
 
-from training.data.errors import DatasetError, line_of
+from training.data.errors import DatasetError, line_of, parse_json, read_text
 from training.data.vocab import tokenize
 
 # Canonical order in which splits are listed; other split names follow in order of appearance.
@@ -147,8 +147,12 @@ def load_karpathy(
     json_path = Path(json_path).expanduser()
     if json_path.is_dir():
         json_path = find_karpathy_json(json_path)
-    text = _read_text(json_path)
-    data = _parse_json(text, json_path)
+    hint = (
+        "Check the path (Karpathy split files are named dataset_flickr30k.json / dataset_coco.json); "
+        "a truncated or hand-edited file must be re-downloaded or regenerated."
+    )
+    text = read_text(json_path, "dataset JSON", hint)
+    data = parse_json(text, json_path, "dataset JSON", hint)
     entries = _image_entries(data, json_path)
     root = Path(image_root).expanduser() if image_root is not None else json_path.parent
 
@@ -226,41 +230,6 @@ def _maybe_progress(records: list[ImageRecord], progress: bool) -> Iterator[Imag
             yield from tqdm(records, desc="verify images", unit="img")
             return
     yield from records
-
-
-def _read_text(json_path: Path) -> str:
-    try:
-        raw = json_path.read_bytes()
-    except FileNotFoundError:
-        raise DatasetError(
-            "dataset JSON not found.",
-            path=json_path,
-            hint="Check the path; Karpathy split files are named dataset_flickr30k.json / dataset_coco.json.",
-        ) from None
-    except OSError as err:
-        raise DatasetError(f"cannot read dataset JSON: {err.strerror}.", path=json_path) from None
-    try:
-        return raw.decode("utf-8-sig")  # -sig: tolerate a BOM written by some editors
-    except UnicodeDecodeError as err:
-        raise DatasetError(
-            f"dataset JSON is not UTF-8 text ({err.reason} at byte {err.start}).",
-            path=json_path,
-            line=raw.count(b"\n", 0, err.start) + 1,
-            hint="Re-download the file or re-save it as UTF-8.",
-        ) from None
-
-
-def _parse_json(text: str, json_path: Path) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise DatasetError(
-            f"malformed JSON: {err.msg}.",
-            path=json_path,
-            line=err.lineno,
-            column=err.colno,
-            hint="The file is truncated or was edited by hand; re-download or regenerate it.",
-        ) from None
 
 
 def _image_entries(data: Any, json_path: Path) -> list[Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.data.errors import DatasetError
+from training.data.errors import DatasetError, read_text
 from training.data.vocab import tokenize
 
 # Captions per image when the caption file has more lines than the feature array has rows.
@@ -120,19 +120,7 @@ def _load_features(path: Path) -> np.ndarray:
 
 
 def _read_captions(path: Path) -> list[str]:
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise DatasetError(f"cannot read caption file: {err.strerror}.", path=path) from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise DatasetError(
-            f"caption file is not UTF-8 text ({err.reason} at byte {err.start}).",
-            path=path,
-            line=raw.count(b"\n", 0, err.start) + 1,
-            hint="Re-save the file as UTF-8.",
-        ) from None
+    text = read_text(path, "caption file", "Re-save the file as UTF-8 text, one caption per line.")
     # split("\n"), not splitlines(): splitlines also breaks on characters such as \x1c or \u2028
     # that can occur inside a caption and would shift every later caption onto the wrong image.
     lines = [line.strip() for line in text.split("\n")]

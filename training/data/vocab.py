@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training.data.errors import DatasetError
+from training.data.errors import DatasetError, parse_json, read_text
 
 if TYPE_CHECKING:  # imported for annotations only: karpathy imports tokenize from here
     from training.data.karpathy import CaptionSplit, KarpathyDataset
@@ -184,28 +184,7 @@ class Vocabulary:
         """Read a vocabulary written by :meth:`save`; DatasetError naming the file if it is bad."""
         path = Path(path)
         hint = "Rebuild it from the training split (build_training_vocab) and save it again."
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise DatasetError("vocabulary file not found.", path=path, hint=hint) from None
-        except UnicodeDecodeError as err:
-            raise DatasetError(
-                f"vocabulary file is not UTF-8 text ({err.reason}).", path=path, hint=hint
-            ) from None
-        except OSError as err:
-            raise DatasetError(
-                f"cannot read vocabulary file: {err.strerror}.", path=path, hint=hint
-            ) from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise DatasetError(
-                f"vocabulary file is not valid JSON: {err.msg}.",
-                path=path,
-                line=err.lineno,
-                column=err.colno,
-                hint=hint,
-            ) from None
+        data = parse_json(read_text(path, "vocabulary file", hint), path, "vocabulary file", hint)
         try:
             return cls.from_dict(data)
         except ValueError as err:

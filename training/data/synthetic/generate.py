@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from training.data.errors import DatasetError
+from training.data.errors import DatasetError, parse_json, read_text
 from training.data.synthetic.captions import write_captions
 from training.data.synthetic.render import render
 from training.data.synthetic.scene import Scene, SceneTable, sample_scene
@@ -201,12 +201,7 @@ def load_scenes(directory: str | os.PathLike[str]) -> SyntheticScenes:
         raise DatasetError(
             "no scene file.", path=path, hint="Only datasets made by `icr data synth` have one."
         )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DatasetError(
-            f"malformed JSON ({e.msg}).", path=path, line=e.lineno, column=e.colno, hint=_REGENERATE
-        ) from e
+    data = parse_json(read_text(path, "scene file", _REGENERATE), path, "scene file", _REGENERATE)
     version = data.get("format_version") if isinstance(data, dict) else None
     if version != SCENES_FORMAT_VERSION:
         raise DatasetError(
