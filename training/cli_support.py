@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -12,21 +13,23 @@ import typer
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Errors that mean "the input is wrong": the message says how to fix it, a traceback would not help.
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileExistsError, FileNotFoundError, IndexError)
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileExistsError, FileNotFoundError)
 
 
 def fail_cleanly(fn: F) -> F:
-    """Turn user errors into `error: ...` on stderr and exit status 2."""
+    """Turn user errors into `error: ...` on stderr and exit status 2 (ICR_DEBUG=1: the traceback)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as e:
+            if os.environ.get("ICR_DEBUG"):
+                raise
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            typer.echo("interrupted: nothing partial was left in place", err=True)
+            typer.echo("interrupted", err=True)
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
