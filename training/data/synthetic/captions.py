@@ -13,6 +13,7 @@ import numpy as np
 
 from training.data.synthetic import world
 from training.data.synthetic.query import Descriptor, Query, Relation
+from training.data.synthetic.relevance import holds
 from training.data.synthetic.scene import Scene, SceneObject
 
 CAPTIONS_PER_IMAGE = 5
@@ -135,25 +136,13 @@ def single_object(scene: Scene, rng: np.random.Generator) -> tuple[str, Query]:
     return text, Query((d,))
 
 
-def _true_relations(a: SceneObject, b: SceneObject) -> list[str]:
-    rels = []
-    if a.col < b.col:
-        rels.append("left_of")
-    if a.col > b.col:
-        rels.append("right_of")
-    if a.row < b.row:
-        rels.append("above")
-    if a.row > b.row:
-        rels.append("below")
-    return rels
-
-
 def spatial_relation(scene: Scene, rng: np.random.Generator) -> tuple[str, Query]:
     if len(scene.objects) < 2:
         return position_first(scene, rng)
     i, j = rng.choice(len(scene.objects), size=2, replace=False)
     a, b = scene.objects[i], scene.objects[j]
-    relation = _pick(rng, _true_relations(a, b))  # distinct cells: at least one relation holds
+    # distinct cells, so at least one relation holds
+    relation = _pick(rng, [r for r in world.RELATIONS if holds(r, a, b)])
     da, db = _partial(a, rng), _partial(b, rng)
     text = f"{noun_phrase(da, rng)} {_pick(rng, world.RELATION_WORDS[relation])} {noun_phrase(db, rng)}"
     return text, Query((da, db), (Relation(0, relation, 1),))

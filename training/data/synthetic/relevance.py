@@ -32,16 +32,12 @@ def _matches(d: Descriptor, o: SceneObject) -> bool:
     )
 
 
-def _holds(relation: str, a: SceneObject, b: SceneObject) -> bool:
-    if relation == "left_of":
-        return a.col < b.col
-    if relation == "right_of":
-        return a.col > b.col
-    if relation == "above":
-        return a.row < b.row
-    if relation == "below":
-        return a.row > b.row
-    raise ValueError(f"unknown relation {relation!r}; expected one of {world.RELATIONS}")
+def holds(relation: str, a: SceneObject, b: SceneObject) -> bool:
+    try:
+        coord, compare = world.RELATION_TESTS[relation]
+    except KeyError:
+        raise ValueError(f"unknown relation {relation!r}; expected one of {world.RELATIONS}") from None
+    return bool(compare(getattr(a, coord), getattr(b, coord)))
 
 
 def satisfies(query: Query, scene: Scene) -> bool:
@@ -52,7 +48,7 @@ def satisfies(query: Query, scene: Scene) -> bool:
         return False
     for chosen in permutations(scene.objects, len(query.objects)):  # none when the query names more
         if all(_matches(d, o) for d, o in zip(query.objects, chosen, strict=True)) and all(
-            _holds(r.relation, chosen[r.a], chosen[r.b]) for r in query.relations
+            holds(r.relation, chosen[r.a], chosen[r.b]) for r in query.relations
         ):
             return True
     return False
@@ -68,12 +64,6 @@ _CATEGORY = {
     "shape": {v: i for i, v in enumerate(world.SHAPES)},
     "colour": {v: i for i, v in enumerate(world.COLOUR_NAMES)},
     "size": {v: i for i, v in enumerate(world.SIZES)},
-}
-_COMPARE = {
-    "left_of": ("col", np.less),
-    "right_of": ("col", np.greater),
-    "above": ("row", np.less),
-    "below": ("row", np.greater),
 }
 
 
@@ -107,9 +97,9 @@ def relevance_mask(query: Query, table: SceneTable) -> np.ndarray:
         for q, s in enumerate(slots):
             hit &= match[q][:, s]
         for r in query.relations:
-            coord, op = _COMPARE[r.relation]
+            coord, compare = world.RELATION_TESTS[r.relation]
             values = getattr(table, coord)
-            hit &= op(values[:, slots[r.a]], values[:, slots[r.b]])
+            hit &= compare(values[:, slots[r.a]], values[:, slots[r.b]])
         found |= hit
     return found
 

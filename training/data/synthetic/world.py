@@ -6,6 +6,10 @@ once, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
+from typing import Any
+
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "diamond", "star", "cross", "hexagon")
 
 # Saturated colours, all far from the grey/beige backgrounds so every object stays visible.
@@ -32,7 +36,16 @@ COL_NAMES: tuple[str, ...] = ("left", "center", "right")
 BACKGROUND_TONES: tuple[str, ...] = ("light", "dark")
 BACKGROUND_TEXTURES: tuple[str, ...] = ("plain", "gradient", "stripes", "checker")
 
-RELATIONS: tuple[str, ...] = ("left_of", "right_of", "above", "below")
+# What each relation means, once, for both relevance implementations and the caption writer:
+# a relation holds when the grid coordinate of the first object compares so to the second's.
+# operator.lt/gt work on ints (one scene) and elementwise on numpy arrays (many scenes).
+RELATION_TESTS: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
+    "left_of": ("col", operator.lt),
+    "right_of": ("col", operator.gt),
+    "above": ("row", operator.lt),
+    "below": ("row", operator.gt),
+}
+RELATIONS: tuple[str, ...] = tuple(RELATION_TESTS)
 
 # --- words ---------------------------------------------------------------------------------------
 # Surface forms used by the caption generator; the parser accepts every one of them.
