@@ -10,6 +10,7 @@ import typer
 
 from training.cli import data_app, dataset_statistics
 from training.cli_support import fail_cleanly, print_summary
+from training.train_cli import train_command
 
 app = typer.Typer(
     name="icr",
@@ -19,6 +20,7 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 app.add_typer(data_app, name="data")
+app.command("train")(train_command)
 
 # The embedded default's sizes: big enough for a meaningful 1K test protocol, ~30 s to generate.
 DEMO_COUNTS = {"train": 10000, "val": 1000, "test": 1000}

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from training.cli_support import fail_cleanly, print_summary
+from training.data.training_data import is_precomp
 
 data_app = typer.Typer(
     help="Datasets: the embedded synthetic benchmark and Flickr30k/COCO (Karpathy JSON or precomp) checks.",
@@ -105,7 +106,7 @@ def check(
     from training.data.karpathy import load_karpathy, verify_images
     from training.data.precomp import available_precomp_splits, load_precomp
 
-    if _is_precomp(path):
+    if is_precomp(path):
         for name in split or available_precomp_splits(path):
             s = load_precomp(path, name)
             typer.echo(
@@ -118,20 +119,13 @@ def check(
         typer.echo(f"{name}: {n} images decoded, {dataset.split(name).num_captions} captions: ok")
 
 
-def _is_precomp(path: Path) -> bool:
-    """A folder of {split}_ims.npy + {split}_caps.txt (and no Karpathy JSON to prefer)."""
-    from training.data.precomp import available_precomp_splits
-
-    return path.is_dir() and bool(available_precomp_splits(path)) and not list(path.glob("dataset_*.json"))
-
-
 def dataset_statistics(path: Path, images: Path | None = None) -> dict:
     """Statistics of a Karpathy or precomp dataset, plus ground truth for synthetic ones."""
     from training.data.karpathy import load_karpathy
     from training.data.precomp import available_precomp_splits, load_precomp
     from training.data.stats import describe_karpathy, describe_precomp
 
-    if _is_precomp(path):
+    if is_precomp(path):
         return describe_precomp({s: load_precomp(path, s) for s in available_precomp_splits(path)})
     dataset = load_karpathy(path, images)
     result = describe_karpathy(dataset)

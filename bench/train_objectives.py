@@ -1,0 +1,140 @@
+"""Training throughput and peak memory per objective (embedded default model, CPU or GPU).
+
+Each objective runs in a fresh process (so peak RSS is its own) for a few warm-up steps and then
+``--steps`` timed steps at the configured batch size; step time includes data loading (preloaded
+images), both encoders, the loss, backward and the optimizer step. A second figure times the
+objective alone (forward + backward on random unit embeddings of the same batch shape), which is
+where the objectives differ.
+
+    python -m bench.train_objectives --data icr-demo/data --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+OBJECTIVES = [
+    ("ntxent", []),
+    ("triplet", []),
+    ("triplet_hardest", []),
+    ("smoothap", []),
+    ("goal", []),
+    ("goal", ['loss.params.triplet_weight="cir"', 'loss.params.pair_weight="sig_ms"']),
+    ("sampled_softmax", []),
+    ("snm", []),
+    ("cross_example_softmax", []),
+    ("cross_example_mining", []),
+    ("ntxent", ['decoding.kind="ltd"', 'decoding.mode="constraint"']),
+    ("ntxent", ['decoding.kind="itd"', 'decoding.mode="constraint"']),
+]
+
+
+def label(name: str, extra: list[str]) -> str:
+    parts = [name] + [e.split("=", 1)[1].strip('"') for e in extra if "params" in e]
+    if any(e.startswith("decoding.kind") for e in extra):
+        kind = next(e.split("=", 1)[1].strip('"') for e in extra if e.startswith("decoding.kind"))
+        parts.append("+" + kind)
+    return "/".join(parts)
+
+
+def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
+    """Child process: time ``--steps`` training steps after ``--warmup`` untimed ones."""
+    import torch
+
+    from training.config import load_config
+    from training.losses import build_loss
+    from training.train import Trainer
+
+    overrides = [f'data.path="{args.data}"', f'loss.name="{name}"', f"train.batch_size={args.batch}",
+                 'train.out="/tmp/icr-bench-train"', "train.val_every=0", *extra]
+    cfg = load_config(args.config, overrides)
+    trainer = Trainer(cfg, progress=False)
+    from training.data.training_data import plan_epoch
+
+    plans = plan_epoch(trainer.train_data, trainer.loss_fn.sampling, trainer.batch_size, 0, 0)
+    batches = [trainer._make_batch(plans[k], 0, k) for k in range(args.warmup + args.steps)]
+    for b in batches[: args.warmup]:
+        trainer._step(b, 1e-4)
+    start = time.perf_counter()
+    for b in batches[args.warmup :]:
+        trainer._step(b, 1e-4)
+    step_s = (time.perf_counter() - start) / args.steps
+    captions = len(plans[0].cap_idx)
+
+    # the objective alone, on random unit embeddings with the same layout
+    loss = build_loss(name, **cfg["loss"].get("params", {}))
+    n_img = len(plans[0].img_idx)
+    dim = trainer.model.embed_dim
+    img = torch.nn.functional.normalize(torch.randn(n_img, dim), dim=1).requires_grad_()
+    cap = torch.nn.functional.normalize(torch.randn(captions, dim), dim=1).requires_grad_()
+    ids = torch.from_numpy(plans[0].img_idx.astype("int64"))
+    cap_ids = torch.from_numpy(trainer.train_data.img_of_cap[plans[0].cap_idx].astype("int64"))
+    for _ in range(3):
+        loss(img, cap, ids, cap_ids)["loss"].backward()
+    reps = 20
+    start = time.perf_counter()
+    for _ in range(reps):
+        loss(img, cap, ids, cap_ids)["loss"].backward()
+    loss_ms = (time.perf_counter() - start) / reps * 1e3
+    return {
+        "objective": label(name, extra),
+        "step_ms": round(step_s * 1e3, 1),
+        "samples_per_s": round(captions / step_s, 1),
+        "captions_per_step": captions,
+        "loss_fwd_bwd_ms": round(loss_ms, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="icr-demo/data")
+    parser.add_argument("--config", default="synthetic-ntxent")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--only", default="", help="comma-separated objective labels")
+    parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    if args.child:
+        name, extra = json.loads(args.child)
+        print(json.dumps(run_one(args, name, extra)))
+        return
+    rows = []
+    for name, extra in OBJECTIVES:
+        if args.only and label(name, extra) not in args.only.split(","):
+            continue
+        cmd = [sys.executable, "-m", "bench.train_objectives", "--data", args.data, "--config", args.config,
+               "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--child", json.dumps([name, extra])]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        rows.append(json.loads(out))
+        print(json.dumps(rows[-1]), flush=True)
+    base = next((r for r in rows if r["objective"] == "ntxent"), None)
+    if base:
+        for r in rows:
+            r["step_time_vs_ntxent"] = round(r["step_ms"] / base["step_ms"], 2)
+    print("\n| objective | step ms | samples/s | vs ntxent | loss fwd+bwd ms | peak RSS MB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        cells = [r["objective"], r["step_ms"], r["samples_per_s"], r.get("step_time_vs_ntxent", ""),
+                 r["loss_fwd_bwd_ms"], r["peak_rss_mb"]]
+        print("| " + " | ".join(str(c) for c in cells) + " |")
+    out = Path(args.out or f"bench/results/train-objectives-{platform.node()}-{date.today()}.json")
+    out.write_text(json.dumps({"batch": args.batch, "steps": args.steps, "config": args.config,
+                               "machine": platform.node(), "rows": rows}, indent=1) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

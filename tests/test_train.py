@@ -1,0 +1,166 @@
+"""The training loop on a tiny embedded benchmark: every objective runs, resume is exact, runs are
+deterministic, and two gloo processes train exactly like one process with the global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training.checkpoint import load_checkpoint
+from training.config import load_config, shipped_configs
+from training.data.synthetic.generate import write_dataset
+from training.losses import load_all
+from training.train import Trainer, train
+
+TINY_MODEL = [
+    "model.embed_dim=32",
+    'model.image.kind="cnn"',
+    "model.image.width=8",
+    "model.image.image_size=32",
+    'model.text.kind="gru"',
+    "model.text.word_dim=16",
+    "model.text.hidden=32",
+]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("synth") / "data"
+    write_dataset(out, train=40, val=12, test=4, image_size=32, seed=0)
+    return out
+
+
+def tiny_config(data: Path, out: Path, *extra: str) -> dict:
+    return load_config(None, [
+        f'data.path="{data}"', f'train.out="{out}"', "train.batch_size=8", "train.epochs=2",
+        "data.val_images=12", "train.log_every=1", "optim.lr=1e-3",
+        "train.threads=1", *TINY_MODEL, *extra,
+    ])
+
+
+def weights(run: Path, which: str = "last") -> dict[str, torch.Tensor]:
+    return load_file(str(run / which / "model.safetensors"))
+
+
+@pytest.mark.parametrize("name", sorted(load_all()))
+def test_every_objective_trains_a_few_steps(data, tmp_path, name):
+    cfg = tiny_config(data, tmp_path / "run", f'loss.name="{name}"', "train.max_steps=3", "train.epochs=1")
+    if name == "smoothap":
+        cfg["train"]["batch_size"] = 4  # image-level batches: 4 images x 5 captions
+    before = {k: v.clone() for k, v in Trainer(cfg, progress=False).model.state_dict().items()}
+    summary = train(cfg, progress=False)
+    assert summary["steps"] == 3
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["event"] == "train"]
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+    model, config = load_checkpoint(tmp_path / "run" / "last")
+    assert config["objective"]["name"] == name
+    after = model.state_dict()
+    changed = {k.split(".")[0] for k in before if not torch.equal(before[k], after[k])}
+    assert {"image_encoder", "text_encoder"} <= changed  # the objective's gradient reached both towers
+
+
+@pytest.mark.parametrize("decoding", [
+    ['decoding.kind="ltd"', 'decoding.mode="dual"'],
+    ['decoding.kind="ltd"', 'decoding.mode="constraint"'],
+    ['decoding.kind="itd"', 'decoding.mode="constraint"'],
+])
+def test_target_decoding_trains(data, tmp_path, decoding):
+    cfg = tiny_config(data, tmp_path / "run", "train.max_steps=3", "train.epochs=1",
+                      f'data.cache_dir="{tmp_path / "cache"}"', *decoding)
+    train(cfg, progress=False)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if r["event"] == "train"]
+    assert all(any(k.startswith("rec") or "/rec" in k for k in r) for r in train_records)
+    if "constraint" in decoding[1]:
+        assert all("lambda" in r for r in train_records)
+
+
+def test_resume_equals_uninterrupted_run(data, tmp_path):
+    # 40 images x 5 captions / batch 8 = 25 steps per epoch: stop inside epoch 1, finish in epoch 2
+    full = tiny_config(data, tmp_path / "full", "train.max_steps=30")
+    train(full, progress=False)
+    part = tiny_config(data, tmp_path / "part", "train.max_steps=3")  # stops mid-epoch 1
+    train(part, progress=False)
+    with pytest.raises(FileExistsError):
+        train(part, progress=False)  # a second start without --resume must not overwrite the run
+    rest = tiny_config(data, tmp_path / "part", "train.max_steps=30")
+    summary = train(rest, resume=True, progress=False)
+    assert summary["steps"] == 30
+    a, b = weights(tmp_path / "full"), weights(tmp_path / "part")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    log = lambda run: [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "samples_per_s"} for r in rs]  # noqa: E731
+    assert strip(log(tmp_path / "full")) == strip(log(tmp_path / "part"))
+
+
+def test_resume_refuses_a_different_config(data, tmp_path):
+    train(tiny_config(data, tmp_path / "run", "train.max_steps=2"), progress=False)
+    with pytest.raises(ValueError, match="different config"):
+        train(tiny_config(data, tmp_path / "run", "train.max_steps=4", "optim.lr=0.5"), resume=True,
+              progress=False)
+
+
+def test_same_seed_same_weights_and_validation_selects_best(data, tmp_path):
+    for run in ("a", "b"):
+        train(tiny_config(data, tmp_path / run), progress=False)
+    a, b = weights(tmp_path / "a", "best"), weights(tmp_path / "b", "best")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    vals = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    vals = [r for r in vals if r["event"] == "val"]
+    assert [r["epoch"] for r in vals] == [1, 2]
+    _, config = load_checkpoint(tmp_path / "a" / "best")
+    assert config["val_metrics"]["rsum"] == max(r["rsum"] for r in vals)
+    assert config["data"]["fingerprint"] and config["step"] in (25, 50)
+
+
+def test_two_gloo_processes_match_one_process_with_the_global_batch(data, tmp_path):
+    args = ["--set", f'data.path="{data}"', "--set", "train.batch_size=8", "--set", "train.epochs=1",
+            "--set", "train.max_steps=3", "--set", "train.val_every=0", "--set", "optim.lr=1e-3",
+            "--set", "train.threads=1", "--quiet"]
+    for item in TINY_MODEL:
+        args += ["--set", item]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = [sys.executable, "-m", "service.cli", "train", "--config", "synthetic-ntxent"]
+    subprocess.run([*one, *args, "--set", f'train.out="{tmp_path / "one"}"'], check=True, env=env,
+                   capture_output=True, timeout=300)
+    two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "service.cli", "train", "--config", "synthetic-ntxent"]
+    result = subprocess.run([*two, *args, "--set", f'train.out="{tmp_path / "two"}"'], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_every_shipped_config_resolves(tmp_path):
+    from training.losses import build_loss
+    from training.models import normalize_model_config
+
+    names = shipped_configs()
+    assert {"synthetic-ntxent"} <= set(names)
+    for name in names:
+        cfg = load_config(name)
+        normalize_model_config(cfg["model"])
+        build_loss(cfg["loss"]["name"], **cfg["loss"].get("params", {}))
+
+
+def test_config_errors_say_what_to_fix():
+    with pytest.raises(ValueError, match="unknown config key 'train.epochz'"):
+        load_config(None, ["train.epochz=3"])
+    with pytest.raises(FileNotFoundError, match="shipped configs"):
+        load_config("no-such-config")
+    with pytest.raises(ValueError, match="key=value"):
+        load_config(None, ["train.epochs"])
+    assert load_config(None, ["train.out=runs/x"])["train"]["out"] == "runs/x"  # bare words are strings
+    assert load_config(None, ["optim.lr=3e-4"])["optim"]["lr"] == 3e-4

@@ -1,0 +1,149 @@
+"""Training configuration: TOML files plus ``--set key=value`` overrides, validated against defaults.
+
+A config is a nested dict with the sections below. Unknown keys are errors (a typo must not
+silently train with a default); ``model``, ``loss.params`` and ``decoding`` are validated by the
+code that consumes them (the model builder, the loss registry, the target decoders).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "configs"
+
+DEFAULTS: dict[str, Any] = {
+    "name": "",
+    "data": {
+        "path": "icr-demo/data",  # Karpathy JSON (file or folder with images) or precomp folder
+        "train_split": "train",
+        "val_split": "val",
+        "captions_per_image": 5,
+        "val_images": 1000,  # validate on the first N images of the val split (0 = all)
+        "preload": "auto",  # decode all training images into memory when they fit in 2 GiB
+        "cache_dir": "",  # LTD targets; default: <data>/.icr-cache
+    },
+    "model": {},  # see training.models (normalize_model_config fills the defaults)
+    "loss": {"name": "ntxent", "params": {}},
+    "decoding": {},  # kind = none | ltd | itd, mode = dual | constraint, ...: see training.ltd
+    "optim": {
+        "optimizer": "adam",  # adam | adamw
+        "lr": 2e-4,
+        "weight_decay": 0.0,
+        "schedule": "step",  # step (x gamma every lr_update epochs) | cosine | linear (to 0) | constant
+        "lr_update": 15,
+        "gamma": 0.1,
+        "warmup_steps": 0,  # linear lr warm-up
+        "grad_clip": 2.0,  # max gradient norm, 0 = off
+    },
+    "train": {
+        "epochs": 30,
+        "max_steps": 0,  # stop after this many optimizer steps in total (0 = no limit); resumable
+        "batch_size": 128,  # global batch (split over processes under torchrun)
+        "seed": 0,
+        "device": "auto",  # auto | cpu | cuda
+        "amp": "auto",  # auto (on CUDA) | on | off
+        "workers": 0,  # DataLoader worker processes
+        "val_every": 1,  # epochs; 0 = never (last checkpoint only)
+        "log_every": 20,  # steps between metrics.jsonl lines
+        "save_every": 500,  # steps between resumable training-state saves
+        "swa": False,  # average snapshots from the last 10% of every epoch (LTD setting)
+        "swa_fraction": 0.1,
+        "swa_snapshots": 5,
+        "out": "runs/default",
+        "threads": 0,  # torch CPU threads, 0 = torch's default
+    },
+}
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any], strict: bool, where: str = "") -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        path = f"{where}{key}"
+        if strict and key not in base:
+            raise ValueError(f"unknown config key {path!r}; valid keys here: {', '.join(sorted(base))}")
+        if isinstance(value, dict) and isinstance(base.get(key), dict) and base.get(key):
+            # sections whose defaults are non-empty are checked key by key; free-form ones are not
+            out[key] = _merge(base[key], value, strict, f"{path}.")
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def resolve_config_path(name_or_path: str) -> Path:
+    """A path to a TOML file, or the name of a shipped config (``icr train --list-configs``)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = SHIPPED_DIR / f"{name_or_path.removesuffix('.toml')}.toml"
+    if shipped.is_file():
+        return shipped
+    raise FileNotFoundError(
+        f"config {name_or_path!r} is neither a file nor a shipped config; shipped configs: "
+        f"{', '.join(shipped_configs())}"
+    )
+
+
+def shipped_configs() -> list[str]:
+    return sorted(p.stem for p in SHIPPED_DIR.glob("*.toml"))
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``train.epochs=3`` -> (["train", "epochs"], 3). Values are TOML literals; bare words are strings."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--set expects key=value (e.g. train.epochs=3), got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.strip().split("."), value
+
+
+def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    out = copy.deepcopy(config)
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = out
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {item!r}: {key!r} is not a section")
+        node[keys[-1]] = value
+    return out
+
+
+def load_config(name_or_path: str | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Defaults <- config file <- overrides, with unknown keys rejected."""
+    user: dict[str, Any] = {}
+    if name_or_path:
+        path = resolve_config_path(name_or_path)
+        try:
+            user = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}: not valid TOML ({e})") from None
+        user.setdefault("name", path.stem)
+    user = apply_overrides(user, overrides or [])
+    config = _merge(DEFAULTS, user, strict=True)
+    _check(config)
+    return config
+
+
+def _check(config: dict[str, Any]) -> None:
+    train, optim = config["train"], config["optim"]
+    if int(train["batch_size"]) < 1:
+        raise ValueError(f"train.batch_size must be at least 1, got {train['batch_size']}")
+    if optim["optimizer"] not in ("adam", "adamw"):
+        raise ValueError(f"optim.optimizer must be adam or adamw, got {optim['optimizer']!r}")
+    if optim["schedule"] not in ("step", "cosine", "linear", "constant"):
+        raise ValueError(
+            f"optim.schedule must be step, cosine, linear or constant, got {optim['schedule']!r}")
+    if train["amp"] not in ("auto", "on", "off"):
+        raise ValueError(f"train.amp must be auto, on or off, got {train['amp']!r}")
+    if not isinstance(config["loss"].get("name"), str):
+        raise ValueError("loss.name must be the name of a registered loss (see `icr train --list-losses`)")
+    if not os.fspath(config["data"]["path"]):
+        raise ValueError("data.path is empty; set it to a dataset folder, e.g. --set data.path=icr-demo/data")

@@ -1,0 +1,51 @@
+"""Embed a dataset split with a trained dual encoder (validation, evaluation, indexing)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.data.training_data import SplitData
+
+
+@torch.no_grad()
+def embed_images(
+    model: nn.Module, data: SplitData, indices: np.ndarray | None = None, *, batch_size: int = 256,
+    device: str | torch.device = "cpu", progress: bool = False,
+) -> np.ndarray:
+    """(N, D) float32 embeddings of ``data``'s images (all, or ``indices``), eval preprocessing."""
+    from tqdm import tqdm
+
+    indices = np.arange(data.num_images) if indices is None else np.asarray(indices)
+    transform = model.image_transform(train=False)
+    rng = np.random.default_rng(0)  # eval transforms are deterministic; the argument is required
+    was_training = model.training
+    model.eval()
+    out = []
+    starts = range(0, len(indices), batch_size)
+    for start in tqdm(starts, desc="embedding images", unit="batch", disable=not progress, leave=False):
+        chunk = indices[start : start + batch_size]
+        x = torch.stack([transform(data.get_image(int(i)), rng) for i in chunk]).to(device)  # (b, ...)
+        out.append(model.encode_image(x).float().cpu().numpy())  # (b, D)
+    model.train(was_training)
+    return np.concatenate(out) if out else np.zeros((0, model.embed_dim), np.float32)
+
+
+@torch.no_grad()
+def embed_captions(
+    model: nn.Module, captions: list[str], *, batch_size: int = 512, device: str | torch.device = "cpu",
+    progress: bool = False,
+) -> np.ndarray:
+    """(N, D) float32 embeddings of ``captions``."""
+    from tqdm import tqdm
+
+    was_training = model.training
+    model.eval()
+    out = []
+    starts = range(0, len(captions), batch_size)
+    for start in tqdm(starts, desc="embedding captions", unit="batch", disable=not progress, leave=False):
+        batch = {k: v.to(device) for k, v in model.tokenize(captions[start : start + batch_size]).items()}
+        out.append(model.encode_text(batch).float().cpu().numpy())  # (b, D)
+    model.train(was_training)
+    return np.concatenate(out) if out else np.zeros((0, model.embed_dim), np.float32)

@@ -1,0 +1,122 @@
+"""The dual encoder (image tower + caption tower) and the builder that turns a config into one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from training.data.vocab import Vocabulary
+from training.models.config import normalize_model_config
+from training.models.image_cnn import ConvImageEncoder
+from training.models.image_precomp import PrecompImageEncoder
+from training.models.preprocess import build_image_transform, preprocessing_summary
+from training.models.text_gru import GRUTextEncoder
+
+
+class DualEncoder(nn.Module):
+    """Two towers mapping images and captions into one space of unit vectors (cosine = dot product).
+
+    ``config`` is the complete, JSON-serialisable model config (see :mod:`training.models.config`);
+    the towers share its sub-dicts, so what they record (a pretrained backbone's structure, the
+    current finetune flags) is what a checkpoint saves.
+    """
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        image_encoder: nn.Module,
+        text_encoder: nn.Module,
+        vocab: Vocabulary | None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_dim: int = config["embed_dim"]
+        self.vocab = vocab
+        self.image_encoder = image_encoder
+        self.text_encoder = text_encoder
+
+    def encode_image(self, images: Tensor) -> Tensor:
+        """(B, 3, H, W) pixels, or (B, R, F) / (B, F) features for precomp -> (B, D) unit rows."""
+        return self.image_encoder(images)
+
+    def encode_text(self, batch: dict[str, Tensor]) -> Tensor:
+        """A batch from :meth:`tokenize` -> (B, D) unit rows."""
+        return self.text_encoder(batch)
+
+    def forward(self, images: Tensor, text_batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        return self.encode_image(images), self.encode_text(text_batch)  # (B, D), (B', D)
+
+    def tokenize(self, captions: Sequence[str]) -> dict[str, Tensor]:
+        """Captions -> the batch :meth:`encode_text` takes (GRU: input_ids + lengths; transformer:
+        input_ids + attention_mask)."""
+        return self.text_encoder.tokenize(captions)
+
+    def image_transform(self, train: bool) -> Callable[..., Tensor]:
+        """Picklable ``f(image, rng) -> Tensor``: PIL image -> (3, S, S) float32; for precomp a
+        feature array (R, F) or (F,) -> float32 tensor. Deterministic given ``rng``."""
+        return build_image_transform(self.config["image"], train)
+
+    @property
+    def preprocessing(self) -> dict[str, Any]:
+        """What an indexer or server must feed :meth:`encode_image` (recorded in checkpoints)."""
+        return preprocessing_summary(self.config["image"])
+
+    @property
+    def tokenizer_saver(self) -> Callable[[str | Path], None] | None:
+        """Writes the HF tokenizer files into a folder; None for vocabulary-based towers."""
+        return getattr(self.text_encoder, "save_tokenizer", None)
+
+    def set_finetune(self, image: bool | None = None, text: bool | None = None) -> None:
+        """Unfreeze/freeze the pretrained parts (ResNet backbone, transformer, GRU word embeddings).
+
+        The flags are recorded in ``config``. Towers with nothing pretrained (cnn, precomp) always
+        train and ignore the flag, so a schedule such as LTD's "unfreeze at epoch 30" needs no
+        per-kind branching. An optimizer built before unfreezing must be given the new parameters.
+        """
+        for flag, tower in ((image, self.image_encoder), (text, self.text_encoder)):
+            if flag is not None and hasattr(tower, "set_finetune"):
+                tower.set_finetune(flag)
+
+
+def build_model(
+    config: dict[str, Any] | None,
+    vocab: Vocabulary | None = None,
+    *,
+    load_weights: bool = True,
+    tokenizer_dir: str | Path | None = None,
+) -> DualEncoder:
+    """Build a dual encoder from a (partial) model config; defaults are filled in.
+
+    ``load_weights=True`` (training) reads pretrained weights from ``image.path`` /
+    ``text.path`` / ``text.glove_path`` and records the pretrained networks' structure in the
+    config. ``load_weights=False`` (checkpoint loading) rebuilds those networks from the recorded
+    structure with random weights, for the caller to overwrite; ``tokenizer_dir`` then points at
+    the checkpoint's copy of the tokenizer.
+    """
+    cfg = normalize_model_config(config)
+    embed_dim = cfg["embed_dim"]
+    image_cfg, text_cfg = cfg["image"], cfg["text"]
+    # The ResNet and transformer towers import transformers (seconds): only when the config asks.
+    if image_cfg["kind"] == "cnn":
+        image_encoder: nn.Module = ConvImageEncoder(image_cfg, embed_dim)
+    elif image_cfg["kind"] == "precomp":
+        image_encoder = PrecompImageEncoder(image_cfg, embed_dim)
+    else:
+        from training.models.image_resnet import ResNetImageEncoder
+
+        image_encoder = ResNetImageEncoder(image_cfg, embed_dim, load_weights)
+    if text_cfg["kind"] == "gru":
+        if vocab is None:
+            raise ValueError(
+                "a gru text tower needs the Vocabulary: pass vocab= (build it from the training captions)"
+            )
+        text_encoder: nn.Module = GRUTextEncoder(text_cfg, embed_dim, vocab, load_weights)
+    else:
+        from training.models.text_transformer import TransformerTextEncoder
+
+        text_encoder = TransformerTextEncoder(text_cfg, embed_dim, load_weights, tokenizer_dir)
+        vocab = None  # the transformer has its own tokenizer; a word vocabulary would be dead weight
+    return DualEncoder(cfg, image_encoder, text_encoder, vocab)

@@ -1,0 +1,153 @@
+"""Image preprocessing with PIL and numpy only (torchvision is not part of the default install).
+
+The transforms are small frozen dataclasses rather than closures so that DataLoader workers can
+pickle them. Randomness comes only from the ``numpy.random.Generator`` passed in, so a training
+sample is reproducible from its seed.
+
+Eval: resize the shorter side to ``resize`` (or ``image_size`` when ``resize`` is None), then
+center-crop ``image_size`` -- torchvision's ``Resize(256) + CenterCrop(224)`` as used by VSE++/LTD.
+Train with ``augment="crop_flip"``: torchvision's ``RandomResizedCrop(image_size)`` (scale
+0.08-1, ratio 3/4-4/3) followed by a horizontal flip with p = 0.5.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+_SCALE = (0.08, 1.0)
+_LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))
+
+
+def _as_rgb(image: Any) -> Image.Image:
+    """A PIL RGB image from a PIL image of any mode or an (H, W, 3) uint8 array."""
+    if isinstance(image, np.ndarray):
+        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+            raise ValueError(
+                f"an image array must be (H, W, 3) uint8, got {image.shape} {image.dtype}; "
+                "pass a PIL image or convert the array"
+            )
+        return Image.fromarray(image, "RGB")
+    if not isinstance(image, Image.Image):
+        raise ValueError(f"expected a PIL image or an (H, W, 3) uint8 array, got {type(image).__name__}")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def _resize_shorter(image: Image.Image, size: int) -> Image.Image:
+    """Shorter side -> ``size``, aspect kept (torchvision ``Resize(int)`` rounding)."""
+    w, h = image.size
+    if min(w, h) == size:
+        return image  # exact pixels, no resampling (the synthetic 64x64 images)
+    if w <= h:
+        new = (size, int(size * h / w))
+    else:
+        new = (int(size * w / h), size)
+    return image.resize(new, Image.Resampling.BILINEAR)
+
+
+def _center_crop(image: Image.Image, size: int) -> Image.Image:
+    w, h = image.size
+    if (w, h) == (size, size):
+        return image
+    left = int(round((w - size) / 2.0))
+    top = int(round((h - size) / 2.0))
+    return image.crop((left, top, left + size, top + size))
+
+
+def random_resized_crop_box(width: int, height: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of a RandomResizedCrop box; torchvision's sampling procedure."""
+    area = width * height
+    for _ in range(10):
+        target = area * rng.uniform(*_SCALE)
+        aspect = math.exp(rng.uniform(*_LOG_RATIO))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return left, top, left + w, top + h
+    # Fallback after 10 misses: the largest central crop within the allowed aspect ratios.
+    ratio = width / height
+    lo, hi = math.exp(_LOG_RATIO[0]), math.exp(_LOG_RATIO[1])
+    if ratio < lo:
+        w, h = width, int(round(width / lo))
+    elif ratio > hi:
+        w, h = int(round(height * hi)), height
+    else:
+        w, h = width, height
+    top, left = (height - h) // 2, (width - w) // 2
+    return left, top, left + w, top + h
+
+
+@dataclass(frozen=True)
+class ImageTransform:
+    """PIL image (any mode) or (H, W, 3) uint8 array -> normalised (3, S, S) float32 tensor."""
+
+    image_size: int
+    resize: int | None
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    augment: str = "none"
+    train: bool = False
+
+    def __call__(self, image: Any, rng: np.random.Generator | None = None) -> Tensor:
+        img = _as_rgb(image)
+        size = self.image_size
+        if self.train and self.augment == "crop_flip":
+            if rng is None:
+                raise ValueError(
+                    "the training transform with augment='crop_flip' needs a numpy Generator rng"
+                )
+            box = random_resized_crop_box(*img.size, rng)
+            img = img.resize((size, size), Image.Resampling.BILINEAR, box=box)
+            if rng.random() < 0.5:
+                img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        else:
+            img = _center_crop(_resize_shorter(img, self.resize or size), size)
+        arr = np.asarray(img, dtype=np.float32) / 255.0  # (S, S, 3)
+        arr = (arr - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))  # (3, S, S)
+
+
+@dataclass(frozen=True)
+class FeatureTransform:
+    """Precomputed features (R, F) regions or (F,) vector -> float32 tensor of the same shape."""
+
+    feature_dim: int
+
+    def __call__(self, features: Any, rng: np.random.Generator | None = None) -> Tensor:
+        arr = np.asarray(features, dtype=np.float32)
+        if arr.ndim not in (1, 2) or arr.shape[-1] != self.feature_dim:
+            raise ValueError(
+                f"precomputed image features must be (R, {self.feature_dim}) or ({self.feature_dim},), "
+                f"got shape {arr.shape}; set model.image.feature_dim to the dataset's feature size"
+            )
+        return torch.from_numpy(np.ascontiguousarray(arr))
+
+
+def build_image_transform(image_cfg: dict[str, Any], train: bool) -> ImageTransform | FeatureTransform:
+    """The transform of a normalised image config (see :mod:`training.models.config`)."""
+    if image_cfg["kind"] == "precomp":
+        return FeatureTransform(image_cfg["feature_dim"])
+    return ImageTransform(
+        image_size=image_cfg["image_size"],
+        resize=image_cfg["resize"],
+        mean=tuple(image_cfg["mean"]),
+        std=tuple(image_cfg["std"]),
+        augment=image_cfg["augment"],
+        train=train,
+    )
+
+
+def preprocessing_summary(image_cfg: dict[str, Any]) -> dict[str, Any]:
+    """What a consumer of a checkpoint (index builder, service) needs to feed the image tower."""
+    if image_cfg["kind"] == "precomp":
+        return {"input": "features", "feature_dim": image_cfg["feature_dim"]}
+    keys = ("image_size", "resize", "mean", "std", "augment")
+    return {"input": "image", **{k: image_cfg[k] for k in keys}}

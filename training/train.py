@@ -1,0 +1,444 @@
+"""The training loop: one objective by name, validation every epoch, exact resume.
+
+Run state lives in ``train.out``: ``best/`` and ``last/`` checkpoints (loadable with no training
+code), ``train_state.pt`` (everything needed to resume bit-for-bit: weights, optimizer, AMP scaler,
+Lagrange multiplier, SWA average, step) and ``metrics.jsonl`` (one JSON object per logged step and
+per validation).
+
+Under ``torchrun`` every process embeds its slice of the global batch; the slices are gathered with
+gradient so every objective sees the whole global batch as negatives, each process computes the
+same global loss, and encoder gradients are summed over processes (``training.distributed``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import resource
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from training import distributed as dist
+from training.data.training_data import PlannedBatch, SplitData, open_split, plan_epoch
+
+STATE_FILE = "train_state.pt"
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class RunState:
+    """What a resumed run must restore besides module and optimizer states."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    best_rsum: float = -1.0
+    best_epoch: int = -1
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def choose_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
+    return torch.device(setting)
+
+
+def learning_rate(
+    optim: dict[str, Any], epochs: int, epoch: int, global_step: int, total_steps: int = 0
+) -> float:
+    """A pure function of the position, so resuming needs no scheduler object."""
+    lr = float(optim["lr"])
+    if optim["schedule"] == "step":
+        lr *= float(optim["gamma"]) ** (epoch // max(1, int(optim["lr_update"])))
+    elif optim["schedule"] == "cosine":
+        lr *= 0.5 * (1.0 + math.cos(math.pi * epoch / max(1, epochs)))
+    elif optim["schedule"] == "linear":  # to 0 at train.max_steps (Cross-Example Softmax paper)
+        lr *= max(0.0, 1.0 - global_step / max(1, total_steps))
+    warmup = int(optim["warmup_steps"])
+    if warmup > 0 and global_step < warmup:
+        lr *= (global_step + 1) / warmup
+    return lr
+
+
+class Trainer:
+    """Owns the model, objective, optimizer and data of one run (built from a config dict)."""
+
+    def __init__(self, config: dict[str, Any], *, progress: bool = True) -> None:
+        from training.losses import build_loss
+        from training.models import build_model, normalize_model_config
+
+        self.config = config
+        self.progress = progress and dist.is_main()
+        tcfg, dcfg = config["train"], config["data"]
+        if int(tcfg["threads"]) > 0:
+            torch.set_num_threads(int(tcfg["threads"]))
+        self.device = choose_device(tcfg["device"])
+        self.amp = tcfg["amp"] == "on" or (tcfg["amp"] == "auto" and self.device.type == "cuda")
+        if self.amp and self.device.type != "cuda":
+            raise ValueError("train.amp=on needs a CUDA device; use train.amp=auto or off on CPU")
+        self.seed = int(tcfg["seed"])
+        self.out = Path(tcfg["out"]).expanduser()
+        world = dist.world_size()
+        self.batch_size = int(tcfg["batch_size"])
+        if self.batch_size % world:
+            raise ValueError(f"train.batch_size={self.batch_size} must be divisible by the {world} processes")
+
+        self.loss_fn = build_loss(config["loss"]["name"], **config["loss"].get("params", {}))
+        per_image = int(dcfg["captions_per_image"])
+        self.train_data = open_split(dcfg["path"], dcfg["train_split"], captions_per_image=per_image,
+                                     preload=dcfg["preload"], progress=self.progress)
+        self.val_data: SplitData | None = None
+        if int(tcfg["val_every"]) > 0:
+            self.val_data = open_split(dcfg["path"], dcfg["val_split"], captions_per_image=per_image,
+                                       preload=False).head(int(dcfg["val_images"]))
+
+        model_cfg = normalize_model_config(config["model"])
+        self.vocab = self._vocabulary(model_cfg)
+        torch.manual_seed(self.seed)  # identical initial weights on every process and every run
+        self.model = build_model(model_cfg, self.vocab).to(self.device)
+        self.decoding = self._decoding()
+        self.optimizer = self._optimizer()
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.swa: torch.optim.swa_utils.AveragedModel | None = None
+        self.state = RunState()
+        self.train_transform = self.model.image_transform(train=True)
+
+    # --- construction -----------------------------------------------------------------------
+    def _vocabulary(self, model_cfg: dict[str, Any]):
+        needs_vocab = model_cfg["text"]["kind"] == "gru" or self.config["decoding"].get("kind") == "itd"
+        if not needs_vocab:
+            return None
+        from training.data.vocab import Vocabulary, tokenize
+
+        return Vocabulary.build(tokenize(c) for c in self.train_data.captions)
+
+    def _decoding(self) -> nn.Module | None:
+        from training.ltd import build_decoding
+
+        decoding = build_decoding(self.config["decoding"], embed_dim=self.model.embed_dim, vocab=self.vocab)
+        if decoding is None:
+            return None
+        decoding.to(self.device)
+        if decoding.kind == "ltd":
+            from training.ltd import compute_latent_targets
+
+            cache_dir = self.config["data"]["cache_dir"] or str(_default_cache_dir(self.train_data))
+            path = Path(cache_dir) / f"ltd-targets-{self.train_data.fingerprint[:16]}.npy"
+            self.targets = compute_latent_targets(self.train_data.captions, path, progress=self.progress)
+        return decoding
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        ocfg = self.config["optim"]
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.decoding is not None:
+            params += [p for p in self.decoding.decoder_parameters() if p.requires_grad]
+        cls = torch.optim.AdamW if ocfg["optimizer"] == "adamw" else torch.optim.Adam
+        return cls(params, lr=float(ocfg["lr"]), weight_decay=float(ocfg["weight_decay"]))
+
+    # --- batches ----------------------------------------------------------------------------
+    def _local_slice(self, plan: PlannedBatch) -> PlannedBatch:
+        """This process's share of a global batch, in an order that gathers back to the global one."""
+        world, r = dist.world_size(), dist.rank()
+        if world == 1:
+            return plan
+        if self.loss_fn.sampling == "caption":
+            n = len(plan.cap_idx) // world
+            return PlannedBatch(plan.img_idx[r * n : (r + 1) * n], plan.cap_idx[r * n : (r + 1) * n])
+        n = len(plan.img_idx) // world
+        imgs = plan.img_idx[r * n : (r + 1) * n]
+        keep = np.isin(self.train_data.img_of_cap[plan.cap_idx], imgs)
+        return PlannedBatch(imgs, plan.cap_idx[keep])
+
+    def _make_batch(self, plan: PlannedBatch, epoch: int, step: int) -> dict[str, Any]:
+        data = self.train_data
+        # one generator per sample from its position: augmentation is the same after a resume
+        images = torch.stack([
+            self.train_transform(data.get_image(int(i)), np.random.default_rng([self.seed, epoch, step, j]))
+            for j, i in enumerate(plan.img_idx)
+        ])  # (Ni, 3, H, W) or (Ni, R, F)
+        captions = [data.captions[int(c)] for c in plan.cap_idx]
+        batch = {
+            "images": images,
+            "text": self.model.tokenize(captions),
+            "img_ids": torch.from_numpy(plan.img_idx.astype(np.int64)),
+            "cap_img_ids": torch.from_numpy(data.img_of_cap[plan.cap_idx].astype(np.int64)),
+        }
+        if self.decoding is not None:
+            batch["target"] = (torch.from_numpy(self.targets[plan.cap_idx]) if self.decoding.kind == "ltd"
+                               else self.decoding.encode_captions(captions))
+        return batch
+
+    def _batches(self, plans: list[PlannedBatch], epoch: int, start: int) -> Iterator[dict[str, Any]]:
+        workers = int(self.config["train"]["workers"])
+        if workers == 0:
+            for k in range(start, len(plans)):
+                yield self._make_batch(self._local_slice(plans[k]), epoch, k)
+            return
+        loader = torch.utils.data.DataLoader(
+            list(range(start, len(plans))), batch_size=None, num_workers=workers,
+            collate_fn=lambda k: self._make_batch(self._local_slice(plans[k]), epoch, k),
+        )
+        yield from loader
+
+    # --- one step ---------------------------------------------------------------------------
+    def _step(self, batch: dict[str, Any], lr: float) -> dict[str, float]:
+        dev = self.device
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        autocast = torch.autocast("cuda", dtype=torch.float16) if self.amp else nullcontext()
+        with autocast:
+            img = self.model.encode_image(batch["images"].to(dev, non_blocking=True))  # (Ni, D)
+            cap = self.model.encode_text({k: v.to(dev) for k, v in batch["text"].items()})  # (Nc, D)
+        img_all, cap_all = dist.all_gather_with_grad(img), dist.all_gather_with_grad(cap)
+        img_ids = dist.all_gather_nograd(batch["img_ids"].to(dev))
+        cap_img_ids = dist.all_gather_nograd(batch["cap_img_ids"].to(dev))
+        terms = self.loss_fn(img_all, cap_all, img_ids, cap_img_ids)
+        total = terms["loss"]
+        logged = {f"loss/{k}": v for k, v in terms.items() if k != "loss"}
+        if self.decoding is not None:
+            target = batch["target"]
+            target = ({k: dist.all_gather_nograd(v.to(dev)) for k, v in target.items()}
+                      if isinstance(target, dict) else dist.all_gather_nograd(target.to(dev)))
+            dec_loss, dec_logged = self.decoding(cap_all, target)
+            total = total + dec_loss
+            logged.update(dec_logged)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.decoding is not None:
+            self.decoding.zero_multiplier_grad()
+        self.scaler.scale(total).backward()
+        # encoder gradients: each process holds its own rows' share; decoder gradients are complete
+        dist.sum_gradients(self.model)
+        self.scaler.unscale_(self.optimizer)
+        clip = float(self.config["optim"]["grad_clip"])
+        if clip > 0:
+            nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], clip)
+        self.scaler.step(self.optimizer)
+        if self.decoding is not None:
+            self.decoding.step_multiplier()
+        self.scaler.update()
+        logged["loss"] = total
+        return {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in logged.items()}
+
+    # --- the loop ---------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        tcfg = self.config["train"]
+        epochs, max_steps = int(tcfg["epochs"]), int(tcfg["max_steps"])
+        log_every, save_every = max(1, int(tcfg["log_every"])), max(1, int(tcfg["save_every"]))
+        if dist.is_main():
+            self.out.mkdir(parents=True, exist_ok=True)
+        self.model.train()
+        started, samples, stopped_early = time.perf_counter(), 0, False
+        from tqdm import tqdm
+
+        while self.state.epoch < epochs:
+            epoch = self.state.epoch
+            plans = plan_epoch(self.train_data, self.loss_fn.sampling, self.batch_size, self.seed, epoch)
+            if not plans:
+                raise ValueError(f"train.batch_size={self.batch_size} is larger than the training split "
+                                 f"({len(self.train_data.captions)} captions); lower it")
+            self.loss_fn.on_epoch_start(epoch)
+            swa_from = len(plans) - max(1, int(len(plans) * float(tcfg["swa_fraction"])))
+            swa_every = max(1, (len(plans) - swa_from) // max(1, int(tcfg["swa_snapshots"])))
+            bar = tqdm(total=len(plans), initial=self.state.step_in_epoch, desc=f"epoch {epoch + 1}/{epochs}",
+                       unit="step", disable=not self.progress, leave=False)
+            window_start, window_samples = time.perf_counter(), 0
+            for k, batch in enumerate(self._batches(plans, epoch, self.state.step_in_epoch),
+                                      start=self.state.step_in_epoch):
+                lr = learning_rate(self.config["optim"], epochs, epoch, self.state.global_step,
+                                   max_steps or epochs * len(plans))
+                logged = self._step(batch, lr)
+                self.state.global_step += 1
+                self.state.step_in_epoch = k + 1
+                n = len(plans[k].cap_idx)
+                samples, window_samples = samples + n, window_samples + n
+                if tcfg["swa"] and k >= swa_from and (k - swa_from) % swa_every == 0:
+                    self._swa_update()
+                if not math.isfinite(logged["loss"]):
+                    raise FloatingPointError(
+                        f"loss became {logged['loss']} at step {self.state.global_step}; lower optim.lr or "
+                        "check the data (train_state.pt keeps the last good state)")
+                bar.update(1)
+                bar.set_postfix(loss=f"{logged['loss']:.4f}")
+                if self.state.global_step % log_every == 0:
+                    now = time.perf_counter()
+                    self._log({"event": "train", "epoch": epoch, "step": self.state.global_step, "lr": lr,
+                               "samples_per_s": window_samples / max(now - window_start, 1e-9), **logged})
+                    window_start, window_samples = now, 0
+                if self.state.global_step % save_every == 0:
+                    self.save_state()
+                if max_steps and self.state.global_step >= max_steps:
+                    stopped_early = self.state.step_in_epoch < len(plans)
+                    break
+            bar.close()
+            if stopped_early:
+                break
+            self._end_epoch(epoch)
+            if max_steps and self.state.global_step >= max_steps:
+                break
+        self.save_state()
+        if dist.is_main():
+            self._save_checkpoint("last")
+        elapsed = time.perf_counter() - started
+        return {
+            "out": str(self.out),
+            "steps": self.state.global_step,
+            "epochs_completed": self.state.epoch,
+            "best_rsum": self.state.best_rsum if self.state.best_epoch >= 0 else None,
+            "best_epoch": self.state.best_epoch + 1 if self.state.best_epoch >= 0 else None,
+            "samples_per_s": round(samples / elapsed, 1) if elapsed > 0 else None,
+            "elapsed_s": round(elapsed, 1),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        }
+
+    def _end_epoch(self, epoch: int) -> None:
+        if self.swa is not None:
+            # LTD setting: the next epoch and validation start from the averaged weights
+            self.model.load_state_dict(self.swa.module.state_dict())
+            self.swa = None
+        self.state.epoch, self.state.step_in_epoch = epoch + 1, 0
+        val_every = int(self.config["train"]["val_every"])
+        if val_every > 0 and (epoch + 1) % val_every == 0 and dist.is_main():
+            metrics = self.validate()
+            self.state.history.append({"epoch": epoch + 1, **metrics})
+            self._log({"event": "val", "epoch": epoch + 1, "step": self.state.global_step, **metrics})
+            if metrics["rsum"] > self.state.best_rsum:
+                self.state.best_rsum, self.state.best_epoch = metrics["rsum"], epoch
+                self._save_checkpoint("best", metrics)
+            if self.progress:
+                print(f"epoch {epoch + 1}: val rsum {metrics['rsum']:.2f} "
+                      f"(best {self.state.best_rsum:.2f} at epoch {self.state.best_epoch + 1})", flush=True)
+        dist.barrier()
+        self.save_state()
+
+    def _swa_update(self) -> None:
+        if self.swa is None:
+            self.swa = torch.optim.swa_utils.AveragedModel(self.model)
+        else:
+            self.swa.update_parameters(self.model)
+
+    def validate(self) -> dict[str, float]:
+        from training.embedding import embed_captions, embed_images
+        from training.evaluate import evaluate_embeddings
+
+        assert self.val_data is not None
+        img = embed_images(self.model, self.val_data, device=self.device)
+        cap = embed_captions(self.model, self.val_data.captions, device=self.device)
+        return evaluate_embeddings(img, cap, self.val_data.img_of_cap)
+
+    # --- persistence ------------------------------------------------------------------------
+    def _log(self, record: dict[str, Any]) -> None:
+        if dist.is_main():
+            with open(self.out / METRICS_FILE, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def checkpoint_meta(self, metrics: dict[str, float] | None = None) -> dict[str, Any]:
+        return {
+            "objective": {"name": self.loss_fn.name, "params": self.loss_fn.params()},
+            "decoding": self.config["decoding"],
+            "data": {"path": str(self.train_data.source), "kind": self.train_data.kind,
+                     "train_split": self.train_data.name, "fingerprint": self.train_data.fingerprint},
+            "step": self.state.global_step,
+            "epoch": self.state.epoch,
+            "val_metrics": metrics,
+            "train_config": self.config,
+        }
+
+    def _save_checkpoint(self, name: str, metrics: dict[str, float] | None = None) -> None:
+        from training.checkpoint import save_checkpoint
+
+        save_checkpoint(self.out / name, self.model, self.checkpoint_meta(metrics))
+
+    def save_state(self) -> None:
+        """Everything a resume needs, written atomically (a crash mid-write keeps the previous state)."""
+        if not dist.is_main():
+            return
+        state = {
+            "format_version": 1,
+            "config": self.config,
+            "run": self.state.__dict__,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "decoding": self.decoding.state_dict() if self.decoding is not None else None,
+            "swa": self.swa.state_dict() if self.swa is not None else None,
+            "rng": {
+                "torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            },
+        }
+        tmp = self.out / f".{STATE_FILE}.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, self.out / STATE_FILE)
+
+    def load_state(self) -> bool:
+        """Restore ``train_state.pt`` from ``train.out`` if there is one; returns whether it did."""
+        path = self.out / STATE_FILE
+        if not path.is_file():
+            return False
+        try:
+            state = torch.load(path, map_location=self.device, weights_only=False)
+        except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
+            raise ValueError(f"{path}: cannot read the training state ({e}); delete it to restart") from None
+        if _comparable(state["config"]) != _comparable(self.config):
+            raise ValueError(f"{path} was written by a run with a different config; resume with the same "
+                             "config and --set values, or choose a new train.out")
+        self.state = RunState(**state["run"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        if self.decoding is not None:
+            self.decoding.load_state_dict(state["decoding"])
+        if state["swa"] is not None:
+            self.swa = torch.optim.swa_utils.AveragedModel(self.model)
+            self.swa.load_state_dict(state["swa"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"].cpu())
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        return True
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """The config minus the keys that may change between a run and its resume."""
+    out = json.loads(json.dumps(config))
+    for key in ("max_steps", "epochs", "workers", "log_every", "save_every", "threads"):
+        out["train"].pop(key, None)
+    return out
+
+
+def _default_cache_dir(data: SplitData) -> Path:
+    base = data.source if data.source.is_dir() else data.source.parent
+    return base / ".icr-cache"
+
+
+def train(config: dict[str, Any], *, resume: bool = False, progress: bool = True) -> dict[str, Any] | None:
+    """Train one model from a config dict (see ``training.config``); the summary (None off rank 0)."""
+    started = dist.init_from_env()
+    try:
+        trainer = Trainer(config, progress=progress)
+        state_file = trainer.out / STATE_FILE
+        if resume:
+            if not trainer.load_state():
+                raise FileNotFoundError(f"--resume: no {STATE_FILE} in {trainer.out}; run without --resume")
+        elif state_file.exists():
+            raise FileExistsError(f"{trainer.out} already holds a run ({STATE_FILE}); pass --resume to "
+                                  "continue it, or set a new train.out")
+        summary = trainer.fit()
+        return summary if dist.is_main() else None  # evaluated before the process group goes away
+    finally:
+        if started:
+            dist.cleanup()
