@@ -27,7 +27,7 @@ OBJECTIVES = [
     ("triplet_hardest", []),
     ("smoothap", []),
     ("goal", []),
-    ("goal", ['loss.params.triplet_weight="cir"', 'loss.params.pair_weight="sig_ms"']),
+    ("goal", ['loss.goal.triplet_weight="cir"', 'loss.goal.pair_weight="sig_ms"']),
     ("sampled_softmax", []),
     ("snm", []),
     ("cross_example_softmax", []),
@@ -38,7 +38,7 @@ OBJECTIVES = [
 
 
 def label(name: str, extra: list[str]) -> str:
-    parts = [name] + [e.split("=", 1)[1].strip('"') for e in extra if "params" in e]
+    parts = [name] + [e.split("=", 1)[1].strip('"') for e in extra if e.startswith(f"loss.{name}.")]
     if any(e.startswith("decoding.kind") for e in extra):
         kind = next(e.split("=", 1)[1].strip('"') for e in extra if e.startswith("decoding.kind"))
         parts.append("+" + kind)
@@ -49,7 +49,7 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
     """Child process: time ``--steps`` training steps after ``--warmup`` untimed ones."""
     import torch
 
-    from training.config import load_config
+    from training.config import load_config, loss_params
     from training.losses import build_loss
     from training.train import Trainer
 
@@ -70,7 +70,7 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
     captions = len(plans[0].cap_idx)
 
     # the objective alone, on random unit embeddings with the same layout
-    loss = build_loss(name, **cfg["loss"].get("params", {}))
+    loss = build_loss(name, **loss_params(cfg))
     n_img = len(plans[0].img_idx)
     dim = trainer.model.embed_dim
     img = torch.nn.functional.normalize(torch.randn(n_img, dim), dim=1).requires_grad_()

@@ -86,12 +86,17 @@ def test_demo_generates_then_reuses_the_cached_benchmark(
     from service import cli
 
     monkeypatch.setattr(cli, "DEMO_COUNTS", {"train": 10, "val": 5, "test": 5})
+    monkeypatch.setattr(cli, "DEMO_TRAIN", [
+        "train.epochs=1", "train.batch_size=8", "model.embed_dim=16", "model.image.width=4",
+        "model.text.word_dim=8", "model.text.hidden=16",
+    ])
     runner = CliRunner()
     first = runner.invoke(cli.app, ["demo", "--workdir", str(tmp_path / "demo")])
     assert first.exit_code == 0, first.output
     assert "generating 20 images" in first.output and "captions_true_of_own_image" in first.output
     second = runner.invoke(cli.app, ["demo", "--workdir", str(tmp_path / "demo")])
     assert second.exit_code == 0, second.output
-    assert "cached" in second.output
+    assert "benchmark: cached" in second.output and "model: cached" in second.output
+    assert (tmp_path / "demo" / "model" / "best" / "model.safetensors").is_file()
     other_seed = runner.invoke(cli.app, ["demo", "--workdir", str(tmp_path / "demo"), "--seed", "1"])
-    assert "generating" in other_seed.output
+    assert "generating" in other_seed.output and "model: training" in other_seed.output

@@ -12,36 +12,25 @@ and symmetrically ``G_txt`` — with the paper's Heaviside T con and the set rul
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from loss_batches import caption_batch as _caption_batch
+from loss_batches import value_and_grads
 from torch import Tensor
 
 from training.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS, Goal
 from training.losses.triplet_hardest import TripletHardest
 
-# Caption-level batch: image 1 twice and image 3 three times, so off-diagonal positives exist.
-IMG_IDS = [0, 1, 1, 2, 3, 3, 3, 4, 5, 6]
 COMBOS = list(itertools.product(TRIPLET_WEIGHTS, PAIR_WEIGHTS))
 PARAMS = {"margin": 0.2, "tau": 10.0, "alpha": 2.0, "beta": 10.0, "lam": 0.5, "ms_margin": 0.1,
           "cir_relaxation": 0.5}
-
-
-def caption_batch(seed: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
-    """L2-normalised (img, cap, ids) with duplicate images (identical rows) and exact ties."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.tensor(IMG_IDS)
-    images = F.normalize(torch.randn(int(ids.max()) + 1, 6, generator=g, dtype=dtype), dim=1)
-    img = images[ids].clone()  # (N, D) one image, identical rows
-    cap = F.normalize(img + 0.6 * torch.randn(len(ids), 6, generator=g, dtype=dtype), dim=1)  # (N, D)
-    cap[4] = cap[0]  # one caption embedding for two images: tied negatives
-    cap[2] = cap[1]  # a duplicated (image, caption) pair: tied positives Pos_1 == Pos_2
-    img[9] = F.normalize(cap[0] + 0.05 * torch.randn(6, generator=g, dtype=dtype), dim=0)  # tie = hardest
-    cap[9] = F.normalize(img[9] + 0.6 * torch.randn(6, generator=g, dtype=dtype), dim=0)
-    return img.requires_grad_(), cap.requires_grad_(), ids
+# less noise, image 9 next to caption 0 (tied hardest negative) and caption 9 redrawn around it
+caption_batch = functools.partial(_caption_batch, noise=0.6, hardest_tie=True, redraw_tie_caption=True)
 
 
 def separated_batch(dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
@@ -135,11 +124,6 @@ def oracle_gradients(img: Tensor, cap: Tensor, pos: Tensor, tw: str, pw: str, p:
             if it[j] is not None and it[j][0] == i:
                 g_txt[i] += it[j][1] * it[j][3] * img[j]
     return torch.tensor(value, dtype=img.dtype), g_img, g_txt
-
-
-def value_and_grads(value: Tensor, img: Tensor, cap: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    grad_img, grad_cap = torch.autograd.grad(value, (img, cap))
-    return value.detach(), grad_img, grad_cap
 
 
 def goal_value(loss: Goal, img: Tensor, cap: Tensor, pos: Tensor) -> Tensor:

@@ -7,24 +7,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from loss_batches import caption_batch, seed_pos, value_and_grads
 from torch import Tensor
 
 from training.losses.ntxent import NTXent
-
-# Caption-level batch: image 1 twice and image 3 three times, so off-diagonal positives exist.
-IMG_IDS = [0, 1, 1, 2, 3, 3, 3, 4, 5, 6]
-
-
-def caption_batch(seed: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
-    """L2-normalised (img, cap, ids) with duplicate images (identical rows) and exactly tied captions."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.tensor(IMG_IDS)
-    images = F.normalize(torch.randn(int(ids.max()) + 1, 6, generator=g, dtype=dtype), dim=1)
-    img = images[ids].clone()  # (N, D) one image, identical rows
-    cap = F.normalize(img + 0.7 * torch.randn(len(ids), 6, generator=g, dtype=dtype), dim=1)  # (N, D)
-    cap[4] = cap[0]  # one caption embedding for two images: tied logits
-    cap[2] = cap[1]  # a duplicated (image, caption) pair
-    return img.requires_grad_(), cap.requires_grad_(), ids
 
 
 def naive_ntxent(sim: Tensor, pos: Tensor, temperature: float) -> Tensor:
@@ -37,18 +23,6 @@ def naive_ntxent(sim: Tensor, pos: Tensor, temperature: float) -> Tensor:
         i2t = i2t - torch.log(torch.exp(sim[q, q] / temperature) / sum(row))
         t2i = t2i - torch.log(torch.exp(sim[q, q] / temperature) / sum(col))
     return 0.5 * i2t / n + 0.5 * t2i / n
-
-
-def seed_pos(ids: Tensor, mask_duplicates: bool) -> Tensor:
-    """The positive mask the base class passes: same image id, or only the diagonal (seed semantics)."""
-    if mask_duplicates:
-        return ids[:, None] == ids[None, :]
-    return torch.eye(len(ids), dtype=torch.bool)
-
-
-def value_and_grads(value: Tensor, img: Tensor, cap: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    grad_img, grad_cap = torch.autograd.grad(value, (img, cap))
-    return value.detach(), grad_img, grad_cap
 
 
 @pytest.mark.parametrize("seed", [0, 1])

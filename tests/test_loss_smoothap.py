@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from loss_batches import value_and_grads
 from torch import Tensor
 
 from training.losses.smoothap import SmoothAP
@@ -55,11 +56,6 @@ def naive_smoothap_direction(scores: Tensor, pos: Tensor, tau: float, sigmoid=No
 def naive_smoothap(sim: Tensor, pos: Tensor, tau: float, sigmoid=None) -> Tensor:
     return 0.5 * naive_smoothap_direction(sim, pos, tau, sigmoid) + 0.5 * naive_smoothap_direction(
         sim.T, pos.T, tau, sigmoid)
-
-
-def value_and_grads(value: Tensor, img: Tensor, cap: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    grad_img, grad_cap = torch.autograd.grad(value, (img, cap))
-    return value.detach(), grad_img, grad_cap
 
 
 @pytest.mark.parametrize("tau", [0.01, 0.1])

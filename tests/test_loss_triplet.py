@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
+from loss_batches import caption_batch as _caption_batch
+from loss_batches import seed_pos, value_and_grads
 from torch import Tensor
 
 from training.losses.triplet import Triplet
 from training.losses.triplet_hardest import TripletHardest
 
-# Caption-level batch: image 1 twice and image 3 three times, so off-diagonal positives exist.
-IMG_IDS = [0, 1, 1, 2, 3, 3, 3, 4, 5, 6]
-
-
-def caption_batch(seed: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
-    """L2-normalised (img, cap, ids) with duplicate images (identical rows) and exactly tied captions."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.tensor(IMG_IDS)
-    images = F.normalize(torch.randn(int(ids.max()) + 1, 6, generator=g, dtype=dtype), dim=1)
-    img = images[ids].clone()  # (N, D) one image, identical rows
-    cap = F.normalize(img + 0.7 * torch.randn(len(ids), 6, generator=g, dtype=dtype), dim=1)  # (N, D)
-    cap[4] = cap[0]  # one caption embedding for two images: tied negatives
-    cap[2] = cap[1]  # a duplicated (image, caption) pair: tied positives
-    img[9] = F.normalize(cap[0] + 0.05 * torch.randn(6, generator=g, dtype=dtype), dim=0)  # tie = hardest
-    return img.requires_grad_(), cap.requires_grad_(), ids
+# image 9 next to caption 0: a tied hardest negative
+caption_batch = functools.partial(_caption_batch, hardest_tie=True)
 
 
 def naive_triplet(sim: Tensor, pos: Tensor, margin: float, hardest: bool) -> Tensor:
@@ -47,18 +38,6 @@ def naive_triplet(sim: Tensor, pos: Tensor, margin: float, hardest: bool) -> Ten
                 for cost in costs:
                     total = total + cost
     return total
-
-
-def seed_pos(ids: Tensor, mask_duplicates: bool) -> Tensor:
-    """The positive mask the base class passes: same image id, or only the diagonal (seed semantics)."""
-    if mask_duplicates:
-        return ids[:, None] == ids[None, :]
-    return torch.eye(len(ids), dtype=torch.bool)
-
-
-def value_and_grads(value: Tensor, img: Tensor, cap: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    grad_img, grad_cap = torch.autograd.grad(value, (img, cap))
-    return value.detach(), grad_img, grad_cap
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

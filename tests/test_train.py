@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from training.checkpoint import load_checkpoint
-from training.config import load_config, shipped_configs
+from training.config import load_config, loss_params, shipped_configs
 from training.data.synthetic.generate import write_dataset
 from training.losses import load_all
 from training.train import Trainer, train
@@ -123,6 +123,18 @@ def test_same_seed_same_weights_and_validation_selects_best(data, tmp_path):
     assert config["data"]["fingerprint"] and config["step"] in (25, 50)
 
 
+def test_swa_averages_the_snapshots_of_the_epoch_end(data, tmp_path):
+    # 25 steps per epoch; swa_fraction 0.16 -> the last 4 steps, 2 snapshots: after steps 22 and 24
+    swa = tiny_config(data, tmp_path / "swa", "train.epochs=1", "train.swa=true", "train.swa_fraction=0.16",
+                      "train.swa_snapshots=2")
+    train(swa, progress=False)
+    for steps in (22, 24):
+        train(tiny_config(data, tmp_path / f"plain{steps}", f"train.max_steps={steps}"), progress=False)
+    averaged, a, b = weights(tmp_path / "swa"), weights(tmp_path / "plain22"), weights(tmp_path / "plain24")
+    for key in averaged:
+        torch.testing.assert_close(averaged[key], (a[key] + b[key]) / 2, msg=key)
+
+
 def test_two_gloo_processes_match_one_process_with_the_global_batch(data, tmp_path):
     args = ["--set", f'data.path="{data}"', "--set", "train.batch_size=8", "--set", "train.epochs=1",
             "--set", "train.max_steps=3", "--set", "train.val_every=0", "--set", "optim.lr=1e-3",
@@ -152,7 +164,7 @@ def test_every_shipped_config_resolves(tmp_path):
     for name in names:
         cfg = load_config(name)
         normalize_model_config(cfg["model"])
-        build_loss(cfg["loss"]["name"], **cfg["loss"].get("params", {}))
+        build_loss(cfg["loss"]["name"], **loss_params(cfg))
 
 
 def test_config_errors_say_what_to_fix():
@@ -164,3 +176,10 @@ def test_config_errors_say_what_to_fix():
         load_config(None, ["train.epochs"])
     assert load_config(None, ["train.out=runs/x"])["train"]["out"] == "runs/x"  # bare words are strings
     assert load_config(None, ["optim.lr=3e-4"])["optim"]["lr"] == 3e-4
+    with pytest.raises(ValueError, match="not an objective"):
+        load_config(None, ["loss.name=tripletz"])
+    with pytest.raises(ValueError, match="one parameter table per objective"):
+        load_config(None, ["loss.temperature=0.05"])
+    # parameters are kept per objective: switching the name does not inherit another one's
+    cfg = load_config("synthetic-ntxent", ["loss.name=triplet"])
+    assert loss_params(cfg) == {} and cfg["loss"]["ntxent"] == {"temperature": 0.1}

@@ -1,8 +1,10 @@
 """Training configuration: TOML files plus ``--set key=value`` overrides, validated against defaults.
 
 A config is a nested dict with the sections below. Unknown keys are errors (a typo must not
-silently train with a default); ``model``, ``loss.params`` and ``decoding`` are validated by the
-code that consumes them (the model builder, the loss registry, the target decoders).
+silently train with a default); ``model`` and ``decoding`` are validated by the code that consumes
+them (the model builder, the target decoders). ``[loss]`` holds ``name`` plus one table of
+parameters per objective (``[loss.ntxent] temperature = 0.05``), so ``--set loss.name=...`` switches
+objectives without tripping over another objective's parameters.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "configs"
+_FREE_FORM = ("loss",)  # [loss.<objective>] tables: checked against the registry in _check
 
 DEFAULTS: dict[str, Any] = {
     "name": "",
@@ -27,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
         "cache_dir": "",  # LTD targets; default: <data>/.icr-cache
     },
     "model": {},  # see training.models (normalize_model_config fills the defaults)
-    "loss": {"name": "ntxent", "params": {}},
+    "loss": {"name": "ntxent"},  # + [loss.<name>] tables of parameters
     "decoding": {},  # kind = none | ltd | itd, mode = dual | constraint, ...: see training.ltd
     "optim": {
         "optimizer": "adam",  # adam | adamw
@@ -66,8 +69,8 @@ def _merge(base: dict[str, Any], override: dict[str, Any], strict: bool, where: 
         if strict and key not in base:
             raise ValueError(f"unknown config key {path!r}; valid keys here: {', '.join(sorted(base))}")
         if isinstance(value, dict) and isinstance(base.get(key), dict) and base.get(key):
-            # sections whose defaults are non-empty are checked key by key; free-form ones are not
-            out[key] = _merge(base[key], value, strict, f"{path}.")
+            # sections are checked key by key, except the free-form ones (checked by their consumers)
+            out[key] = _merge(base[key], value, strict and key not in _FREE_FORM, f"{path}.")
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -143,7 +146,20 @@ def _check(config: dict[str, Any]) -> None:
             f"optim.schedule must be step, cosine, linear or constant, got {optim['schedule']!r}")
     if train["amp"] not in ("auto", "on", "off"):
         raise ValueError(f"train.amp must be auto, on or off, got {train['amp']!r}")
-    if not isinstance(config["loss"].get("name"), str):
-        raise ValueError("loss.name must be the name of a registered loss (see `icr train --list-losses`)")
+    from training.losses import load_all
+
+    registry = load_all()
+    if config["loss"].get("name") not in registry:
+        raise ValueError(f"loss.name={config['loss'].get('name')!r} is not an objective; choose one of "
+                         f"{', '.join(sorted(registry))}")
+    for key, value in config["loss"].items():
+        if key != "name" and (key not in registry or not isinstance(value, dict)):
+            raise ValueError(f"[loss] may hold name and one parameter table per objective "
+                             f"([loss.ntxent] temperature = 0.05); {key!r} is neither")
     if not os.fspath(config["data"]["path"]):
         raise ValueError("data.path is empty; set it to a dataset folder, e.g. --set data.path=icr-demo/data")
+
+
+def loss_params(config: dict[str, Any]) -> dict[str, Any]:
+    """Parameters of the selected objective: the ``[loss.<name>]`` table (empty: the defaults)."""
+    return dict(config["loss"].get(config["loss"]["name"], {}))

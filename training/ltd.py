@@ -27,7 +27,6 @@ import inspect
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from training.atomic import atomic_write, atomic_write_text
 from training.data.vocab import Vocabulary
 
 LATENT_TARGET_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -375,20 +375,6 @@ def _cache_meta_path(cache_path: Path) -> Path:
     return cache_path.with_name(cache_path.name + ".json")
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    """Write through ``write(handle)`` to a temporary file beside ``path``, then rename over it."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
 def _load_cached_targets(cache_path: Path, meta: dict[str, Any]) -> np.ndarray | None:
     """The cached array if its metadata equals ``meta`` and the file is intact, else None."""
     try:
@@ -434,7 +420,6 @@ def compute_latent_targets(captions: Sequence[str], cache_path: str | os.PathLik
         targets = np.ascontiguousarray(targets, dtype=np.float32)
     else:
         targets = np.zeros((0, LATENT_TARGET_DIM), dtype=np.float32)
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(cache_path, lambda handle: np.save(handle, targets, allow_pickle=False))
-    _atomic_write(_cache_meta_path(cache_path), lambda handle: handle.write(json.dumps(meta).encode("utf-8")))
+    atomic_write(cache_path, lambda handle: np.save(handle, targets, allow_pickle=False))
+    atomic_write_text(_cache_meta_path(cache_path), json.dumps(meta))
     return targets

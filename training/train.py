@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import resource
 import time
@@ -29,6 +28,7 @@ import torch
 from torch import nn
 
 from training import distributed as dist
+from training.atomic import atomic_write
 from training.data.training_data import PlannedBatch, SplitData, open_split, plan_epoch
 
 STATE_FILE = "train_state.pt"
@@ -76,6 +76,7 @@ class Trainer:
     """Owns the model, objective, optimizer and data of one run (built from a config dict)."""
 
     def __init__(self, config: dict[str, Any], *, progress: bool = True) -> None:
+        from training.config import loss_params
         from training.losses import build_loss
         from training.models import build_model, normalize_model_config
 
@@ -95,7 +96,7 @@ class Trainer:
         if self.batch_size % world:
             raise ValueError(f"train.batch_size={self.batch_size} must be divisible by the {world} processes")
 
-        self.loss_fn = build_loss(config["loss"]["name"], **config["loss"].get("params", {}))
+        self.loss_fn = build_loss(config["loss"]["name"], **loss_params(config))
         per_image = int(dcfg["captions_per_image"])
         self.train_data = open_split(dcfg["path"], dcfg["train_split"], captions_per_image=per_image,
                                      preload=dcfg["preload"], progress=self.progress)
@@ -325,8 +326,7 @@ class Trainer:
     def _swa_update(self) -> None:
         if self.swa is None:
             self.swa = torch.optim.swa_utils.AveragedModel(self.model)
-        else:
-            self.swa.update_parameters(self.model)
+        self.swa.update_parameters(self.model)  # the first call copies, later ones average
 
     def validate(self) -> dict[str, float]:
         from training.embedding import embed_captions, embed_images
@@ -335,7 +335,7 @@ class Trainer:
         assert self.val_data is not None
         img = embed_images(self.model, self.val_data, device=self.device)
         cap = embed_captions(self.model, self.val_data.captions, device=self.device)
-        return evaluate_embeddings(img, cap, self.val_data.img_of_cap)
+        return {k: round(v, 4) for k, v in evaluate_embeddings(img, cap, self.val_data.img_of_cap).items()}
 
     # --- persistence ------------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:
@@ -378,9 +378,7 @@ class Trainer:
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             },
         }
-        tmp = self.out / f".{STATE_FILE}.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, self.out / STATE_FILE)
+        atomic_write(self.out / STATE_FILE, lambda handle: torch.save(state, handle))
 
     def load_state(self) -> bool:
         """Restore ``train_state.pt`` from ``train.out`` if there is one; returns whether it did."""

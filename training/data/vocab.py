@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from training.atomic import atomic_write_text
 from training.data.errors import DatasetError, parse_json, read_text
 
 if TYPE_CHECKING:  # imported for annotations only: karpathy imports tokenize from here
@@ -164,20 +164,8 @@ class Vocabulary:
         Written to a temporary file in the same folder and then renamed, so a crash mid-write
         never leaves a truncated vocabulary next to a checkpoint that depends on it.
         """
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(self.to_dict(), handle, ensure_ascii=False, indent=0)
-                handle.write("\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp_name, path)
-        except BaseException:
-            Path(tmp_name).unlink(missing_ok=True)
-            raise
-        return path
+        text = json.dumps(self.to_dict(), ensure_ascii=False, indent=0) + "\n"
+        return atomic_write_text(path, text)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Vocabulary:

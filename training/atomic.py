@@ -1,0 +1,42 @@
+"""Atomic file writes: a reader sees the old file or the complete new one, never a partial write.
+
+The data go to a temporary file in the target's folder (same filesystem, so the rename is atomic),
+are flushed and fsynced, and the temporary file is then renamed over the target. On any exception,
+KeyboardInterrupt included, the temporary file is removed and the target is left untouched. Like
+``tempfile.mkstemp``, the new file is readable and writable by its owner only (mode 0600).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> Path:
+    """Write ``path`` atomically through ``write(handle)`` (a binary file object); returns the path.
+
+    Creates the parent folder if needed. ``write`` may call e.g. ``np.save(handle, ...)`` or
+    ``torch.save(obj, handle)``; its return value is ignored.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically (no newline translation); returns the path."""
+    data = text.encode(encoding)
+    return atomic_write(path, lambda handle: handle.write(data))
