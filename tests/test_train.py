@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -183,3 +184,37 @@ def test_config_errors_say_what_to_fix():
     # parameters are kept per objective: switching the name does not inherit another one's
     cfg = load_config("synthetic-ntxent", ["loss.name=triplet"])
     assert loss_params(cfg) == {} and cfg["loss"]["ntxent"] == {"temperature": 0.1}
+
+
+def test_precomp_region_features_train(tmp_path):
+    rng = np.random.default_rng(0)
+    words = ["a", "red", "blue", "dog", "cat", "on", "grass"]
+    for split, n in (("train", 12), ("dev", 4)):
+        np.save(tmp_path / f"{split}_ims.npy", rng.standard_normal((n, 6, 16)).astype(np.float32))
+        lines = [" ".join(rng.choice(words, size=5)) for _ in range(5 * n)]
+        (tmp_path / f"{split}_caps.txt").write_text("\n".join(lines) + "\n")
+    overrides = [f'data.path="{tmp_path}"', 'data.val_split="dev"', f'train.out="{tmp_path / "run"}"',
+                 "train.batch_size=10", "train.epochs=2", "model.embed_dim=16", 'model.image.kind="precomp"',
+                 "model.image.feature_dim=16", "model.text.word_dim=8", "model.text.hidden=16"]
+    summary = train(load_config(None, overrides), progress=False)
+    assert summary["steps"] == 12 and summary["best_rsum"] is not None  # 60 captions / 10 x 2 epochs
+    model, config = load_checkpoint(tmp_path / "run" / "best")
+    assert config["data"]["kind"] == "precomp" and model.config["image"]["kind"] == "precomp"
+
+
+def test_epoch_plans_are_pure_functions_of_seed_and_epoch(data):
+    from training.data.training_data import open_split, plan_epoch
+
+    split = open_split(data, "train", preload=False)
+    order = lambda plans: [p.cap_idx.tolist() for p in plans]  # noqa: E731
+    a = plan_epoch(split, "caption", 8, 0, 1)
+    assert order(a) == order(plan_epoch(split, "caption", 8, 0, 1))
+    assert order(a) != order(plan_epoch(split, "caption", 8, 0, 2))
+    used = np.concatenate([p.cap_idx for p in a])
+    assert len(a) == 200 // 8 and len(set(used.tolist())) == len(used)  # each caption at most once
+    assert all((p.img_idx == split.img_of_cap[p.cap_idx]).all() for p in a)
+    images = plan_epoch(split, "image", 4, 0, 0)
+    assert len(images) == 10
+    for p in images:  # image-level batches: 4 distinct images, each with all 5 of its captions
+        assert len(set(p.img_idx.tolist())) == 4
+        assert sorted(split.img_of_cap[p.cap_idx].tolist()) == sorted(np.repeat(p.img_idx, 5).tolist())

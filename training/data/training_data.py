@@ -81,7 +81,7 @@ def open_split(
             list(p.captions),
             img_of_cap,
             p.num_images,
-            lambda i: np.asarray(features[i], dtype=np.float32),
+            lambda i: np.array(features[i], dtype=np.float32),  # a copy: mmap rows are read-only
             _fingerprint("precomp", split, *p.captions, str(p.images.shape)),
             "precomp",
             path,
