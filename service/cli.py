@@ -82,7 +82,7 @@ def _demo_model(run: Path, data: Path, retrain: bool) -> Path:
 
     from training.checkpoint import read_checkpoint_config
     from training.config import load_config
-    from training.train import STATE_FILE, train
+    from training.train import STATE_FILE, ConfigMismatchError, train
 
     config = load_config(DEMO_CONFIG, [f'data.path="{data}"', f'train.out="{run}"', *DEMO_TRAIN])
     last = run / "last" / "config.json"
@@ -99,9 +99,7 @@ def _demo_model(run: Path, data: Path, retrain: bool) -> Path:
                f"into {run} (interrupt any time; the next `icr demo` resumes)")
     try:
         summary = train(config, resume=resume, progress=True)
-    except ValueError as e:  # a state from another config: start over rather than fail the demo
-        if not resume or "different config" not in str(e):
-            raise
+    except ConfigMismatchError:  # a state from another config: start over rather than fail the demo
         shutil.rmtree(run, ignore_errors=True)
         summary = train(config, progress=True)
     assert summary is not None

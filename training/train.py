@@ -35,6 +35,10 @@ STATE_FILE = "train_state.pt"
 METRICS_FILE = "metrics.jsonl"
 
 
+class ConfigMismatchError(ValueError):
+    """``--resume`` of a run whose ``train_state.pt`` was written with another config."""
+
+
 @dataclass
 class RunState:
     """What a resumed run must restore besides module and optimizer states."""
@@ -121,9 +125,9 @@ class Trainer:
         needs_vocab = model_cfg["text"]["kind"] == "gru" or self.config["decoding"].get("kind") == "itd"
         if not needs_vocab:
             return None
-        from training.data.vocab import Vocabulary, tokenize
+        from training.data.vocab import build_vocab_from_split
 
-        return Vocabulary.build(tokenize(c) for c in self.train_data.captions)
+        return build_vocab_from_split(self.train_data)
 
     def _decoding(self) -> nn.Module | None:
         from training.ltd import build_decoding
@@ -390,8 +394,8 @@ class Trainer:
         except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
             raise ValueError(f"{path}: cannot read the training state ({e}); delete it to restart") from None
         if _comparable(state["config"]) != _comparable(self.config):
-            raise ValueError(f"{path} was written by a run with a different config; resume with the same "
-                             "config and --set values, or choose a new train.out")
+            raise ConfigMismatchError(f"{path} was written by a run with a different config; resume with the "
+                                      "same config and --set values, or choose a new train.out")
         self.state = RunState(**state["run"])
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -32,6 +32,13 @@ class SplitData:
     kind: str  # "karpathy" | "precomp"
     source: Path
 
+    @property
+    def caption_tokens(self) -> list[list[str]]:
+        """Captions tokenized as the GRU text tower reads them (for the vocabulary)."""
+        from training.data.vocab import tokenize
+
+        return [tokenize(caption) for caption in self.captions]
+
     def captions_of_images(self) -> list[np.ndarray]:
         """For every image, the indices of its captions (in caption order)."""
         order = np.argsort(self.img_of_cap, kind="stable")

@@ -21,6 +21,7 @@ from training.data.errors import DatasetError, parse_json, read_text
 if TYPE_CHECKING:  # imported for annotations only: karpathy imports tokenize from here
     from training.data.karpathy import CaptionSplit, KarpathyDataset
     from training.data.precomp import PrecompSplit
+    from training.data.training_data import SplitData
 
 VOCAB_FORMAT_VERSION = 1
 
@@ -179,7 +180,7 @@ class Vocabulary:
             raise DatasetError(f"not a vocabulary file: {err}.", path=path, hint=hint) from None
 
 
-def build_vocab_from_split(split: CaptionSplit | PrecompSplit, min_count: int = 1) -> Vocabulary:
+def build_vocab_from_split(split: CaptionSplit | PrecompSplit | SplitData, min_count: int = 1) -> Vocabulary:
     """Vocabulary of one split's captions (Karpathy tokens, or tokenized precomp captions)."""
     return Vocabulary.build(split.caption_tokens, min_count=min_count)
 
