@@ -8,8 +8,10 @@ from typing import Annotated
 
 import typer
 
+from training.analysis.cli import analyze_app
 from training.cli import data_app, dataset_statistics
 from training.cli_support import fail_cleanly, print_summary
+from training.evaluate_cli import evaluate_command
 from training.train_cli import train_command
 
 app = typer.Typer(
@@ -21,6 +23,8 @@ app = typer.Typer(
 )
 app.add_typer(data_app, name="data")
 app.command("train")(train_command)
+app.command("evaluate")(evaluate_command)
+app.add_typer(analyze_app, name="analyze")
 
 # The embedded default's sizes: big enough for a meaningful 1K test protocol, ~30 s to generate.
 DEMO_COUNTS = {"train": 10000, "val": 1000, "test": 1000}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -18,18 +21,28 @@ def embed_images(
     from tqdm import tqdm
 
     indices = np.arange(data.num_images) if indices is None else np.asarray(indices)
-    transform = model.image_transform(train=False)
-    rng = np.random.default_rng(0)  # eval transforms are deterministic; the argument is required
-    was_training = model.training
-    model.eval()
     out = []
     starts = range(0, len(indices), batch_size)
     for start in tqdm(starts, desc="embedding images", unit="batch", disable=not progress, leave=False):
         chunk = indices[start : start + batch_size]
-        x = torch.stack([transform(data.get_image(int(i)), rng) for i in chunk]).to(device)  # (b, ...)
-        out.append(model.encode_image(x).float().cpu().numpy())  # (b, D)
-    model.train(was_training)
+        out.append(embed_image_batch(model, [data.get_image(int(i)) for i in chunk], device=device))
     return np.concatenate(out) if out else np.zeros((0, model.embed_dim), np.float32)
+
+
+@torch.no_grad()
+def embed_image_batch(
+    model: nn.Module, images: Sequence[Any], *, device: str | torch.device = "cpu"
+) -> np.ndarray:
+    """(b, D) float32 embeddings of one batch of images (PIL, (H, W, 3) uint8, or precomp features)."""
+    transform = model.image_transform(train=False)
+    rng = np.random.default_rng(0)  # eval transforms are deterministic; the argument is required
+    was_training = model.training
+    model.eval()
+    try:
+        x = torch.stack([transform(image, rng) for image in images]).to(device)  # (b, ...)
+        return model.encode_image(x).float().cpu().numpy()  # (b, D)
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()

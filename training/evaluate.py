@@ -20,8 +20,8 @@ there and win model selection; here it gets the worst possible rank. For the sam
 score counts against the query: a NaN candidate ranks above the positive, and a NaN positive (for
 i2t: any NaN ground-truth caption score) ranks last.
 
-Protocols built on these ranks (COCO 1K folds, mAP@k, R-precision) only need
-:func:`retrieval_ranks` on a sub-matrix and :func:`direction_metrics` / :func:`recall_metrics`.
+This module is the small API the trainer validates with; the engine and the full metric set
+(mAP@k, R-precision, COCO 1K folds, PR-AUC, calibration) live in :mod:`training.metrics`.
 """
 
 from __future__ import annotations
@@ -29,12 +29,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-RECALL_AT: tuple[int, ...] = (1, 5, 10)  # the K of R@K; rsum is the sum of these over both directions
-DIRECTIONS: tuple[str, ...] = ("i2t", "t2i")
-
-# Elements of the similarity matrix processed per block: bounds the boolean temporaries to a few MB
-# whatever the matrix size (COCO 5K is 5,000 x 25,000 = 125 M scores).
-_BLOCK_ELEMENTS = 1 << 22
+from training.metrics.ranking import DIRECTIONS, RECALL_AT, as_score_matrix, first_relevant_ranks
+from training.metrics.relevance import Relevance
 
 ArrayOrTensor = np.ndarray | torch.Tensor
 
@@ -72,8 +68,8 @@ def similarity(img_emb: ArrayOrTensor, cap_emb: ArrayOrTensor) -> np.ndarray:
     return img @ cap.T  # (N_img, N_cap) float32
 
 
-def _check_layout(img_of_cap: np.ndarray | torch.Tensor, n_img: int, n_cap: int) -> np.ndarray:
-    """``img_of_cap`` as an int64 array after checking it describes a valid caption->image map."""
+def _check_layout(img_of_cap: np.ndarray | torch.Tensor, n_img: int, n_cap: int) -> Relevance:
+    """The annotation relevance after checking ``img_of_cap`` describes a valid caption->image map."""
     if isinstance(img_of_cap, torch.Tensor):
         img_of_cap = img_of_cap.detach().cpu().numpy()
     layout = np.asarray(img_of_cap)
@@ -82,22 +78,15 @@ def _check_layout(img_of_cap: np.ndarray | torch.Tensor, n_img: int, n_cap: int)
             f"img_of_cap must be 1-D with one entry per caption (similarity column), expected shape "
             f"({n_cap},), got {layout.shape}"
         )
-    if n_cap and not np.issubdtype(layout.dtype, np.integer):
-        raise ValueError(f"img_of_cap must hold integer image rows, got dtype {layout.dtype}")
-    layout = layout.astype(np.int64, copy=False)
-    if n_cap and (layout.min() < 0 or layout.max() >= n_img):
-        raise ValueError(
-            f"img_of_cap values must be image rows in [0, {n_img}), got range "
-            f"[{layout.min()}, {layout.max()}]"
-        )
-    captions_per_image = np.bincount(layout, minlength=n_img)  # (N_img,)
+    relevance = Relevance.annotations(layout, n_img)
+    captions_per_image = np.bincount(relevance.img_of_cap, minlength=n_img)  # (N_img,)
     if n_img == 0 or (captions_per_image == 0).any():
         missing = np.flatnonzero(captions_per_image == 0)[:5].tolist()
         raise ValueError(
             f"every image needs at least one caption for i2t ranks; images {missing} (first 5 shown) "
             f"have none (got {n_img} images, {n_cap} captions) - drop images without captions"
         )
-    return layout
+    return relevance
 
 
 def retrieval_ranks(
@@ -107,49 +96,14 @@ def retrieval_ranks(
 
     ``sim``: (N_img, N_cap) scores, rows images, columns captions. ``img_of_cap``: (N_cap,) image
     row of each caption; every image needs at least one caption. Ties and NaN are pessimistic (see
-    the module docstring). ``block_rows`` image rows are compared at a time (default: about 4 M
-    scores per block), so memory stays bounded and there is no Python loop per query.
+    the module docstring). ``block_rows`` queries are ranked at a time (default: about 4 M scores
+    per block), so memory stays bounded and there is no Python loop per query.
     """
-    if isinstance(sim, torch.Tensor):
-        sim = sim.detach().cpu().numpy()
-    sim = np.asarray(sim)
-    if sim.ndim != 2:
-        raise ValueError(f"sim must be a 2-D (N_img, N_cap) score matrix, got shape {sim.shape}")
-    if np.issubdtype(sim.dtype, np.integer):
-        sim = sim.astype(np.float64)
-    elif not np.issubdtype(sim.dtype, np.floating):
-        raise ValueError(f"sim must hold real scores, got dtype {sim.dtype}")
-    n_img, n_cap = sim.shape
-    layout = _check_layout(img_of_cap, n_img, n_cap)  # (N_cap,)
-    if block_rows is None:
-        block_rows = max(1, _BLOCK_ELEMENTS // max(n_cap, 1))
-    if block_rows < 1:
+    sim = as_score_matrix(sim)
+    relevance = _check_layout(img_of_cap, *sim.shape)
+    if block_rows is not None and block_rows < 1:
         raise ValueError(f"block_rows must be a positive number of rows, got {block_rows}")
-
-    pos_score = sim[layout, np.arange(n_cap)]  # (N_cap,) score of each caption with its own image
-    # i2t threshold: the best ground-truth caption's score. np.maximum propagates NaN, so a NaN
-    # positive makes the threshold NaN and, below, nothing is "strictly below" it: worst rank.
-    best = np.full(n_img, -np.inf, dtype=sim.dtype)  # (N_img,)
-    with np.errstate(invalid="ignore"):  # NaN is handled on purpose, not an accident to warn about
-        np.maximum.at(best, layout, pos_score)
-    # Every count below is "candidates NOT strictly below the threshold" (>=, or NaN on either
-    # side). The full-row count includes the image's own captions that reach its threshold; they
-    # are the positives themselves, not competitors, so they are subtracted again.
-    own_not_below = np.bincount(layout[~(pos_score < best[layout])], minlength=n_img)  # (N_img,)
-
-    i2t_not_below = np.empty(n_img, dtype=np.int64)  # (N_img,)
-    t2i_below = np.zeros(n_cap, dtype=np.int64)  # (N_cap,) images strictly below each caption's GT
-    for start in range(0, n_img, block_rows):
-        stop = min(start + block_rows, n_img)
-        block = sim[start:stop]  # (b, N_cap)
-        i2t_not_below[start:stop] = n_cap - np.count_nonzero(block < best[start:stop, None], axis=1)
-        t2i_below += np.count_nonzero(block < pos_score[None, :], axis=0)
-
-    i2t_ranks = i2t_not_below - own_not_below + 1  # (N_img,)
-    # The GT image itself is never strictly below its own score, so the images not below the GT are
-    # the competitors plus the GT: that count is already competitors + 1.
-    t2i_ranks = n_img - t2i_below  # (N_cap,)
-    return i2t_ranks, t2i_ranks
+    return tuple(first_relevant_ranks(sim, relevance, d, block_rows=block_rows) for d in DIRECTIONS)
 
 
 def direction_metrics(ranks: np.ndarray, prefix: str) -> dict[str, float]:

@@ -61,6 +61,14 @@ class ContrastiveLoss(nn.Module):
 
         Returns the named terms plus ``"loss"``, their sum (the value to back-propagate).
         """
+        out = self.terms(*self.batch_similarity(img, cap, img_ids, cap_img_ids))
+        out["loss"] = torch.stack(list(out.values())).sum()
+        return out
+
+    def batch_similarity(
+        self, img: Tensor, cap: Tensor, img_ids: Tensor, cap_img_ids: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """``(sim, pos)``, (Ni, Nc) each, as :meth:`terms` receives them (checked layout, masks applied)."""
         if img.dim() != 2 or cap.dim() != 2 or img.shape[1] != cap.shape[1]:
             raise ValueError(f"{self.name}: expected (Ni, D) and (Nc, D) embeddings, got {tuple(img.shape)} "
                              f"and {tuple(cap.shape)}")
@@ -80,9 +88,7 @@ class ContrastiveLoss(nn.Module):
                 pos = torch.eye(len(img_ids), dtype=torch.bool, device=sim.device)
         elif not bool(pos.any(dim=0).all()):
             raise ValueError(f"{self.name}: every caption's image must be in the batch")
-        out = self.terms(sim, pos)
-        out["loss"] = torch.stack(list(out.values())).sum()
-        return out
+        return sim, pos
 
     def on_epoch_start(self, epoch: int) -> None:
         """Called by the trainer before each epoch (0-based); schedules such as warm-ups use it."""

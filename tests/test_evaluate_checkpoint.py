@@ -1,0 +1,284 @@
+"""`evaluate_checkpoint`, `icr evaluate` and `icr analyze compare` on a tiny embedded benchmark.
+
+A 40/12/12-image synthetic dataset and a tiny model trained for a few steps (module fixtures). The
+report is checked for its sections (annotations and ground truth, distractors, calibration, PNG
+plots), its annotation recalls against ``training.evaluate.evaluate_embeddings`` on embeddings
+computed here, its distractor recalls against a full-gallery ranking built here, and the CLIs for
+JSON output, clean user errors, and resumable loss comparisons that refuse a changed regime.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from training.checkpoint import load_checkpoint
+from training.config import load_config
+from training.data.synthetic.generate import DistractorStream, write_dataset
+from training.data.synthetic.relevance import relevance_matrix
+from training.data.synthetic.scene import SceneTable
+from training.data.training_data import open_split
+from training.embedding import embed_captions, embed_image_batch, embed_images
+from training.evaluate import evaluate_embeddings
+from training.evaluate_checkpoint import EvalOptions, evaluate_checkpoint, ground_truth_relevance
+from training.metrics.ranking import ranking_metrics
+from training.metrics.relevance import Relevance
+
+TINY_MODEL = [
+    "model.embed_dim=32",
+    'model.image.kind="cnn"',
+    "model.image.width=8",
+    "model.image.image_size=32",
+    'model.text.kind="gru"',
+    "model.text.word_dim=16",
+    "model.text.hidden=32",
+]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+DISTRACTORS = 10
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Path]:
+    """(data, checkpoint): the embedded benchmark and a tiny model trained for 3 steps."""
+    from training.train import train
+
+    root = tmp_path_factory.mktemp("evaluate")
+    write_dataset(root / "data", train=40, val=12, test=12, image_size=32, seed=0)
+    cfg = load_config(None, [
+        f'data.path="{root / "data"}"', f'train.out="{root / "run"}"', "train.batch_size=8",
+        "train.epochs=1", "train.max_steps=3", "data.val_images=12", "train.threads=1", *TINY_MODEL,
+    ])
+    train(cfg, progress=False)
+    return root / "data", root / "run" / "last"
+
+
+@pytest.fixture(scope="module")
+def report(tiny, tmp_path_factory) -> tuple[dict, Path]:
+    data, ckpt = tiny
+    plots = tmp_path_factory.mktemp("plots")
+    options = EvalOptions(distractors=DISTRACTORS, plots_dir=plots, progress=False, batch_size=8)
+    return evaluate_checkpoint(ckpt, data, options), plots
+
+
+@pytest.fixture(scope="module")
+def embedded(tiny):
+    """The test split and its embeddings, computed here with the plain embedding functions (image
+    batches of 8 as in the report, so the floating-point results are the same)."""
+    data, ckpt = tiny
+    model, _ = load_checkpoint(ckpt)
+    split = open_split(data, "test")
+    return model, split, embed_images(model, split, batch_size=8), embed_captions(model, split.captions)
+
+
+def test_report_sections(report):
+    rep, _ = report
+    assert (rep["format"], rep["format_version"]) == ("icr-evaluation", 1)
+    assert rep["data"] == {**rep["data"], "split": "test", "images": 12, "captions": 60, "ground_truth": True}
+    for label in ("annotations", "ground_truth"):
+        section = rep[label]
+        assert section["protocol"] == {"name": "full", "folds": 1}
+        assert {"rsum", "i2t_r1", "t2i_map5_ecir", "i2t_rprec", "t2i_map"} <= set(section["retrieval"])
+        assert 0.0 <= section["global"]["pr_auc"] <= 1.0 and section["global"]["pairs"] == 12 * 60
+        assert section["thresholds"] and "curve" not in section  # the PRCurve object is dropped
+        assert "pr_curve_points" in section
+        assert all("curves" not in d for d in section["score_distribution"].values())
+    assert rep["annotations"]["global"]["relevant_pairs"] == 60
+    assert rep["ground_truth"]["global"]["relevant_pairs"] >= rep["annotations"]["global"]["relevant_pairs"]
+    assert rep["checkpoint"]["sha256"] and rep["checkpoint"]["objective"]["name"] == "ntxent"
+    json.loads(json.dumps(rep))  # JSON-ready as returned
+
+
+def test_ground_truth_contains_the_annotations(report, embedded):
+    rep, _ = report
+    _, split, img, cap = embedded
+    truth = ground_truth_relevance(split)
+    annotations = np.arange(12)[:, None] == split.img_of_cap[None, :]
+    assert truth is not None and truth.dense.shape == (12, 60)
+    assert not (annotations & ~truth.dense).any()
+    assert rep["ground_truth"]["global"]["relevant_pairs"] == truth.num_pairs()
+    assert rep["ground_truth"]["retrieval"] == pytest.approx(ranking_metrics(img @ cap.T, truth))
+
+
+def test_annotation_recalls_equal_evaluate_embeddings(report, embedded):
+    rep, _ = report
+    _, split, img, cap = embedded
+    expected = evaluate_embeddings(img, cap, split.img_of_cap)
+    retrieval = rep["annotations"]["retrieval"]
+    assert retrieval["rsum"] == pytest.approx(expected["rsum"])
+    for key, value in expected.items():
+        assert retrieval[key] == pytest.approx(value), key
+    assert retrieval == pytest.approx(ranking_metrics(img @ cap.T, Relevance.annotations(split.img_of_cap)))
+
+
+def test_distractor_section_matches_a_full_gallery_ranking(report, embedded, tiny):
+    rep, _ = report
+    data, _ = tiny
+    model, split, img, cap = embedded
+    section = rep["distractors"]
+    assert section["count"] == DISTRACTORS and section["source"] == "synthetic generator"
+    stream = DistractorStream.for_dataset(data, DISTRACTORS)
+    batches = list(stream.batches(8))  # the report's batch size
+    dis = np.concatenate([embed_image_batch(model, list(images)) for _, images, _ in batches])  # (N, D)
+    scenes = [scene for _, _, batch_scenes in batches for scene in batch_scenes]
+    dis_truth = relevance_matrix(split.captions, SceneTable.from_scenes(scenes))  # (N_cap, N)
+    gallery = np.concatenate([cap @ img.T, cap @ dis.T], axis=1)  # (N_cap, 12 + N)
+    truth = ground_truth_relevance(split).dense.T  # (N_cap, 12)
+    annotated = split.img_of_cap[:, None] == np.arange(12)[None, :]
+    for label, relevant in (
+        ("annotations", np.concatenate([annotated, np.zeros_like(dis_truth)], axis=1)),
+        ("ground_truth", np.concatenate([truth, dis_truth], axis=1)),
+    ):
+        got = section[label]
+        assert got["gallery_size"] == 12 + DISTRACTORS
+        ranks = []
+        for q in range(gallery.shape[0]):
+            best = gallery[q][relevant[q]].max()
+            ranks.append(1 + int((gallery[q][~relevant[q]] >= best).sum()))  # ties pessimistic
+        for k in (1, 5, 10, 100):
+            assert got[f"t2i_r{k}"] == pytest.approx(100.0 * np.mean(np.array(ranks) <= k)), (label, k)
+    assert section["ground_truth"]["distractors_relevant_to_some_query"] == dis_truth.any(axis=0).sum()
+    assert section["annotations"]["distractors_relevant_to_some_query"] == 0
+
+
+def test_calibration_and_plots(report):
+    rep, plots = report
+    assert rep["calibration_labels"] == "ground_truth"
+    calibration = rep["ground_truth"]["calibration"]
+    assert calibration["method"] == "isotonic" and calibration["fit"]["split"] == "val"
+    assert calibration["fit"]["labels"] == "ground_truth" and calibration["fit"]["images"] == 12
+    assert math.isfinite(calibration["ece"]) and 0.0 <= calibration["ece"] <= 1.0
+    assert sum(b["pairs"] for b in calibration["bins"]) == 12 * 60
+    assert set(calibration["score_for_relevance"]) == {"0.5", "0.8", "0.9"}
+    assert "calibration" not in rep["annotations"]  # fitted on ground-truth labels
+    paths = [Path(p) for p in rep["plots"]]
+    assert {p.name for p in paths} == {
+        "pr-curve.png", "scores-annotations.png", "scores-ground_truth.png", "reliability-ground_truth.png"
+    }
+    for path in paths:
+        assert path.parent == plots and path.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_distractor_embeddings_file(tiny, embedded, tmp_path):
+    data, ckpt = tiny
+    _, split, img, cap = embedded
+    rng = np.random.default_rng(0)
+    dis = rng.normal(size=(7, img.shape[1])).astype(np.float32)
+    dis /= np.linalg.norm(dis, axis=1, keepdims=True)
+    np.save(tmp_path / "dis.npy", dis)
+    options = EvalOptions(distractor_embeddings=tmp_path / "dis.npy", calibration_split=None, progress=False,
+                          batch_size=8)
+    section = evaluate_checkpoint(ckpt, data, options)["distractors"]
+    assert section["source"] == str(tmp_path / "dis.npy") and section["gallery_size"] == 12 + 7
+    gallery = np.concatenate([cap @ img.T, cap @ dis.T], axis=1)  # (N_cap, 19)
+    best = gallery[np.arange(60), split.img_of_cap]  # every distractor is non-relevant
+    ranks = (gallery >= best[:, None]).sum(axis=1)  # the relevant image itself counts once
+    for k in (1, 5, 10):
+        assert section[f"t2i_r{k}"] == pytest.approx(100.0 * np.mean(ranks <= k)), k
+    np.save(tmp_path / "wrong.npy", dis[:, :5])
+    with pytest.raises(ValueError, match=r"must be \(N, 32\)"):
+        evaluate_checkpoint(ckpt, data, EvalOptions(distractor_embeddings=tmp_path / "wrong.npy",
+                                                    calibration_split=None, progress=False))
+
+
+# --- icr evaluate ----------------------------------------------------------------------------------
+def test_cli_evaluate_writes_json(tiny, tmp_path):
+    from service.cli import app
+
+    data, ckpt = tiny
+    out = tmp_path / "eval.json"
+    run = CliRunner().invoke(app, [
+        "evaluate", "--checkpoint", str(ckpt), "--data", str(data), "--json", str(out), "--quiet",
+        "--distractors", "3", "--threshold", "0.25", "--calibration-method", "platt",
+    ])
+    assert run.exit_code == 0, run.output
+    assert "rsum" in run.output and "PR-AUC" in run.output and "t2i with distractors" in run.output
+    rep = json.loads(out.read_text())
+    assert rep["distractors"]["annotations"]["gallery_size"] == 15
+    assert rep["ground_truth"]["calibration"]["method"] == "platt"
+    assert 0.25 in [row["threshold"] for row in rep["annotations"]["thresholds"]]
+    plots = [Path(p) for p in rep["plots"]]
+    assert plots and all(p.parent == tmp_path / "eval-plots" for p in plots)  # default: beside --json
+    assert all(p.read_bytes()[:8] == PNG_SIGNATURE for p in plots)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--protocol", "10k"], "--protocol must be one of"),
+    (["--calibration-method", "beta"], "--calibration-method must be one of"),
+    (["--protocol", "5k"], "5,000-image"),
+])
+def test_cli_evaluate_user_errors_exit_2(tiny, tmp_path, args, message):
+    from service.cli import app
+
+    data, ckpt = tiny
+    out = tmp_path / "eval.json"
+    run = CliRunner().invoke(app, ["evaluate", "-m", str(ckpt), "-d", str(data), "--quiet",
+                                   "--calibration-split", "none", "--json", str(out), *args])
+    assert run.exit_code == 2, run.output
+    assert "error:" in run.output and message in run.output
+    assert "Traceback" not in run.output and not out.exists()
+
+
+# --- icr analyze compare ---------------------------------------------------------------------------
+def compare_args(data: Path, runs: Path, report: Path, epochs: int = 1) -> list[str]:
+    sets = ["train.max_steps=2", "train.threads=1", "data.val_images=12", *TINY_MODEL]
+    return [
+        "analyze", "compare", "--data", str(data), "--variants", "ntxent", "--seeds", "0",
+        "--epochs", str(epochs), "--batch-size", "100", "--distractors", "3", "--cocos-batches", "1",
+        "--runs", str(runs), "--report", str(report), "--quiet",
+        *[arg for s in sets for arg in ("--set", s)],
+    ]
+
+
+def test_cli_compare_writes_a_report_and_resumes(tiny, tmp_path):
+    from service.cli import app
+
+    data, _ = tiny
+    runs, out = tmp_path / "runs", tmp_path / "report"
+    run = CliRunner().invoke(app, compare_args(data, runs, out))
+    assert run.exit_code == 0, run.output
+    result_path = runs / "ntxent" / "seed0" / "result.json"
+    result = json.loads(result_path.read_text())
+    assert (result["variant"], result["seed"], result["epochs"]) == ("ntxent", 0, 1)
+    assert result["eval"]["distractors"]["annotations"]["gallery_size"] == 12 + 3
+    assert "| ntxent |" in (out / "report.md").read_text()
+    summary = json.loads((out / "report.json").read_text())
+    assert summary["variants"]["ntxent"]["runs"] == 1 and summary["regime"]["epochs"] == 1
+    assert summary["regime"]["overrides"][0] == "train.max_steps=2"
+    assert all((out / p).read_bytes()[:8] == PNG_SIGNATURE for p in summary["plots"])
+
+    stamp = result_path.stat().st_mtime_ns
+    weights = runs / "ntxent" / "seed0" / "best" / "model.safetensors"
+    weights_stamp = weights.stat().st_mtime_ns
+    again = CliRunner().invoke(app, compare_args(data, runs, out))
+    assert again.exit_code == 0, again.output
+    assert result_path.stat().st_mtime_ns == stamp  # reused, not retrained or re-evaluated
+    assert weights.stat().st_mtime_ns == weights_stamp
+
+    changed = CliRunner().invoke(app, compare_args(data, runs, out, epochs=2))
+    assert changed.exit_code == 2, changed.output
+    assert "another regime" in changed.output
+    assert result_path.stat().st_mtime_ns == stamp
+
+
+def test_cli_compare_with_max_steps_inside_the_first_epoch(tiny, tmp_path):
+    # batch 8: 25 steps an epoch, so train.max_steps=2 stops before the first validation and no
+    # best/ checkpoint is written. The comparison must still evaluate the run (e.g. its last/
+    # checkpoint), or refuse the regime before spending the training time; not train and then fail.
+    from service.cli import app
+
+    data, _ = tiny
+    runs = tmp_path / "runs"
+    args = compare_args(data, runs, tmp_path / "report")
+    args[args.index("--batch-size") + 1] = "8"
+    run = CliRunner().invoke(app, args)
+    seed_dir = runs / "ntxent" / "seed0"
+    if run.exit_code == 0:
+        assert json.loads((seed_dir / "result.json").read_text())["variant"] == "ntxent"
+    else:
+        assert run.exit_code == 2 and "error:" in run.output
+        assert not (seed_dir / "last").exists(), f"refused only after training: {run.output}"

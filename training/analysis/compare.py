@@ -1,0 +1,431 @@
+"""Loss comparison: train several objectives under one fixed regime, evaluate, analyse, report.
+
+Every variant is trained from the same base config with the same epochs, batch size and seeds;
+each run is then evaluated on the test split (annotations and, on the embedded benchmark, ground
+truth; PR-AUC; calibration fitted on val; t2i with distractors) and analysed with COCOS on the
+training split. The report is a Table-1-style Markdown file (mean +- std over seeds) plus JSON and
+PNG plots.
+
+Runs are resumable: a finished run keeps its ``result.json`` and is not redone; an interrupted one
+resumes from its ``train_state.pt``. Changing the regime (epochs, batch size, base config,
+overrides) of an existing run folder is refused rather than mixed into one table.
+
+Variants are ``OBJECTIVE`` or ``OBJECTIVE+DECODER:MODE`` (e.g. ``ntxent+ltd:constraint``). SmoothAP
+trains on image-level batches (B images x all their captions, 5x fewer steps per epoch); as in the
+ECIR paper its epochs are multiplied by the captions per image (``smoothap_epoch_factor``) so it
+takes as many optimizer steps as the caption-level objectives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.atomic import atomic_write_text
+
+RESULT_FILE = "result.json"
+DEFAULT_VARIANTS: tuple[str, ...] = (
+    "triplet",
+    "triplet_hardest",
+    "ntxent",
+    "smoothap",
+    "sampled_softmax",
+    "cross_example_softmax",
+    "ntxent+ltd:dual",
+    "ntxent+ltd:constraint",
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    objective: str
+    decoder: str | None = None  # ltd | itd
+    mode: str | None = None  # dual | constraint
+
+    @classmethod
+    def parse(cls, spec: str) -> Variant:
+        from training.losses import load_all
+
+        objective, _, decoding = spec.strip().partition("+")
+        if objective not in load_all():
+            raise ValueError(
+                f"unknown objective {objective!r} in variant {spec!r}; see `icr train --list-losses`"
+            )
+        if not decoding:
+            return cls(objective)
+        decoder, _, mode = decoding.partition(":")
+        if decoder not in ("ltd", "itd") or mode not in ("dual", "constraint"):
+            raise ValueError(
+                f"variant {spec!r}: write OBJECTIVE+ltd:dual, +ltd:constraint, +itd:dual or +itd:constraint"
+            )
+        return cls(objective, decoder, mode)
+
+    @property
+    def name(self) -> str:
+        return self.objective if self.decoder is None else f"{self.objective}+{self.decoder}:{self.mode}"
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace("+", "-").replace(":", "-")
+
+    def overrides(self) -> list[str]:
+        out = [f'loss.name="{self.objective}"']
+        if self.decoder is not None:
+            out += [f'decoding.kind="{self.decoder}"', f'decoding.mode="{self.mode}"']
+        return out
+
+
+@dataclass(frozen=True)
+class Regime:
+    """What every run shares; its hash guards run folders against mixing regimes."""
+
+    data: str
+    base_config: str = "synthetic-ntxent"
+    epochs: int = 2
+    batch_size: int = 128
+    smoothap_epoch_factor: int = 5
+    overrides: tuple[str, ...] = ()
+    distractors: int = 10000
+    cocos_batches: int = 20
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def key(self) -> str:
+        blob = json.dumps({k: v for k, v in self.__dict__.items() if k != "extra"}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def epochs_for(self, variant: Variant) -> int:
+        return self.epochs * (self.smoothap_epoch_factor if variant.objective == "smoothap" else 1)
+
+
+def run_config(regime: Regime, variant: Variant, seed: int, out: Path) -> dict[str, Any]:
+    from training.config import load_config
+
+    return load_config(
+        regime.base_config,
+        [
+            f'data.path="{regime.data}"',
+            f'train.out="{out}"',
+            f"train.epochs={regime.epochs_for(variant)}",
+            f"train.batch_size={regime.batch_size}",
+            f"train.seed={seed}",
+            *regime.overrides,
+            *variant.overrides(),
+        ],
+    )
+
+
+def _summary_of_eval(report: dict[str, Any]) -> dict[str, Any]:
+    """The parts of an evaluation report the comparison tables and plots use."""
+    out: dict[str, Any] = {}
+    for label in ("annotations", "ground_truth"):
+        if label in report:
+            section = report[label]
+            points = section["pr_curve_points"]
+            keep = np.unique(
+                np.linspace(0, len(points["recall"]) - 1, min(200, len(points["recall"]))).astype(int)
+            )
+            out[label] = {
+                "retrieval": section["retrieval"],
+                "global": section["global"],
+                "thresholds": section["thresholds"],
+                "calibration": {k: section["calibration"][k] for k in ("ece", "method")}
+                if "calibration" in section
+                else None,
+                "pr_curve_points": {k: [v[i] for i in keep] for k, v in points.items()},
+            }
+    if "distractors" in report:
+        out["distractors"] = report["distractors"]
+    return out
+
+
+def run_one(
+    regime: Regime, variant: Variant, seed: int, runs_dir: Path, *, progress: bool = True
+) -> dict[str, Any]:
+    """Train (or resume), evaluate and analyse one (variant, seed); cached in ``result.json``."""
+    from training.analysis.cocos import run_cocos
+    from training.evaluate_checkpoint import EvalOptions, evaluate_checkpoint
+    from training.train import STATE_FILE, train
+
+    run_dir = runs_dir / variant.slug / f"seed{seed}"
+    result_path = run_dir / RESULT_FILE
+    if result_path.is_file():
+        result = json.loads(result_path.read_text())
+        if result.get("regime_key") != regime.key():
+            raise ValueError(
+                f"{run_dir} was trained under another regime (epochs, batch size, config or overrides "
+                f"differ); use a new --runs folder or delete that run"
+            )
+        return result
+    config = run_config(regime, variant, seed, run_dir)
+    t0 = time.perf_counter()
+    train(config, resume=(run_dir / STATE_FILE).is_file(), progress=progress)
+    train_s = time.perf_counter() - t0
+    # best/ exists once a validation ran (every epoch end); a run cut short by train.max_steps
+    # inside its first epoch only has last/.
+    best = run_dir / "best" if (run_dir / "best").is_dir() else run_dir / "last"
+    t0 = time.perf_counter()
+    report = evaluate_checkpoint(
+        best, regime.data, EvalOptions(distractors=regime.distractors, progress=progress)
+    )
+    eval_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    cocos = run_cocos(
+        best, regime.data, batch_size=regime.batch_size, max_batches=regime.cocos_batches, progress=progress
+    )
+    result = {
+        "variant": variant.name,
+        "seed": seed,
+        "regime_key": regime.key(),
+        "epochs": regime.epochs_for(variant),
+        "checkpoint": report["checkpoint"],
+        "eval": _summary_of_eval(report),
+        "cocos": {
+            k: cocos[k] for k in ("counter", "epsilon", "batches", "batch_size", "sampling", "metrics")
+        },
+        "seconds": {"train": train_s, "evaluate": eval_s, "cocos": time.perf_counter() - t0},
+    }
+    atomic_write_text(result_path, json.dumps(result, indent=2) + "\n")
+    return result
+
+
+# --- aggregation ------------------------------------------------------------------------------
+def _mean_std(values: Sequence[float | None]) -> tuple[float, float] | None:
+    v = np.array([x for x in values if x is not None], dtype=np.float64)
+    return (float(v.mean()), float(v.std())) if v.size else None
+
+
+def _pooled(metrics: Sequence[dict[str, Any]]) -> tuple[float, float] | None:
+    """Mean and std over all batches of all seeds, from per-seed batch means and stds."""
+    rows = [m for m in metrics if m.get("mean") is not None]
+    if not rows:
+        return None
+    means = np.array([m["mean"] for m in rows])
+    stds = np.array([m["std"] or 0.0 for m in rows])
+    mean = float(means.mean())
+    return mean, float(np.sqrt(max(np.mean(stds**2 + means**2) - mean**2, 0.0)))
+
+
+def _cell(ms: tuple[float, float] | None, digits: int) -> str:
+    return "-" if ms is None else f"{ms[0]:.{digits}f} ± {ms[1]:.{digits}f}"
+
+
+def _get(result: dict[str, Any], path: str) -> float | None:
+    node: Any = result
+    for part in path.split("/"):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _table(
+    title: str, columns: list[tuple[str, str, int]], groups: dict[str, list[dict[str, Any]]]
+) -> list[str]:
+    lines = [f"### {title}", "", "| variant | " + " | ".join(c for c, _, _ in columns) + " |"]
+    lines.append("|---|" + "---:|" * len(columns))
+    for name, results in groups.items():
+        cells = [_cell(_mean_std([_get(r, path) for r in results]), digits) for _, path, digits in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+ANN = "eval/annotations/retrieval"
+GT = "eval/ground_truth/retrieval"
+MAIN_COLUMNS = [
+    ("i2t R@1", f"{ANN}/i2t_r1", 1),
+    ("i2t R@5", f"{ANN}/i2t_r5", 1),
+    ("i2t R@10", f"{ANN}/i2t_r10", 1),
+    ("i2t ar", f"{ANN}/i2t_ar", 1),
+    ("i2t mAP@5 (ECIR)", f"{ANN}/i2t_map5_ecir", 2),
+    ("t2i R@1", f"{ANN}/t2i_r1", 1),
+    ("t2i R@5", f"{ANN}/t2i_r5", 1),
+    ("t2i R@10", f"{ANN}/t2i_r10", 1),
+    ("t2i ar", f"{ANN}/t2i_ar", 1),
+    ("rsum", f"{ANN}/rsum", 1),
+]
+TRUTH_COLUMNS = [
+    ("rsum", f"{GT}/rsum", 1),
+    ("i2t R-prec", f"{GT}/i2t_rprec", 3),
+    ("t2i R-prec", f"{GT}/t2i_rprec", 3),
+    ("i2t mAP", f"{GT}/i2t_map", 3),
+    ("t2i mAP", f"{GT}/t2i_map", 3),
+]
+CALIBRATION_COLUMNS = [
+    ("PR-AUC (annotations)", "eval/annotations/global/pr_auc", 4),
+    ("PR-AUC (ground truth)", "eval/ground_truth/global/pr_auc", 4),
+    ("best F1 (ground truth)", "eval/ground_truth/global/best_f1", 3),
+    ("ECE (ground truth, isotonic on val)", "eval/ground_truth/calibration/ece", 4),
+    ("t2i R@1 +distractors (annot.)", "eval/distractors/annotations/t2i_r1", 2),
+    ("t2i R@10 +distractors (annot.)", "eval/distractors/annotations/t2i_r10", 2),
+    ("t2i R@10 +distractors (truth)", "eval/distractors/ground_truth/t2i_r10", 2),
+]
+
+
+def _cocos_lines(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
+    lines = ["### COCOS at the best checkpoint (training split, mean ± std over batches of all seeds)", ""]
+    lines += ["| variant | counter | i2t | t2i |", "|---|---|---|---|"]
+    for name, results in groups.items():
+        metrics = [r["cocos"]["metrics"] for r in results]
+        keys = sorted({k[4:] for m in metrics for k in m})
+        per_dir = {
+            d: ", ".join(
+                f"{metrics[0][f'{d}_{k}'].get('symbol', k)} "
+                f"{_cell(_pooled([m[f'{d}_{k}'] for m in metrics]), 2)}"
+                for k in keys
+                if f"{d}_{k}" in metrics[0]
+            )
+            for d in ("i2t", "t2i")
+        }
+        lines.append(f"| {name} | {results[0]['cocos']['counter']} | {per_dir['i2t']} | {per_dir['t2i']} |")
+    return lines + [""]
+
+
+def build_report(results: list[dict[str, Any]], regime: Regime, command: str) -> tuple[dict[str, Any], str]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault(r["variant"], []).append(r)
+    seeds = sorted({r["seed"] for r in results})
+    md = [
+        "# Loss comparison on the embedded benchmark",
+        "",
+        f"Produced by `{command}`.",
+        "",
+        f"Regime: base config `{regime.base_config}`, {regime.epochs} epochs "
+        f"(SmoothAP x{regime.smoothap_epoch_factor}: "
+        f"image-level batches, same number of steps), batch {regime.batch_size}, seeds {seeds}, "
+        f"overrides {list(regime.overrides) or 'none'}. Test split of `{regime.data}`; "
+        "mean ± std over seeds. "
+        "Recall in percent, AP-type metrics on a 0-1 scale. "
+        f"COCOS on {regime.cocos_batches} training batches "
+        f"of {regime.batch_size}; t2i with {regime.distractors:,} generated distractors.",
+        "",
+    ]
+    md += _table(
+        "Retrieval against the annotations (5 captions per image; the papers' Table 1)", MAIN_COLUMNS, groups
+    )
+    md += _table(
+        "Retrieval against the ground truth (every image a caption is true of is relevant)",
+        TRUTH_COLUMNS,
+        groups,
+    )
+    md += _table("Global calibration (all caption-image pairs) and distractors", CALIBRATION_COLUMNS, groups)
+    md += _cocos_lines(groups)
+    timing = {name: _mean_std([r["seconds"]["train"] for r in rs]) for name, rs in groups.items()}
+    md += ["### Training time per run (s, 2-core CPU)", "", "| variant | train s |", "|---|---:|"]
+    md += [f"| {name} | {_cell(ms, 0)} |" for name, ms in timing.items()] + [""]
+    report = {
+        "regime": {k: v for k, v in regime.__dict__.items() if k != "extra"},
+        "regime_key": regime.key(),
+        "command": command,
+        "seeds": seeds,
+        "variants": {
+            name: {
+                "runs": len(rs),
+                **{
+                    label: {c: _mean_std([_get(r, p) for r in rs]) for c, p, _ in cols}
+                    for label, cols in (
+                        ("annotations", MAIN_COLUMNS),
+                        ("ground_truth", TRUTH_COLUMNS),
+                        ("calibration", CALIBRATION_COLUMNS),
+                    )
+                },
+                "cocos": {
+                    k: _pooled([r["cocos"]["metrics"][k] for r in rs]) for k in rs[0]["cocos"]["metrics"]
+                },
+            }
+            for name, rs in groups.items()
+        },
+    }
+    return report, "\n".join(md)
+
+
+def write_plots(results: list[dict[str, Any]], directory: Path) -> list[Path]:
+    from training.analysis.plots import plot_grouped_bars, plot_pr_curves
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(results, key=lambda r: r["seed"]):
+        groups.setdefault(r["variant"], []).append(r)
+    paths = []
+    for label in ("annotations", "ground_truth"):
+        curves = {
+            f"{name} (AP {rs[0]['eval'][label]['global']['pr_auc']:.3f})": rs[0]["eval"][label][
+                "pr_curve_points"
+            ]
+            for name, rs in groups.items()
+            if label in rs[0]["eval"]
+        }
+        if curves:
+            paths.append(
+                plot_pr_curves(
+                    curves,
+                    directory / f"pr-curves-{label}.png",
+                    f"PR over all pairs ({label}), seed {results[0]['seed']}",
+                )
+            )
+    rsum = {
+        name: {
+            label: _mean_std([_get(r, f"eval/{label}/retrieval/rsum") for r in rs]) or (np.nan, 0.0)
+            for label in ("annotations", "ground_truth")
+        }
+        for name, rs in groups.items()
+    }
+    paths.append(
+        plot_grouped_bars(
+            rsum, directory / "rsum.png", "rsum on the test split (mean ± std over seeds)", "rsum"
+        )
+    )
+    cocos = {
+        name: {
+            k: v
+            for k, v in (
+                (k, _pooled([r["cocos"]["metrics"][k] for r in rs]))
+                for k in rs[0]["cocos"]["metrics"]
+                if k.endswith(("_Cq", "_Cqv_neg"))
+            )
+            if v is not None
+        }
+        for name, rs in groups.items()
+    }
+    paths.append(
+        plot_grouped_bars(cocos, directory / "cocos.png", "COCOS: contributing negatives per query", "count")
+    )
+    return paths
+
+
+def compare(
+    variants: Sequence[str],
+    seeds: Sequence[int],
+    regime: Regime,
+    runs_dir: Path,
+    report_dir: Path,
+    *,
+    command: str,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run every (variant, seed) (resumably), then write report.md, report.json and PNGs."""
+    parsed = [Variant.parse(v) for v in variants]
+    if len({v.name for v in parsed}) != len(parsed):
+        raise ValueError(f"duplicate variants in {list(variants)}")
+    if not seeds:
+        raise ValueError("give at least one seed")
+    results = []
+    total = len(parsed) * len(seeds)
+    for k, (variant, seed) in enumerate(((v, s) for v in parsed for s in seeds), start=1):
+        log(f"[{k}/{total}] {variant.name} seed {seed}")
+        results.append(run_one(regime, variant, seed, runs_dir, progress=progress))
+    report, markdown = build_report(results, regime, command)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    report["plots"] = [p.name for p in write_plots(results, report_dir)]
+    atomic_write_text(report_dir / "report.json", json.dumps(report, indent=2) + "\n")
+    atomic_write_text(
+        report_dir / "report.md", markdown + "\n" + "".join(f"\n![{p}]({p})\n" for p in report["plots"])
+    )
+    return report

@@ -1,0 +1,109 @@
+"""PNG plots of evaluation and analysis results (matplotlib, headless Agg backend).
+
+Every function writes one PNG atomically (temporary file, then rename) and returns its path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.atomic import atomic_write
+
+# Lines drawn per direction in the score-distribution plot: enough to see the spread, few enough
+# to stay readable (the percentile curves summarise all sampled queries).
+MAX_QUERY_LINES = 300
+
+
+def _figure(ncols: int = 1, width: float = 6.0, height: float = 4.5):
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    return plt, fig, axes[0]
+
+
+def _save(plt, fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+    return path
+
+
+def plot_pr_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path, title: str) -> Path:
+    """Global precision-recall curves: ``{label: {"recall": [...], "precision": [...]}}``, one line each."""
+    plt, fig, (ax,) = _figure()
+    for label, c in curves.items():
+        ax.plot(c["recall"], c["precision"], label=label, linewidth=1.5)
+    ax.set(
+        xlabel="recall (all caption-image pairs)",
+        ylabel="precision",
+        xlim=(0, 1),
+        ylim=(0, 1.02),
+        title=title,
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def plot_score_distribution(distribution: Mapping[str, Any], path: str | Path, title: str) -> Path:
+    """Per-query "neighbours with score >= x" curves (Cross-Example Softmax paper, Fig. 4 right)."""
+    plt, fig, axes = _figure(ncols=len(distribution))
+    for ax, (direction, section) in zip(axes, distribution.items(), strict=True):
+        grid = np.asarray(section["grid"])
+        curves = np.asarray(section["curves"])  # (Q, G)
+        for row in curves[:MAX_QUERY_LINES]:
+            ax.plot(grid, np.maximum(row, 0.8), color="tab:blue", alpha=0.08, linewidth=0.7)
+        for name in ("p5", "p95"):
+            ax.plot(
+                grid, np.maximum(section["percentile_curves"][name], 0.8), color="tab:orange", linewidth=2
+            )
+        query = "image" if direction == "i2t" else "caption"
+        ax.set(
+            yscale="log",
+            xlabel="similarity score",
+            ylabel="candidates scoring >= x",
+            title=f"{title}: {direction} ({section['queries']} {query} queries)",
+        )
+        ax.grid(alpha=0.3)
+    return _save(plt, fig, path)
+
+
+def plot_reliability(bins: Sequence[Mapping[str, Any]], path: str | Path, title: str) -> Path:
+    """Reliability diagram: fraction relevant against mean predicted relevance per bin."""
+    plt, fig, (ax,) = _figure(width=5.0)
+    used = [b for b in bins if b["pairs"]]
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1)
+    ax.plot([b["mean_predicted"] for b in used], [b["fraction_relevant"] for b in used], marker="o")
+    ax.set(
+        xlabel="calibrated relevance", ylabel="fraction truly relevant", xlim=(0, 1), ylim=(0, 1), title=title
+    )
+    ax.grid(alpha=0.3)
+    return _save(plt, fig, path)
+
+
+def plot_grouped_bars(
+    values: Mapping[str, Mapping[str, tuple[float, float]]], path: str | Path, title: str, ylabel: str
+) -> Path:
+    """Grouped bars with error bars: ``{group: {series: (mean, std)}}`` (e.g. COCOS per objective)."""
+    plt, fig, (ax,) = _figure(width=max(6.0, 1.2 * len(values)))
+    groups = list(values)
+    series = sorted({s for g in values.values() for s in g})
+    width = 0.8 / max(len(series), 1)
+    for k, name in enumerate(series):
+        means = [values[g].get(name, (np.nan, 0.0))[0] for g in groups]
+        stds = [values[g].get(name, (np.nan, 0.0))[1] for g in groups]
+        ax.bar(np.arange(len(groups)) + k * width, means, width, yerr=stds, label=name, capsize=2)
+    ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, groups, rotation=20, ha="right", fontsize=8)
+    ax.set(ylabel=ylabel, title=title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, path)

@@ -1,0 +1,305 @@
+"""Evaluate a checkpoint on a dataset split: every metric of :mod:`training.metrics`, as one report.
+
+Steps: embed the split; rank metrics under the protocol and global PR / threshold / score
+distribution metrics against the annotations; on the embedded benchmark the same again against the
+generator's ground truth (every image a caption is true of is relevant, not only the one it was
+written for); a calibration fitted on another split (validation by default) and its ECE on this
+one; and optionally t2i recall with N distractor images streamed into the gallery.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from training.checkpoint import checkpoint_sha256, load_checkpoint
+from training.data.training_data import SplitData, open_split
+from training.embedding import embed_captions, embed_image_batch, embed_images
+from training.metrics.calibration import Calibration, fit_calibration, score_histogram
+from training.metrics.distractors import DistractorRecall, distractor_recall
+from training.metrics.relevance import Relevance
+from training.metrics.report import full_metrics, json_ready
+
+REPORT_FORMAT = "icr-evaluation"
+REPORT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    split: str = "test"
+    protocol: str = "full"
+    distractors: int = 0  # embedded benchmark: images from its distractor stream
+    distractor_embeddings: Path | None = None  # any dataset: (N, D) float32 .npy, L2-normalised
+    calibration_split: str | None = "auto"  # auto: val / dev if present; None: no calibration
+    calibration_method: str = "isotonic"
+    thresholds: tuple[float, ...] = ()
+    batch_size: int = 256
+    device: str = "cpu"
+    progress: bool = True
+    plots_dir: Path | None = None  # PR curve, score distributions, reliability diagram (PNG)
+
+
+@dataclass
+class EmbeddedSplit:
+    data: SplitData
+    img_emb: np.ndarray  # (N_img, D)
+    cap_emb: np.ndarray  # (N_cap, D)
+    annotations: Relevance
+    ground_truth: Relevance | None  # embedded benchmark only: annotations + generator truth
+
+    @property
+    def sim(self) -> np.ndarray:
+        return self.img_emb @ self.cap_emb.T  # (N_img, N_cap)
+
+    def labels(self) -> tuple[str, Relevance]:
+        """The best relevance available: ground truth when the dataset has it, else annotations."""
+        if self.ground_truth is not None:
+            return "ground_truth", self.ground_truth
+        return "annotations", self.annotations
+
+
+def synthetic_dir(data: SplitData) -> Path | None:
+    """The dataset folder when ``data`` is the embedded benchmark (it stores scene structures)."""
+    from training.data.synthetic.generate import SCENES_NAME
+
+    if data.kind != "karpathy":
+        return None
+    directory = Path(data.source).parent
+    return directory if (directory / SCENES_NAME).is_file() else None
+
+
+def ground_truth_relevance(data: SplitData, captions_per_image: int = 5) -> Relevance | None:
+    """(N_img, N_cap) generator truth united with the annotations; None off the embedded benchmark."""
+    directory = synthetic_dir(data)
+    if directory is None:
+        return None
+    from training.data.karpathy import load_karpathy
+    from training.data.synthetic.generate import load_scenes
+    from training.data.synthetic.relevance import relevance_matrix
+    from training.data.synthetic.scene import SceneTable
+
+    records = load_karpathy(data.source, captions_per_image=captions_per_image).split(data.name).images
+    scenes = load_scenes(directory).for_imgids([r.imgid for r in records])
+    truth = relevance_matrix(data.captions, SceneTable.from_scenes(scenes))  # (N_cap, N_img)
+    annotations = Relevance.annotations(data.img_of_cap, data.num_images)
+    return Relevance.matrix(np.ascontiguousarray(truth.T)).union(annotations)
+
+
+def embed_split(model: nn.Module, data_path: Path, split: str, options: EvalOptions) -> EmbeddedSplit:
+    data = open_split(data_path, split, progress=options.progress)
+    img = embed_images(
+        model, data, batch_size=options.batch_size, device=options.device, progress=options.progress
+    )
+    cap = embed_captions(model, data.captions, device=options.device, progress=options.progress)
+    return EmbeddedSplit(
+        data, img, cap, Relevance.annotations(data.img_of_cap, data.num_images), ground_truth_relevance(data)
+    )
+
+
+def fit_split_calibration(split: EmbeddedSplit, method: str) -> Calibration:
+    """Score -> relevance fitted on every pair of ``split`` (ground-truth labels when available)."""
+    labels, relevance = split.labels()
+    calibration = fit_calibration(score_histogram(split.sim, relevance), method)
+    calibration.fit.update(split=split.data.name, labels=labels, images=split.data.num_images)
+    return calibration
+
+
+def _synthetic_distractors(
+    model: nn.Module, directory: Path, n: int, captions: list[str], options: EvalOptions
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Embedded-benchmark distractors with their ground-truth relevance to every test caption."""
+    from tqdm import tqdm
+
+    from training.data.synthetic.generate import DistractorStream
+    from training.data.synthetic.parse import parse_caption
+    from training.data.synthetic.relevance import relevance_matrix
+    from training.data.synthetic.scene import SceneTable
+
+    queries = [parse_caption(c) for c in captions]
+    stream = DistractorStream.for_dataset(directory, n)
+    bar = tqdm(total=n, desc="distractors", unit="img", disable=not options.progress, leave=False)
+    for _, images, scenes in stream.batches(options.batch_size):
+        emb = embed_image_batch(model, list(images), device=options.device)  # (b, D)
+        bar.update(len(images))
+        yield emb, relevance_matrix(queries, SceneTable.from_scenes(scenes))  # (N_cap, b)
+    bar.close()
+
+
+def _file_distractors(path: Path, dim: int, batch_size: int) -> Iterator[tuple[np.ndarray, None]]:
+    try:
+        emb = np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"{path}: cannot read distractor embeddings ({e}); expected an (N, D) float32 .npy"
+        ) from e
+    if emb.ndim != 2 or emb.shape[1] != dim:
+        raise ValueError(
+            f"{path}: distractor embeddings must be (N, {dim}) to match the checkpoint, got {emb.shape}"
+        )
+    for start in range(0, emb.shape[0], batch_size * 16):
+        yield np.asarray(emb[start : start + batch_size * 16], dtype=np.float32), None
+
+
+def _calibration_split(data_path: Path, requested: str | None) -> str | None:
+    """``auto``: the validation split (``val``, precomp ``dev``) if the dataset has one, else None."""
+    if requested != "auto":
+        return requested
+    from training.data.precomp import available_precomp_splits
+    from training.data.training_data import is_precomp
+
+    if is_precomp(data_path):
+        return "dev" if "dev" in available_precomp_splits(data_path) else None
+    from training.data.karpathy import load_karpathy
+
+    return "val" if "val" in load_karpathy(data_path).splits else None
+
+
+def evaluate_model(
+    model: nn.Module, data_path: str | Path, options: EvalOptions = EvalOptions()
+) -> dict[str, Any]:
+    """The full report (JSON-ready) for an already loaded model."""
+    data_path = Path(data_path)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    test = embed_split(model, data_path, options.split, options)
+    timings["embed_s"] = time.perf_counter() - t0
+    if options.distractors and options.distractor_embeddings is None and synthetic_dir(test.data) is None:
+        # fail before the minutes of metrics, not after
+        raise ValueError(
+            "--distractors N draws images from the embedded benchmark's generator; for Flickr30k/COCO "
+            "embed your distractor images first and pass --distractor-embeddings FILE.npy"
+        )
+
+    calibration = None
+    calibration_split = _calibration_split(data_path, options.calibration_split)
+    if calibration_split:
+        t0 = time.perf_counter()
+        held_out = embed_split(model, data_path, calibration_split, options)
+        calibration = fit_split_calibration(held_out, options.calibration_method)
+        timings["calibration_fit_s"] = time.perf_counter() - t0
+
+    sim = test.sim
+    label_kind, _ = test.labels()
+    sections = {
+        "annotations": full_metrics(
+            sim,
+            test.annotations,
+            test.data.img_of_cap,
+            protocol=options.protocol,
+            calibration=calibration if label_kind == "annotations" else None,
+            thresholds=options.thresholds,
+        )
+    }
+    if test.ground_truth is not None:
+        sections["ground_truth"] = full_metrics(
+            sim,
+            test.ground_truth,
+            test.data.img_of_cap,
+            protocol=options.protocol,
+            calibration=calibration,
+            thresholds=options.thresholds,
+        )
+    report: dict[str, Any] = {
+        "format": REPORT_FORMAT,
+        "format_version": REPORT_VERSION,
+        "data": {
+            "path": str(data_path),
+            "split": options.split,
+            "kind": test.data.kind,
+            "images": test.data.num_images,
+            "captions": len(test.data.captions),
+            "ground_truth": test.ground_truth is not None,
+        },
+        **{label: json_ready(section) for label, section in sections.items()},
+    }
+    if options.plots_dir is not None:
+        report["plots"] = [str(p) for p in write_plots(sections, Path(options.plots_dir))]
+    if options.distractors or options.distractor_embeddings:
+        t0 = time.perf_counter()
+        report["distractors"] = _distractor_section(model, test, options)
+        timings["distractors_s"] = time.perf_counter() - t0
+    report["calibration_labels"] = label_kind if calibration else None
+    report["timings"] = timings
+    return report
+
+
+def _distractor_section(model: nn.Module, test: EmbeddedSplit, options: EvalOptions) -> dict[str, Any]:
+    if options.distractor_embeddings is not None:
+        batches = _file_distractors(
+            Path(options.distractor_embeddings), test.img_emb.shape[1], options.batch_size
+        )
+        return {
+            "source": str(options.distractor_embeddings),
+            **distractor_recall(test.cap_emb, test.img_emb, test.annotations, batches),
+        }
+    directory = synthetic_dir(test.data)
+    assert directory is not None  # checked in evaluate_model
+    # One pass over the distractors feeds both label sets: with the annotations every distractor
+    # is a negative; with the ground truth one that satisfies the caption is a hit.
+    by_annotations = DistractorRecall(len(test.cap_emb))
+    by_truth = DistractorRecall(len(test.cap_emb))
+    gallery = test.cap_emb @ test.img_emb.T  # (N_cap, N_img)
+    by_annotations.add(gallery, test.annotations.caption_rows(0, test.annotations.n_cap), distractor=False)
+    by_truth.add(gallery, test.ground_truth.caption_rows(0, test.ground_truth.n_cap), distractor=False)
+    for emb, relevant in _synthetic_distractors(
+        model, directory, options.distractors, test.data.captions, options
+    ):
+        scores = test.cap_emb @ emb.T  # (N_cap, b)
+        by_annotations.add(scores)
+        by_truth.add(scores, relevant)
+    return {
+        "source": "synthetic generator",
+        "count": options.distractors,
+        "annotations": by_annotations.metrics(),
+        "ground_truth": by_truth.metrics(),
+    }
+
+
+def write_plots(sections: dict[str, dict[str, Any]], directory: Path) -> list[Path]:
+    """PNG plots of :func:`full_metrics` sections (raw, before :func:`json_ready`)."""
+    from training.analysis.plots import plot_pr_curves, plot_reliability, plot_score_distribution
+
+    paths = [
+        plot_pr_curves(
+            {
+                f"{label} (AP {s['global']['pr_auc']:.3f})": s["curve"].points()
+                for label, s in sections.items()
+            },
+            directory / "pr-curve.png",
+            "global precision-recall over all pairs",
+        )
+    ]
+    for label, section in sections.items():
+        paths.append(
+            plot_score_distribution(section["score_distribution"], directory / f"scores-{label}.png", label)
+        )
+        if "calibration" in section:
+            c = section["calibration"]
+            paths.append(
+                plot_reliability(
+                    c["bins"], directory / f"reliability-{label}.png", f"{label}: ECE {c['ece']:.4f}"
+                )
+            )
+    return paths
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path, data_path: str | Path, options: EvalOptions = EvalOptions()
+) -> dict[str, Any]:
+    """Load ``checkpoint`` and :func:`evaluate_model` it; the report names the checkpoint."""
+    model, config = load_checkpoint(checkpoint, options.device)
+    report = evaluate_model(model, data_path, options)
+    report["checkpoint"] = {
+        "path": str(checkpoint),
+        "sha256": checkpoint_sha256(checkpoint),
+        "objective": config.get("objective"),
+        "decoding": config.get("decoding"),
+        "step": config.get("step"),
+    }
+    return report

@@ -1,0 +1,169 @@
+"""`icr evaluate`: every retrieval, calibration and distractor metric of a checkpoint on a split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from training.cli_support import fail_cleanly
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_retrieval_table(section: dict[str, Any], title: str) -> str:
+    """R@K / medr / mAP / R-precision per direction, +- std over folds when there are several."""
+    m, std, folds = section["retrieval"], section["retrieval_std"], section["protocol"]["folds"]
+    cols = [
+        ("R@1", "r1", 1),
+        ("R@5", "r5", 1),
+        ("R@10", "r10", 1),
+        ("medr", "medr", 1),
+        ("mAP@5", "map5", 3),
+        ("mAP@5 ecir", "map5_ecir", 3),
+        ("R-prec", "rprec", 3),
+        ("mAP", "map", 3),
+    ]
+    pm = folds > 1
+    lines = [f"{title} (protocol {section['protocol']['name']}, {folds} fold{'s' * (folds > 1)})"]
+    lines.append("       " + "".join(f"{c:>{16 if pm else 11}}" for c, _, _ in cols))
+    for d in ("i2t", "t2i"):
+        cells = []
+        for _, key, digits in cols:
+            v = m[f"{d}_{key}"]
+            cell = f"{v:.{digits}f}" + (f"±{std[f'{d}_{key}']:.{digits}f}" if pm else "")
+            cells.append(f"{cell:>{16 if pm else 11}}")
+        lines.append(f"  {d}  " + "".join(cells))
+    lines.append(f"  rsum {m['rsum']:.1f}" + (f" ± {std['rsum']:.1f}" if pm else ""))
+    return "\n".join(lines)
+
+
+def format_global_table(section: dict[str, Any]) -> str:
+    g = section["global"]
+    lines = [
+        f"  PR-AUC {g['pr_auc']:.4f} (average precision; trapezoid {g['pr_auc_trapezoid']:.4f}; "
+        f"random {g['pr_auc_random']:.5f}) over {int(g['pairs']):,} pairs, "
+        f"{int(g['relevant_pairs']):,} relevant",
+        f"  {'threshold':>10} {'precision':>10} {'recall':>8} {'F1':>7} {'empty i2t':>10} {'empty t2i':>10}",
+    ]
+    for row in section["thresholds"]:
+        lines.append(
+            f"  {row['threshold']:>10.4f} {_fmt(row['precision'], 3):>10} {row['recall']:>8.3f} "
+            f"{row['f1']:>7.3f} "
+            f"{row['empty_i2t']:>10.3f} {row['empty_t2i']:>10.3f}"
+        )
+    if "calibration" in section:
+        c = section["calibration"]
+        lines.append(f"  calibration ({c['method']}, fitted on {c['fit'].get('split')}): ECE {c['ece']:.5f}")
+    return "\n".join(lines)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    parts = []
+    for label, title in (("annotations", "annotated pairs"), ("ground_truth", "ground-truth relevance")):
+        if label in report:
+            parts.append(format_retrieval_table(report[label], title))
+            parts.append(format_global_table(report[label]))
+    if "distractors" in report:
+        d = report["distractors"]
+        for label in ("annotations", "ground_truth"):
+            section = d.get(label, d if label == "annotations" else None)
+            if section:
+                recalls = "  ".join(
+                    f"{k[4:].upper()} {v:.2f}" for k, v in section.items() if k.startswith("t2i_r")
+                )
+                parts.append(
+                    f"t2i with distractors ({label}, gallery {int(section['gallery_size']):,}): {recalls}"
+                )
+    return "\n".join(parts)
+
+
+@fail_cleanly
+def evaluate_command(
+    checkpoint: Annotated[
+        Path, typer.Option("--checkpoint", "-m", help="Checkpoint folder (e.g. runs/x/best).")
+    ],
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data", "-d", help="Dataset: Karpathy JSON/folder, precomp folder, or icr data synth output."
+        ),
+    ],
+    split: Annotated[str, typer.Option(help="Split to evaluate (precomp COCO 5K: testall).")] = "test",
+    protocol: Annotated[
+        str, typer.Option(help="full (all images), 1k (5 folds of 1,000 images, averaged) or 5k.")
+    ] = "full",
+    distractors: Annotated[
+        int, typer.Option(help="Embedded benchmark: add N generated distractor images to the t2i gallery.")
+    ] = 0,
+    distractor_embeddings: Annotated[
+        Path | None, typer.Option(help="(N, D) float32 .npy of distractor image embeddings.")
+    ] = None,
+    calibration_split: Annotated[
+        str,
+        typer.Option(
+            help="Split to fit score->relevance on: auto (val, or precomp dev), a split name, or none."
+        ),
+    ] = "auto",
+    calibration_method: Annotated[str, typer.Option(help="isotonic or platt.")] = "isotonic",
+    threshold: Annotated[
+        list[float] | None, typer.Option(help="Extra global score threshold to report (repeatable).")
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the full report here (atomic).")
+    ] = None,
+    plots: Annotated[Path | None, typer.Option(help="Folder for PNG plots (default: beside --json).")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+) -> None:
+    """Evaluate a checkpoint: R@K, medr, mAP@k, R-precision, PR-AUC, thresholds, ECE, distractors.
+
+    Examples:
+
+      icr evaluate --checkpoint icr-demo/model/best --data icr-demo/data --json eval.json
+
+      icr evaluate -m runs/coco/best -d ~/data/coco_precomp --split testall --protocol 1k
+
+      icr evaluate -m runs/x/best -d icr-demo/data --distractors 100000 --threshold 0.5
+    """
+    from training.atomic import atomic_write_text
+    from training.evaluate_checkpoint import EvalOptions, evaluate_checkpoint
+    from training.metrics.protocols import PROTOCOLS
+
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    from training.metrics.calibration import CALIBRATION_METHODS
+
+    if calibration_method not in CALIBRATION_METHODS:
+        raise ValueError(f"--calibration-method must be one of {', '.join(CALIBRATION_METHODS)}")
+    if distractors < 0:
+        raise ValueError(f"--distractors must be >= 0, got {distractors}")
+    if plots is None and json_out is not None:
+        plots = json_out.with_name(json_out.stem + "-plots")
+    options = EvalOptions(
+        split=split,
+        protocol=protocol,
+        distractors=distractors,
+        distractor_embeddings=distractor_embeddings,
+        calibration_split=None if calibration_split.lower() == "none" else calibration_split,
+        calibration_method=calibration_method,
+        thresholds=tuple(threshold or ()),
+        device=device,
+        progress=not quiet,
+        plots_dir=plots,
+    )
+    report = evaluate_checkpoint(checkpoint, data, options)
+    typer.echo(format_report(report))
+    if json_out is not None:
+        atomic_write_text(json_out, json.dumps(report, indent=2) + "\n")
+        typer.echo(f"wrote {json_out}")
+    if report.get("plots"):
+        typer.echo(f"plots: {', '.join(report['plots'])}")
