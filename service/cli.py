@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from index.cli import index_app
 from training.analysis.cli import analyze_app
 from training.cli import data_app, dataset_statistics
 from training.cli_support import fail_cleanly, print_summary
@@ -25,6 +26,7 @@ app.add_typer(data_app, name="data")
 app.command("train")(train_command)
 app.command("evaluate")(evaluate_command)
 app.add_typer(analyze_app, name="analyze")
+app.add_typer(index_app, name="index")
 
 # The embedded default's sizes: big enough for a meaningful 1K test protocol, ~30 s to generate.
 DEMO_COUNTS = {"train": 10000, "val": 1000, "test": 1000}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_model import TINY_MODEL
 from typer.testing import CliRunner
 
 from training.checkpoint import load_checkpoint
@@ -29,15 +30,6 @@ from training.evaluate_checkpoint import EvalOptions, evaluate_checkpoint, groun
 from training.metrics.ranking import ranking_metrics
 from training.metrics.relevance import Relevance
 
-TINY_MODEL = [
-    "model.embed_dim=32",
-    'model.image.kind="cnn"',
-    "model.image.width=8",
-    "model.image.image_size=32",
-    'model.text.kind="gru"',
-    "model.text.word_dim=16",
-    "model.text.hidden=32",
-]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DISTRACTORS = 10
 
@@ -180,7 +172,7 @@ def test_distractor_embeddings_file(tiny, embedded, tmp_path):
     for k in (1, 5, 10):
         assert section[f"t2i_r{k}"] == pytest.approx(100.0 * np.mean(ranks <= k)), k
     np.save(tmp_path / "wrong.npy", dis[:, :5])
-    with pytest.raises(ValueError, match=r"must be \(N, 32\)"):
+    with pytest.raises(ValueError, match=r"must be a float \(N, 32\) array"):
         evaluate_checkpoint(ckpt, data, EvalOptions(distractor_embeddings=tmp_path / "wrong.npy",
                                                     calibration_split=None, progress=False))
 

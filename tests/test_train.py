@@ -13,22 +13,13 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_model import TINY_MODEL
 
 from training.checkpoint import load_checkpoint
 from training.config import load_config, loss_params, shipped_configs
 from training.data.synthetic.generate import write_dataset
 from training.losses import load_all
 from training.train import Trainer, train
-
-TINY_MODEL = [
-    "model.embed_dim=32",
-    'model.image.kind="cnn"',
-    "model.image.width=8",
-    "model.image.image_size=32",
-    'model.text.kind="gru"',
-    "model.text.word_dim=16",
-    "model.text.hidden=32",
-]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,9 @@ KeyboardInterrupt included, the temporary file is removed and the target is left
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -40,3 +42,25 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "
     """Write ``text`` to ``path`` atomically (no newline translation); returns the path."""
     data = text.encode(encoding)
     return atomic_write(path, lambda handle: handle.write(data))
+
+
+def replace_dir(new: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
+    """Rename the complete folder ``new`` to ``target``; an old ``target`` is moved aside, then deleted.
+
+    Linux cannot atomically exchange two directories with one rename, so for a moment there is no
+    folder at ``target``, but never a partial one; if the final rename fails, the old one is put back.
+    """
+    new, target = Path(new), Path(target)
+    if not target.exists():
+        os.rename(new, target)
+        return target
+    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+    os.rename(target, old)
+    try:
+        os.rename(new, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return target
+

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save_file
 
+from training.atomic import replace_dir
 from training.data.vocab import Vocabulary
 from training.models import DualEncoder, build_model
 
@@ -140,30 +140,11 @@ def save_checkpoint(directory: str | os.PathLike[str], model: DualEncoder, meta:
         config_path = tmp / CONFIG_FILE
         config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         _fsync_file(config_path)
-        _swap_into_place(tmp, directory)
+        replace_dir(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return directory
-
-
-def _swap_into_place(new: Path, target: Path) -> None:
-    """Rename ``new`` to ``target``; an old ``target`` is moved aside first and deleted after.
-
-    Linux cannot atomically exchange two directories with os.rename, so there is a moment with no
-    directory at ``target``; there is never one with a partial checkpoint.
-    """
-    if not target.exists():
-        os.rename(new, target)
-        return
-    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-    os.rename(target, old)
-    try:
-        os.rename(new, target)
-    except BaseException:
-        os.rename(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # --- reading --------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,3 +63,18 @@ def embed_captions(
         out.append(model.encode_text(batch).float().cpu().numpy())  # (b, D)
     model.train(was_training)
     return np.concatenate(out) if out else np.zeros((0, model.embed_dim), np.float32)
+
+
+def open_embeddings(path: str | Path, dim: int) -> np.ndarray:
+    """A memory-mapped (N, ``dim``) float .npy of precomputed embeddings (e.g. distractors), checked."""
+    try:
+        emb = np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: cannot read embeddings ({err}); expected an (N, D) float32 .npy") from None
+    if emb.ndim != 2 or emb.shape[1] != dim or not np.issubdtype(emb.dtype, np.floating):
+        raise ValueError(
+            f"{path}: embeddings must be a float (N, {dim}) array to match the checkpoint, got "
+            f"{emb.dtype} {emb.shape}"
+        )
+    return emb
+

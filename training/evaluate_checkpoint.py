@@ -20,7 +20,7 @@ from torch import nn
 
 from training.checkpoint import checkpoint_sha256, load_checkpoint
 from training.data.training_data import SplitData, open_split
-from training.embedding import embed_captions, embed_image_batch, embed_images
+from training.embedding import embed_captions, embed_image_batch, embed_images, open_embeddings
 from training.metrics.calibration import Calibration, fit_calibration, score_histogram
 from training.metrics.distractors import DistractorRecall, distractor_recall
 from training.metrics.relevance import Relevance
@@ -132,16 +132,7 @@ def _synthetic_distractors(
 
 
 def _file_distractors(path: Path, dim: int, batch_size: int) -> Iterator[tuple[np.ndarray, None]]:
-    try:
-        emb = np.load(path, mmap_mode="r")
-    except (OSError, ValueError) as e:
-        raise ValueError(
-            f"{path}: cannot read distractor embeddings ({e}); expected an (N, D) float32 .npy"
-        ) from e
-    if emb.ndim != 2 or emb.shape[1] != dim:
-        raise ValueError(
-            f"{path}: distractor embeddings must be (N, {dim}) to match the checkpoint, got {emb.shape}"
-        )
+    emb = open_embeddings(path, dim)  # (N, D) memory-mapped
     for start in range(0, emb.shape[0], batch_size * 16):
         yield np.asarray(emb[start : start + batch_size * 16], dtype=np.float32), None
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from training.atomic import replace_dir
 from training.data.errors import DatasetError, parse_json, read_text
 from training.data.synthetic.captions import write_captions
 from training.data.synthetic.render import render
@@ -138,7 +139,7 @@ def write_dataset(
             tmp / SCENES_NAME,
             {"format_version": SCENES_FORMAT_VERSION, "generator": generator, "scenes": scenes},
         )
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -153,23 +154,6 @@ def write_dataset(
 def _write_json(path: Path, payload: dict) -> None:
     # Compact but stable: sorted keys are not used so the Karpathy field order stays familiar.
     path.write_text(json.dumps(payload, separators=(",", ":")), encoding="utf-8")
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    """Move `new` to `target`; an existing target is kept aside until the move has succeeded."""
-    old = None
-    if target.exists():
-        old = target.parent / f".{target.name}.old-{os.getpid()}"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(target, old)
-    try:
-        os.replace(new, target)
-    except BaseException:
-        if old is not None:
-            os.replace(old, target)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,101 @@
+"""`icr index ...`: build self-describing FAISS index directories.
+
+Heavy modules (torch, faiss) are imported inside the commands so `icr --help` stays instant.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from training.cli_support import fail_cleanly, print_summary
+
+index_app = typer.Typer(
+    help="FAISS indices over a checkpoint's embeddings: gallery images (+ distractors) or captions.",
+    no_args_is_help=True,
+)
+
+
+@index_app.command("build")
+@fail_cleanly
+def build(
+    checkpoint: Annotated[
+        Path, typer.Option("--checkpoint", "-m", help="Checkpoint folder (e.g. runs/x/best).")
+    ],
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data", "-d", help="Dataset: Karpathy JSON/folder, precomp folder, or icr data synth output."
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="Index folder to write (an existing index there is replaced).")
+    ],
+    split: Annotated[str, typer.Option(help="Split whose images (or captions) form the gallery.")] = "test",
+    distractors: Annotated[
+        int, typer.Option(help="Embedded benchmark: add N images from its distractor generator.")
+    ] = 0,
+    distractor_embeddings: Annotated[
+        Path | None,
+        typer.Option(help="(N, D) float32 .npy of L2-normalised distractor embeddings (memory-mapped)."),
+    ] = None,
+    factory: Annotated[
+        str,
+        typer.Option(
+            help="auto (Flat below 100k vectors, else IVF), Flat, HNSW32, IVF<k>,Flat or IVF<k>,PQ<m>."
+        ),
+    ] = "auto",
+    gpu: Annotated[
+        str, typer.Option(help="FAISS on the GPU: auto (when one is visible), on (required) or off.")
+    ] = "auto",
+    modality: Annotated[
+        str, typer.Option(help="image: index images for text->image search; text: captions for image->text.")
+    ] = "image",
+    memory_budget_mb: Annotated[
+        int, typer.Option(help="auto: raw vectors up to this size, PQ codes above.")
+    ] = 2048,
+    batch_size: Annotated[int, typer.Option(help="Images per embedding batch.")] = 256,
+    device: Annotated[
+        str, typer.Option(help="Where the model embeds: auto (CUDA if present), cpu, cuda.")
+    ] = "auto",
+    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+) -> None:
+    """Embed a split's images (plus distractors) or captions and write an index directory.
+
+    The folder holds index.faiss (CPU form), manifest.json (checkpoint sha256, dim, factory and
+    why, counts, recall@10 of the index against exact search, build time and memory) and
+    metadata.sqlite (source, captions, distractor flag, scene per id). It is built beside --out
+    and renamed into place when complete, so an interrupted build keeps the previous index.
+
+    Examples:
+
+      icr index build --checkpoint icr-demo/model/best --data icr-demo/data --out indices/test
+
+      icr index build -m icr-demo/model/best -d icr-demo/data --distractors 1000000 --out indices/1m
+
+      icr index build -m runs/f30k/best -d ~/data/f30k --distractor-embeddings extra.npy --out idx
+
+      icr index build -m runs/f30k/best -d ~/data/f30k --factory IVF1024,Flat --gpu off --out idx
+
+      icr index build -m icr-demo/model/best -d icr-demo/data --modality text --out indices/captions
+    """
+    from index.build import build_caption_index, build_image_index
+
+    common = dict(
+        split=split, factory=factory, gpu=gpu, out=out, batch_size=batch_size, progress=not quiet,
+        memory_budget_bytes=memory_budget_mb << 20, device=device,
+    )
+    if modality == "image":
+        manifest = build_image_index(
+            checkpoint, data, distractors=distractors, distractor_embeddings=distractor_embeddings, **common
+        )
+    elif modality == "text":
+        if distractors or distractor_embeddings is not None:
+            raise ValueError("distractors are images: they go into an image index (--modality image)")
+        manifest = build_caption_index(checkpoint, data, **common)
+    else:
+        raise ValueError(f"--modality must be image or text, got {modality!r}")
+    typer.echo(f"wrote {out}")
+    print_summary(manifest.to_dict())

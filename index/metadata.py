@@ -1,0 +1,156 @@
+"""SQLite metadata store of an index: what each vector id stands for.
+
+One row per vector id: where it came from (image path, ``distractor:{k}``), its captions, whether it
+is a distractor, the scene structure on the embedded benchmark, and the split image it belongs to.
+Writers insert in chunked transactions; readers open the file read-only, so a service can never
+modify an index it serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+METADATA_FILE = "metadata.sqlite"
+# Bumped when the table layout changes; stored as SQLite's user_version.
+SCHEMA_VERSION = 1
+# Below SQLite's smallest limit on bound parameters (999 in older builds).
+_QUERY_CHUNK = 900
+_INSERT_CHUNK = 10_000
+
+_SCHEMA = """
+CREATE TABLE items (
+    id INTEGER PRIMARY KEY,
+    source TEXT NOT NULL,
+    captions TEXT NOT NULL,
+    is_distractor INTEGER NOT NULL,
+    scene TEXT,
+    image_id INTEGER
+)
+"""
+_COLUMNS = ("id", "source", "captions", "is_distractor", "scene", "image_id")
+
+
+def _encode(row: dict[str, Any]) -> tuple[Any, ...]:
+    scene = row.get("scene")
+    return (
+        int(row["id"]),
+        str(row["source"]),
+        json.dumps(list(row.get("captions") or []), ensure_ascii=False),
+        int(bool(row.get("is_distractor", False))),
+        None if scene is None else json.dumps(scene, separators=(",", ":")),
+        None if row.get("image_id") is None else int(row["image_id"]),
+    )
+
+
+def _decode(values: Sequence[Any]) -> dict[str, Any]:
+    row = dict(zip(_COLUMNS, values, strict=True))
+    row["captions"] = json.loads(row["captions"])
+    row["is_distractor"] = bool(row["is_distractor"])
+    row["scene"] = None if row["scene"] is None else json.loads(row["scene"])
+    return row
+
+
+class MetadataStore:
+    """Rows ``{id, source, captions (list), is_distractor (bool), scene (dict | None), image_id}``.
+
+    ``image_id``: the index of the split image the item belongs to (an image row: itself; a caption
+    row: the image it describes; a distractor: None). Use :meth:`create` to write a new store and
+    :meth:`open` to read one.
+    """
+
+    def __init__(self, connection: sqlite3.Connection, path: Path, writable: bool):
+        self._db = connection
+        self.path = path
+        self.writable = writable
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str]) -> MetadataStore:
+        """A new, empty store at ``path`` (which must not exist)."""
+        path = Path(path)
+        if path.exists():
+            raise FileExistsError(f"{path}: metadata store already exists")
+        db = sqlite3.connect(path)
+        # The store is written inside a temporary build folder that is discarded if the build
+        # fails, so crash safety comes from the folder rename, not from SQLite's journal.
+        db.execute("PRAGMA journal_mode=OFF")
+        db.execute("PRAGMA synchronous=OFF")
+        db.execute(_SCHEMA)
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        db.commit()
+        return cls(db, path, writable=True)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> MetadataStore:
+        """Open ``path`` read-only (shared between threads: SQLite serialises access)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path}: metadata store not found; rebuild the index with `icr index build`"
+            )
+        try:
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            columns = [r[1] for r in db.execute("PRAGMA table_info(items)")]
+        except sqlite3.DatabaseError as err:
+            raise ValueError(
+                f"{path}: not a readable metadata store ({err}); rebuild the index with `icr index build`"
+            ) from None
+        if version != SCHEMA_VERSION or tuple(columns) != _COLUMNS:
+            db.close()
+            raise ValueError(
+                f"{path}: metadata schema version {version} with columns {columns}, this code reads version "
+                f"{SCHEMA_VERSION}; rebuild the index with `icr index build`"
+            )
+        return cls(db, path, writable=False)
+
+    def add(self, rows: Iterable[dict[str, Any]]) -> int:
+        """Insert ``rows`` in transactions of 10,000; returns how many were inserted."""
+        if not self.writable:
+            raise ValueError(f"{self.path}: opened read-only")
+        count = 0
+        batch: list[tuple[Any, ...]] = []
+        for row in rows:
+            batch.append(_encode(row))
+            if len(batch) >= _INSERT_CHUNK:
+                count += self._insert(batch)
+                batch = []
+        if batch:
+            count += self._insert(batch)
+        return count
+
+    def _insert(self, batch: list[tuple[Any, ...]]) -> int:
+        with self._db:  # one transaction per chunk: commits, or rolls back on error
+            self._db.executemany(f"INSERT INTO items VALUES ({','.join('?' * len(_COLUMNS))})", batch)
+        return len(batch)
+
+    def get(self, ids: Sequence[int] | Iterable[int]) -> list[dict[str, Any]]:
+        """Rows for ``ids`` in the order given (repeats allowed); KeyError names absent ids."""
+        wanted = [int(i) for i in ids]
+        found: dict[int, dict[str, Any]] = {}
+        unique = list(dict.fromkeys(wanted))
+        for start in range(0, len(unique), _QUERY_CHUNK):
+            chunk = unique[start : start + _QUERY_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for values in self._db.execute(f"SELECT * FROM items WHERE id IN ({marks})", chunk):
+                found[values[0]] = _decode(values)
+        missing = [i for i in unique if i not in found]
+        if missing:
+            raise KeyError(f"{self.path}: no metadata for ids {missing[:10]}")
+        return [dict(found[i]) for i in wanted]  # copies: a repeated id is not one shared dict
+
+    def count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM items").fetchone()[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> MetadataStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,400 @@
+"""FAISS over L2-normalised float32 embeddings with the inner-product metric (= cosine).
+
+Builds on the GPU when one is visible and always hands back the CPU form (the only form written to
+disk), streams the vectors in chunks so a million distractors never sit in memory at once, and
+measures ANN recall against exact search in a tie-aware way.
+
+FAISS facts this module relies on: a search for more neighbours than an index holds (or than an
+IVF probe reaches) pads the result with id -1, which :func:`search` drops; GPU indices have no range
+search, so thresholds are applied to a top-k by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+# Exact search below this many vectors: a flat scan of 100k x 256 is a few ms per query.
+FLAT_LIMIT = 100_000
+# FAISS's k-means wants at least 39 points per centroid; 50 leaves a margin without a long training.
+TRAIN_POINTS_PER_LIST = 50
+# PQ codebooks have 256 centroids each; k-means wants ~39 points per centroid.
+PQ_TRAIN_POINTS = 10_000
+# PQ sub-quantizer counts FAISS supports on both CPU and GPU (8-bit codes).
+PQ_SIZES = (1, 2, 3, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 96)
+# Identical dot products can differ in the last bits depending on BLAS blocking; cosine scores
+# closer than this count as tied.
+TIE_TOL = 1e-6
+GPU_CHOICES = ("auto", "on", "off")
+
+_FACTORY = re.compile(r"^(Flat|HNSW(?P<hnsw>\d+)|IVF(?P<nlist>\d+),(Flat|PQ(?P<pq>\d+)))$")
+
+
+# --- choosing and checking factories --------------------------------------------------------------
+def parse_factory(factory: str) -> dict[str, int | str]:
+    """{"kind": Flat|HNSW|IVF, "nlist", "m", "pq"} of a supported factory string; ValueError otherwise."""
+    match = _FACTORY.match(factory)
+    if not match:
+        raise ValueError(
+            f"unsupported index factory {factory!r}; use auto, Flat, HNSW32, IVF<k>,Flat or IVF<k>,PQ<m> "
+            "(e.g. IVF4000,Flat or IVF4000,PQ32)"
+        )
+    if factory == "Flat":
+        return {"kind": "Flat"}
+    if match["hnsw"]:
+        return {"kind": "HNSW", "m": int(match["hnsw"])}
+    parsed: dict[str, int | str] = {"kind": "IVF", "nlist": int(match["nlist"])}
+    if match["pq"]:
+        parsed["pq"] = int(match["pq"])
+    return parsed
+
+
+def choose_factory(n: int, dim: int, memory_budget_bytes: int) -> tuple[str, str]:
+    """(factory, reason) for ``n`` vectors of ``dim`` floats within ``memory_budget_bytes``.
+
+    Exact ``Flat`` below :data:`FLAT_LIMIT` (within the budget); otherwise an inverted file with
+    ``nlist ~ 4 sqrt(n)`` lists, storing raw vectors (exact scores inside the probed lists) when they
+    fit the budget and product-quantised codes when they do not. HNSW is never chosen: it builds
+    10-25x slower than IVF on a 2-core CPU and has no GPU form.
+    """
+    if n < 0 or dim < 1:
+        raise ValueError(f"need n >= 0 and dim >= 1, got n={n}, dim={dim}")
+    flat_bytes = n * dim * 4
+    size = f"{n:,} x {dim} float32 = {flat_bytes / 2**20:,.0f} MiB"
+    if n < FLAT_LIMIT and flat_bytes <= memory_budget_bytes:
+        return "Flat", f"{n:,} vectors < {FLAT_LIMIT:,}: exact search is fast enough ({size})"
+    nlist = max(1, round(4 * math.sqrt(n)))
+    many = f"{n:,} vectors >= {FLAT_LIMIT:,}" if n >= FLAT_LIMIT else f"{n:,} vectors"
+    if flat_bytes <= memory_budget_bytes:
+        return (
+            f"IVF{nlist},Flat",
+            f"{many}: inverted file with 4*sqrt(n) = {nlist} lists; raw vectors "
+            f"({size}) fit the memory budget of {memory_budget_bytes / 2**20:,.0f} MiB",
+        )
+    fitting = [m for m in PQ_SIZES if dim % m == 0 and n * m <= memory_budget_bytes]
+    if not fitting:
+        smallest = min(m for m in PQ_SIZES if dim % m == 0)
+        raise ValueError(
+            f"even {smallest}-byte PQ codes for {n:,} vectors ({n * smallest / 2**20:,.0f} MiB) exceed the "
+            f"memory budget of {memory_budget_bytes / 2**20:,.0f} MiB; raise the budget or index fewer "
+            "vectors"
+        )
+    m = max(fitting)
+    return (
+        f"IVF{nlist},PQ{m}",
+        f"{many}: inverted file with 4*sqrt(n) = {nlist} lists; raw vectors "
+        f"({size}) exceed the memory budget of {memory_budget_bytes / 2**20:,.0f} MiB, so {m}-byte PQ codes "
+        f"({n * m / 2**20:,.0f} MiB)",
+    )
+
+
+# --- building -------------------------------------------------------------------------------------
+def _as_matrix(x: np.ndarray, dim: int, what: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[1] != dim:
+        raise ValueError(f"{what} must be (N, {dim}), got shape {x.shape}")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _chunks(vectors: np.ndarray | Iterable[np.ndarray], dim: int, chunk: int = 65536) -> Iterator[np.ndarray]:
+    """(b, D) float32 chunks of an array or of an iterator of arrays."""
+    if isinstance(vectors, np.ndarray):
+        if vectors.ndim != 2 or vectors.shape[1] != dim:
+            raise ValueError(f"vectors must be (N, {dim}), got shape {vectors.shape}")
+        # converted chunk by chunk: a memory-mapped array is never read whole
+        for start in range(0, len(vectors), chunk):
+            yield _as_matrix(vectors[start : start + chunk], dim, "vectors")
+        return
+    for block in vectors:
+        yield _as_matrix(block, dim, "a chunk of vectors")
+
+
+def use_gpu(gpu: str) -> bool:
+    """Whether to build on the GPU: ``on`` requires one, ``auto`` uses one when faiss sees it."""
+    if gpu not in GPU_CHOICES:
+        raise ValueError(f"gpu must be one of {GPU_CHOICES}, got {gpu!r}")
+    if gpu == "off":
+        return False
+    available = hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+    if gpu == "on" and not available:
+        raise ValueError(
+            "--gpu on, but faiss sees no GPU (faiss-cpu installed, or no CUDA device visible); install the "
+            "[gpu] extra on a GPU machine, or use --gpu auto / off"
+        )
+    return available
+
+
+def _train_needed(spec: dict[str, int | str]) -> int:
+    """The fewest training vectors FAISS accepts for this factory."""
+    if spec["kind"] != "IVF":
+        return 0
+    return max(int(spec["nlist"]), 256 if "pq" in spec else 1)  # PQ codebooks have 256 centroids
+
+
+def build_index(
+    vectors: np.ndarray | Iterable[np.ndarray],
+    dim: int,
+    factory: str,
+    *,
+    train_sample: np.ndarray | None = None,
+    gpu: str = "auto",
+    report: dict[str, str] | None = None,
+) -> faiss.Index:
+    """A CPU index holding ``vectors`` (ids 0..N-1 in order), built on the GPU when asked/available.
+
+    ``vectors`` is an (N, D) array or an iterator of (b, D) arrays, consumed once: only the IVF
+    training sample (``train_sample``, else the first ``50 * nlist`` streamed vectors, at least
+    10,000 for PQ) is buffered. Vectors must already be L2-normalised; the metric is inner product.
+    ``report``, if given, receives ``built_on`` (cpu | gpu) and, when ``gpu="auto"`` could not put
+    this factory on the GPU, ``gpu_fallback`` (why it stayed on the CPU).
+    """
+    spec = parse_factory(factory)
+    on_gpu = use_gpu(gpu)
+    report = {} if report is None else report
+    if on_gpu and spec["kind"] == "HNSW":
+        if gpu == "on":
+            raise ValueError(f"{factory} has no GPU form in faiss; use --gpu auto or off, or an IVF factory")
+        on_gpu = False
+        report["gpu_fallback"] = f"{factory} has no GPU form in faiss"
+    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    if "pq" in spec:
+        # Polysemous training (on by default) adds ~12 s of annealing for codes that only a
+        # Hamming-filtered search uses, which this module never does.
+        faiss.downcast_index(faiss.extract_index_ivf(index)).do_polysemous_training = False
+    resources = None  # must outlive the GPU index: it holds the index's GPU memory and streams
+    if on_gpu:
+        resources = faiss.StandardGpuResources()
+        options = faiss.GpuClonerOptions()
+        # fp16 lookup tables let GPU IVF-PQ use up to 96 sub-quantizers; raw IVF/Flat vectors stay fp32
+        options.useFloat16 = "pq" in spec
+        try:
+            index = faiss.index_cpu_to_gpu(resources, 0, index, options)
+        except RuntimeError as err:  # e.g. a PQ layout the GPU kernels do not support
+            if gpu == "on":
+                raise ValueError(
+                    f"faiss cannot build {factory} on the GPU ({err}); use --gpu auto or off"
+                ) from None
+            on_gpu = False
+            report["gpu_fallback"] = f"faiss cannot build {factory} on the GPU: {str(err).strip()[:200]}"
+    report["built_on"] = "gpu" if on_gpu else "cpu"
+
+    stream = _chunks(vectors, dim)
+    pending: list[np.ndarray] = []  # streamed chunks held back until the index is trained
+    if not index.is_trained:
+        wanted = TRAIN_POINTS_PER_LIST * int(spec["nlist"])
+        if "pq" in spec:
+            wanted = max(wanted, PQ_TRAIN_POINTS)
+        if train_sample is None:
+            held = 0
+            for block in stream:
+                pending.append(block)
+                held += len(block)
+                if held >= wanted:
+                    break
+            sample = np.concatenate(pending) if pending else np.zeros((0, dim), np.float32)
+        else:
+            sample = _as_matrix(train_sample, dim, "train_sample")
+        sample = sample[:wanted]  # (T, D)
+        if len(sample) < _train_needed(spec):
+            raise ValueError(
+                f"{factory} needs at least {_train_needed(spec)} training vectors, got {len(sample)}; "
+                "use fewer lists (IVF<k> with smaller k) or Flat for an index this small"
+            )
+        index.train(sample)
+        del sample  # (T, D): at 1M vectors a few hundred MB that the adds below do not need
+    for block in pending:
+        index.add(block)
+    for block in stream:
+        index.add(block)
+    if on_gpu:
+        index = faiss.index_gpu_to_cpu(index)
+    return index
+
+
+def set_nprobe(index: faiss.Index, nprobe: int) -> None:
+    """Number of inverted lists an IVF index scans per query (stored with the index on save)."""
+    ivf = _ivf(index)
+    if ivf is None:
+        raise ValueError(f"nprobe applies to IVF indices only, not {type(index).__name__}")
+    ivf.nprobe = max(1, min(int(nprobe), ivf.nlist))
+
+
+def _ivf(index: faiss.Index) -> faiss.IndexIVF | None:
+    try:
+        return faiss.extract_index_ivf(index)
+    except RuntimeError:
+        return None
+
+
+def nlist_of(index: faiss.Index) -> int | None:
+    ivf = _ivf(index)
+    return None if ivf is None else int(ivf.nlist)
+
+
+def nprobe_of(index: faiss.Index) -> int | None:
+    ivf = _ivf(index)
+    return None if ivf is None else int(ivf.nprobe)
+
+
+# --- searching ------------------------------------------------------------------------------------
+def search(
+    index: faiss.Index, queries: np.ndarray, k: int, *, nprobe: int | None = None
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Top-``k`` (scores, ids) per query as ragged lists, best first, FAISS's -1 padding dropped.
+
+    Rows are ragged because a row is short when ``k`` exceeds the index size, and an IVF row can be
+    short on its own when the probed lists hold fewer than ``k`` vectors. ``nprobe`` (IVF only)
+    applies to this call alone, without changing the index, so concurrent callers do not interfere.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    queries = _as_matrix(queries, index.d, "queries")  # (Q, D)
+    if index.ntotal == 0:
+        empty = [np.zeros(0, np.float32) for _ in range(len(queries))]
+        return empty, [np.zeros(0, np.int64) for _ in range(len(queries))]
+    kk = min(k, index.ntotal)  # asking for more only allocates -1 padding
+    params = None
+    if nprobe is not None:
+        ivf = _ivf(index)
+        if ivf is None:
+            raise ValueError(f"nprobe applies to IVF indices only, not {type(index).__name__}")
+        params = faiss.SearchParametersIVF(nprobe=max(1, min(int(nprobe), ivf.nlist)))
+    scores, ids = index.search(queries, kk, params=params)  # (Q, kk) each
+    keep = ids >= 0
+    return (
+        [s[m] for s, m in zip(scores, keep, strict=True)],
+        [i[m] for i, m in zip(ids, keep, strict=True)],
+    )
+
+
+class ExactTopK:
+    """Exact top-``depth`` of fixed queries over vectors streamed in order (ids 0, 1, ...).
+
+    Lets a build measure ANN recall against exact search without keeping the vectors: each chunk
+    is scored against the queries while it streams past. ``depth`` should exceed the recall ``k``
+    so that vectors tied with the k-th are known too.
+    """
+
+    def __init__(self, queries: np.ndarray, depth: int):
+        self.queries = np.ascontiguousarray(queries, dtype=np.float32)  # (Q, D)
+        self.depth = depth
+        self.ntotal = 0
+        q = len(self.queries)
+        self.scores = np.full((q, 0), -np.inf, np.float32)  # (Q, <=depth), best first
+        self.ids = np.zeros((q, 0), np.int64)
+
+    def add(self, vectors: np.ndarray) -> None:
+        vectors = _as_matrix(vectors, self.queries.shape[1], "vectors")  # (b, D)
+        scores = self.queries @ vectors.T  # (Q, b)
+        ids = np.broadcast_to(np.arange(self.ntotal, self.ntotal + len(vectors)), scores.shape)
+        self.ntotal += len(vectors)
+        all_scores = np.concatenate([self.scores, scores], axis=1)  # (Q, depth + b)
+        all_ids = np.concatenate([self.ids, ids], axis=1)
+        # stable on -score: among ties the earlier id stays, as in faiss's flat scan
+        order = np.argsort(-all_scores, axis=1, kind="stable")[:, : self.depth]
+        self.scores = np.take_along_axis(all_scores, order, axis=1)
+        self.ids = np.take_along_axis(all_ids, order, axis=1)
+
+
+def exact_top_k(
+    exact: np.ndarray | faiss.Index | ExactTopK, queries: np.ndarray, depth: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scores (Q, d), ids (Q, d)) of the exact search, best first; d = min(depth, N)."""
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    if isinstance(exact, ExactTopK):
+        if exact.queries.shape != queries.shape or not np.array_equal(exact.queries, queries):
+            raise ValueError("the ExactTopK accumulator was built for other queries")
+        if exact.depth < depth and exact.ntotal > exact.depth:
+            raise ValueError(f"the ExactTopK accumulator keeps {exact.depth} results, {depth} needed")
+        return exact.scores[:, :depth], exact.ids[:, :depth]
+    if isinstance(exact, np.ndarray):
+        acc = ExactTopK(queries, depth)
+        for block in _chunks(exact, queries.shape[1]):
+            acc.add(block)
+        return acc.scores, acc.ids
+    if not isinstance(exact, faiss.IndexFlat) or exact.metric_type != faiss.METRIC_INNER_PRODUCT:
+        raise ValueError(f"exact search needs an (N, D) array or a flat index, not {type(exact).__name__}")
+    scores, ids = exact.search(queries, max(1, min(depth, exact.ntotal)))
+    return scores, ids
+
+
+def recall_at_k(
+    index: faiss.Index,
+    exact: np.ndarray | faiss.Index | ExactTopK,
+    queries: np.ndarray,
+    k: int = 10,
+    *,
+    nprobe: int | None = None,
+) -> float:
+    """Mean fraction of the ANN top-``k`` that is in the exact top-``k``, counting ties.
+
+    A returned id counts when its exact score is at least the k-th exact score (less
+    :data:`TIE_TOL`), so an index that returns a different one of several tied vectors is not
+    penalised. With fewer than ``k`` vectors the denominator is the index size.
+    """
+    queries = _as_matrix(queries, index.d, "queries")  # (Q, D)
+    if len(queries) == 0 or index.ntotal == 0:
+        raise ValueError("recall needs at least one query and a non-empty index")
+    # 2k deep: vectors tied with the k-th beyond position k are known to be acceptable too
+    ex_scores, ex_ids = exact_top_k(exact, queries, 2 * k)  # (Q, <=2k) each
+    _, ann_ids = search(index, queries, k, nprobe=nprobe)
+    total = 0.0
+    for q in range(len(queries)):
+        valid = ex_ids[q] >= 0
+        scores, ids = ex_scores[q][valid], ex_ids[q][valid]
+        kk = min(k, len(ids))
+        kth = scores[kk - 1]
+        acceptable = set(ids[scores >= kth - TIE_TOL].tolist())
+        total += sum(int(i) in acceptable for i in ann_ids[q][:kk]) / kk
+    return total / len(queries)
+
+
+def tune_nprobe(
+    index: faiss.Index, exact: np.ndarray | faiss.Index | ExactTopK, queries: np.ndarray, k: int = 10,
+    target: float = 0.95,
+) -> tuple[int, float]:
+    """(smallest power-of-two nprobe reaching ``target`` recall@k (else nlist), its recall); sets it.
+
+    Tuned on the model's own embeddings: random vectors defeat every IVF setting and clustered
+    ones make any look perfect, so no fixed nprobe is right for every index.
+    """
+    nlist = nlist_of(index)
+    if nlist is None:
+        raise ValueError(f"nprobe applies to IVF indices only, not {type(index).__name__}")
+    nprobe = 1
+    while True:
+        recall = recall_at_k(index, exact, queries, k, nprobe=nprobe)
+        if recall >= target or nprobe >= nlist:
+            break
+        nprobe = min(2 * nprobe, nlist)
+    set_nprobe(index, nprobe)
+    return nprobe, recall
+
+
+# --- saving ---------------------------------------------------------------------------------------
+def save_index(index: faiss.Index, path: str | os.PathLike[str]) -> Path:
+    """Write the CPU form of ``index`` to ``path`` (a GPU index is copied back first)."""
+    path = Path(path)
+    if hasattr(faiss, "GpuIndex") and isinstance(index, faiss.GpuIndex):
+        index = faiss.index_gpu_to_cpu(index)
+    faiss.write_index(index, str(path))
+    return path
+
+
+def load_index(path: str | os.PathLike[str], *, mmap: bool = False) -> faiss.Index:
+    """Read an index written by :func:`save_index`; ``mmap`` maps it instead of reading it all."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: index file not found")
+    flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+    try:
+        return faiss.read_index(str(path), flags)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[-1] if str(err).strip() else "unreadable"
+        raise ValueError(f"{path}: not a readable FAISS index, truncated or corrupt ({first})") from None

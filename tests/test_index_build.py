@@ -1,0 +1,319 @@
+"""Index directories end to end on a tiny embedded benchmark: build (images + distractors, and
+captions), manifest and metadata round trips, checkpoint mismatch, interrupted builds, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+import torch
+from tiny_model import TINY_MODEL
+from typer.testing import CliRunner
+
+from index.build import INDEX_FILE, build_caption_index, build_image_index, load_index_dir
+from index.manifest import MANIFEST_FILE, Manifest, check_compatible
+from index.metadata import METADATA_FILE, MetadataStore
+from index.vector_index import search
+from training.checkpoint import load_checkpoint, read_checkpoint_config
+from training.config import load_config
+from training.data.synthetic.generate import DistractorStream, load_scenes, write_dataset
+from training.data.training_data import open_split
+from training.embedding import embed_image_batch, embed_images
+
+N_DISTRACTORS = 50
+
+
+def as_json(value):
+    """``value`` as it comes back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(value))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # the machine is shared with a training job; tiny models gain nothing from threads
+    before = torch.get_num_threads(), faiss.omp_get_max_threads()
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    yield
+    torch.set_num_threads(before[0])
+    faiss.omp_set_num_threads(before[1])
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("synth") / "data"
+    write_dataset(out, train=40, val=12, test=12, image_size=32, seed=0)
+    return out
+
+
+def _train(data: Path, run: Path, seed: int) -> Path:
+    from training.train import train  # the test trains a checkpoint; index/ itself never imports this
+
+    config = load_config(None, [
+        f'data.path="{data}"', f'train.out="{run}"', "train.batch_size=8", "train.epochs=1",
+        "train.max_steps=2", "data.val_images=12", "train.threads=1", f"train.seed={seed}", *TINY_MODEL,
+    ])
+    train(config, progress=False)
+    return run / "last"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(data, tmp_path_factory) -> Path:
+    return _train(data, tmp_path_factory.mktemp("run") / "run", seed=0)
+
+
+@pytest.fixture(scope="module")
+def built(data, checkpoint, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("indices") / "images"
+    build_image_index(checkpoint, data, distractors=N_DISTRACTORS, out=out, progress=False, gpu="off",
+                      batch_size=16)
+    return out
+
+
+def test_image_index_holds_the_gallery_then_the_distractors(built, data, checkpoint):
+    index, manifest, metadata = load_index_dir(built)
+    config = read_checkpoint_config(checkpoint)
+    assert sorted(p.name for p in built.iterdir()) == sorted([INDEX_FILE, MANIFEST_FILE, METADATA_FILE])
+    assert (manifest.modality, manifest.metric, manifest.dim) == ("image", "inner_product", 32)
+    assert (manifest.gallery_count, manifest.distractor_count, manifest.ntotal) == (12, N_DISTRACTORS, 62)
+    assert manifest.checkpoint_sha256 == config["weights_sha256"]
+    assert manifest.factory == "Flat" and "exact" in manifest.factory_reason
+    assert manifest.recall_check["k"] == 10 and manifest.recall_check["queries"] == 60  # all 60 captions
+    assert manifest.recall_check["recall"] == 1.0  # Flat is exact
+    assert manifest.build_seconds > 0 and manifest.peak_rss_mb > 0 and manifest.built_on == "cpu"
+    assert manifest.data["path"] == str(data) and manifest.data["split"] == "test"
+    assert index.ntotal == metadata.count() == 62
+
+    # ids 0..11 are the split's images, 12..61 distractors 0..49, each stored as the model embeds it
+    model, _ = load_checkpoint(checkpoint)
+    split = open_split(data, "test")
+    gallery = embed_images(model, split)  # (12, D)
+    stream = DistractorStream.for_dataset(data, N_DISTRACTORS)
+    distractors = embed_image_batch(model, [stream.image(k) for k in range(N_DISTRACTORS)])  # (50, D)
+    stored = index.reconstruct_n(0, index.ntotal)  # (62, D)
+    assert np.allclose(stored, np.concatenate([gallery, distractors]), atol=1e-5)
+
+    rows = metadata.get([13, 0, 13])
+    assert [r["id"] for r in rows] == [13, 0, 13]
+    first = rows[1]
+    assert first["source"].endswith("synth_test_000000.png") and not first["is_distractor"]
+    assert first["captions"] == split.captions[:5] and first["image_id"] == 0
+    scenes = load_scenes(data)
+    test_imgids = sorted(i for i, s in scenes.by_imgid.items() if i >= 52)  # train 40 + val 12 first
+    assert first["scene"] == as_json(scenes.by_imgid[test_imgids[0]].to_dict())
+    assert rows[0] == {"id": 13, "source": "distractor:1", "captions": [], "is_distractor": True,
+                       "scene": as_json(stream.scene(1).to_dict()), "image_id": None}
+    metadata.close()
+
+
+def test_caption_index_with_ivf(data, checkpoint, tmp_path):
+    manifest = build_caption_index(checkpoint, data, out=tmp_path / "caps", factory="IVF4,Flat",
+                                   progress=False, gpu="off")
+    assert (manifest.modality, manifest.ntotal, manifest.gallery_count) == ("text", 60, 60)
+    assert manifest.factory == "IVF4,Flat" and manifest.recall_check["query_modality"] == "image"
+    assert manifest.recall_check["nprobe"] in (1, 2, 4) and manifest.recall_check["queries"] == 12
+    assert manifest.recall_check["recall"] >= 0.95 or manifest.recall_check["nprobe"] == 4
+    index, loaded, metadata = load_index_dir(tmp_path / "caps")
+    assert loaded == manifest
+    split = open_split(data, "test")
+    row = metadata.get([7])[0]
+    assert row["captions"] == [split.captions[7]] and row["image_id"] == 1
+    assert row["source"].endswith("synth_test_000001.png")
+    # with every list probed the IVF index answers like an exact scan
+    model, _ = load_checkpoint(checkpoint)
+    queries = embed_images(model, split)  # (12, D)
+    stored = index.reconstruct_n(0, index.ntotal)  # (60, D)
+    scores, ids = search(index, queries, 5, nprobe=4)
+    for q, s, i in zip(queries, scores, ids, strict=True):
+        exact = stored @ q
+        assert np.all(exact[i] >= np.sort(exact)[::-1][4] - 1e-5) and np.allclose(s, exact[i], atol=1e-5)
+    metadata.close()
+
+
+def test_distractor_embeddings_from_a_file(data, checkpoint, tmp_path):
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(20, 32)).astype(np.float32)
+    np.save(tmp_path / "bad.npy", emb)
+    with pytest.raises(ValueError, match="bad.npy: row 0 has norm .* L2-normalised"):
+        build_image_index(checkpoint, data, distractor_embeddings=tmp_path / "bad.npy", out=tmp_path / "x",
+                          progress=False, gpu="off")
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.building-*"))
+    np.save(tmp_path / "d.npy", emb / np.linalg.norm(emb, axis=1, keepdims=True))
+    manifest = build_image_index(checkpoint, data, distractor_embeddings=tmp_path / "d.npy",
+                                 out=tmp_path / "idx", progress=False, gpu="off")
+    assert (manifest.gallery_count, manifest.distractor_count) == (12, 20)
+    assert manifest.data["distractor_source"] == str(tmp_path / "d.npy")
+    np.save(tmp_path / "wrong_dim.npy", np.ones((3, 8), np.float32))
+    with pytest.raises(ValueError, match=r"wrong_dim.npy: .*\(N, 32\)"):
+        build_image_index(checkpoint, data, distractor_embeddings=tmp_path / "wrong_dim.npy",
+                          out=tmp_path / "y", progress=False, gpu="off")
+
+
+def test_manifest_round_trip_and_validation(built, tmp_path):
+    manifest = Manifest.read(built)
+    assert Manifest.from_dict(json.loads(manifest.to_json())) == manifest
+    assert list(manifest.to_dict())[:2] == ["format", "format_version"]
+    path = tmp_path / MANIFEST_FILE
+    cases = {
+        "not an icr index manifest": {**manifest.to_dict(), "format": "other"},
+        "format_version 2": {**manifest.to_dict(), "format_version": 2},
+        "lacks \\['dim'\\]": {k: v for k, v in manifest.to_dict().items() if k != "dim"},
+        "!= ntotal": {**manifest.to_dict(), "ntotal": 99},
+        "modality 'audio'": {**manifest.to_dict(), "modality": "audio"},
+    }
+    for message, payload in cases.items():
+        path.write_text(json.dumps(payload))
+        with pytest.raises(ValueError, match=f"{path}: .*{message}"):
+            Manifest.read(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=f"{path}:1:2: index manifest is not valid JSON"):
+        Manifest.read(path)
+
+
+def test_checkpoint_mismatch_names_the_rebuild_command(built, data, checkpoint, tmp_path):
+    manifest = Manifest.read(built)
+    config = read_checkpoint_config(checkpoint)
+    check_compatible(manifest, config)  # the checkpoint that built it
+    check_compatible(manifest, config["weights_sha256"], 32)
+    other = _train(data, tmp_path / "other", seed=1)
+    with pytest.raises(ValueError) as err:
+        check_compatible(manifest, read_checkpoint_config(other), index_dir=built, checkpoint_path=other)
+    message = str(err.value)
+    assert "sha256" in message and f"index {built} does not match" in message
+    assert (f"`icr index build --checkpoint {other} --data {data} --split test "
+            f"--distractors {N_DISTRACTORS} --out {built}`") in message
+    with pytest.raises(ValueError, match=r"dim 32, the model embeds in dim 64.*index build --checkpoint C "):
+        check_compatible(manifest, config["weights_sha256"], 64)
+
+
+def test_metadata_round_trip(tmp_path):
+    path = tmp_path / "m.sqlite"
+    rows = [{"id": i, "source": f"img{i}.png", "captions": [f"caption {i}", "ünïcode"],
+             "is_distractor": i % 2 == 1, "scene": {"n": i} if i % 3 else None, "image_id": i}
+            for i in range(25_000)]  # more than one insert chunk
+    with MetadataStore.create(path) as store:
+        assert store.add(iter(rows)) == 25_000
+    with pytest.raises(FileExistsError):
+        MetadataStore.create(path)
+    store = MetadataStore.open(path)
+    assert store.count() == 25_000
+    ids = [24_999, 3, 0, 3] + list(range(100, 1100))  # more than one query chunk, repeats, any order
+    assert store.get(ids) == [rows[i] for i in ids]
+    with pytest.raises(KeyError, match="25000"):
+        store.get([1, 25_000])
+    with pytest.raises(ValueError, match="read-only"):
+        store.add(rows[:1])
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        store._db.execute("DELETE FROM items")  # read-only at the SQLite level too
+    store.close()
+    with pytest.raises(FileNotFoundError, match="nowhere.sqlite"):
+        MetadataStore.open(tmp_path / "nowhere.sqlite")
+    (tmp_path / "junk.sqlite").write_bytes(b"junk" * 100)
+    with pytest.raises(ValueError, match="junk.sqlite: not a readable metadata store"):
+        MetadataStore.open(tmp_path / "junk.sqlite")
+
+
+def test_load_index_dir_names_missing_and_corrupt_files(built, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(built, copy)
+    (copy / INDEX_FILE).write_bytes(b"garbage")
+    with pytest.raises(ValueError, match=f"{copy / INDEX_FILE}: not a readable FAISS index.*icr index build"):
+        load_index_dir(copy)
+    (copy / INDEX_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match=f"{copy / INDEX_FILE}: index file not found.*index build"):
+        load_index_dir(copy)
+    shutil.copy(built / INDEX_FILE, copy / INDEX_FILE)
+    (copy / METADATA_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match=f"{copy / METADATA_FILE}: metadata store not found"):
+        load_index_dir(copy)
+    (copy / MANIFEST_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match=f"{copy / MANIFEST_FILE}: index manifest not found"):
+        load_index_dir(copy)
+    with pytest.raises(FileNotFoundError, match="index directory not found"):
+        load_index_dir(tmp_path / "nowhere")
+
+
+def test_interrupted_build_keeps_the_previous_index(built, data, checkpoint, tmp_path, monkeypatch):
+    out = tmp_path / "idx"
+    shutil.copytree(built, out)
+    before = (out / MANIFEST_FILE).read_text()
+    stale = tmp_path / ".idx.building-999999999-deadbeef"  # left by a killed build (no such pid)
+    stale.mkdir()
+    import training.embedding
+
+    real, calls = training.embedding.embed_image_batch, []
+
+    def interrupt_midway(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # gallery done, inside the distractors
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training.embedding, "embed_image_batch", interrupt_midway)
+    with pytest.raises(KeyboardInterrupt):
+        build_image_index(checkpoint, data, distractors=N_DISTRACTORS, out=out, progress=False, gpu="off",
+                          batch_size=8)
+    assert len(calls) == 3
+    assert (out / MANIFEST_FILE).read_text() == before
+    index, manifest, metadata = load_index_dir(out)
+    assert index.ntotal == manifest.ntotal == 62
+    metadata.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # no temp folder, stale one removed
+
+
+def test_rebuild_replaces_an_index_but_never_other_data(data, checkpoint, tmp_path):
+    out = tmp_path / "idx"
+    first = build_image_index(checkpoint, data, out=out, progress=False, gpu="off")
+    second = build_image_index(checkpoint, data, distractors=5, out=out, progress=False, gpu="off")
+    assert (first.ntotal, second.ntotal) == (12, 17)
+    assert Manifest.read(out) == second and sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    with pytest.raises(ValueError, match="is not an index directory"):
+        build_image_index(checkpoint, data, out=precious, progress=False, gpu="off")
+    assert (precious / "thesis.tex").read_text() == "years of work"
+
+
+def test_bad_arguments_fail_before_embedding(data, checkpoint, tmp_path):
+    with pytest.raises(ValueError, match="not both"):
+        build_image_index(checkpoint, data, distractors=3, distractor_embeddings=tmp_path / "d.npy",
+                          out=tmp_path / "i")
+    with pytest.raises(ValueError, match="unsupported index factory"):
+        build_image_index(checkpoint, data, factory="IVF,Flat", out=tmp_path / "i")
+    with pytest.raises(ValueError, match="needs at least 64 training vectors"):
+        build_image_index(checkpoint, data, factory="IVF64,Flat", out=tmp_path / "i", progress=False,
+                          gpu="off")
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_build(data, checkpoint, tmp_path):
+    from service.cli import app
+
+    runner = CliRunner()
+    helped = runner.invoke(app, ["index", "build", "--help"])
+    assert helped.exit_code == 0 and "Examples" in helped.output and "icr index build" in helped.output
+    out = tmp_path / "idx"
+    result = runner.invoke(app, ["index", "build", "--checkpoint", str(checkpoint), "--data", str(data),
+                                 "--distractors", "10", "--gpu", "off", "--quiet", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}" in result.output and "ntotal" in result.output and "factory_reason" in result.output
+    assert Manifest.read(out).ntotal == 22
+    text = runner.invoke(app, ["index", "build", "-m", str(checkpoint), "-d", str(data), "--modality", "text",
+                               "--quiet", "--gpu", "off", "--out", str(tmp_path / "caps")])
+    assert text.exit_code == 0, text.output
+    assert Manifest.read(tmp_path / "caps").modality == "text"
+    bad = runner.invoke(app, ["index", "build", "-m", str(checkpoint), "-d", str(data), "--modality", "audio",
+                              "--out", str(tmp_path / "a")])
+    assert bad.exit_code == 2 and "--modality must be image or text" in bad.output
+    if faiss.get_num_gpus() == 0:
+        on = runner.invoke(app, ["index", "build", "-m", str(checkpoint), "-d", str(data), "--gpu", "on",
+                                 "--out", str(tmp_path / "g")])
+        assert on.exit_code == 2 and "--gpu on" in on.output
+    assert os.path.isdir(out) and not (tmp_path / "a").exists()

@@ -1,0 +1,262 @@
+"""FAISS wrapper: every search against a numpy brute force (tie-aware), -1 padding, save/load,
+factory choice, and recall@k on cases whose answer is known."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+
+from index.vector_index import (
+    FLAT_LIMIT,
+    ExactTopK,
+    build_index,
+    choose_factory,
+    load_index,
+    nprobe_of,
+    parse_factory,
+    recall_at_k,
+    save_index,
+    search,
+    set_nprobe,
+    tune_nprobe,
+)
+
+DIM = 32
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # the machine is shared with a training job; tiny indices gain nothing from threads
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(before)
+
+
+def normalise(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def base() -> np.ndarray:
+    """(2000, 32) clustered unit vectors, with exact duplicates so that ties occur."""
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(20, DIM))
+    x = centres[rng.integers(0, 20, 2000)] + 0.3 * rng.normal(size=(2000, DIM))  # (N, D)
+    x = normalise(x)
+    x[1000:1100] = x[:100]  # duplicates: tied scores for every query
+    return x
+
+
+@pytest.fixture(scope="module")
+def queries(base) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    q = base[rng.choice(len(base), 50, replace=False)] + 0.1 * rng.normal(size=(50, DIM))  # (Q, D)
+    return np.concatenate([normalise(q), base[:5]])  # the last five hit duplicated vectors exactly
+
+
+def assert_brute_force(scores: list[np.ndarray], ids: list[np.ndarray], base: np.ndarray,
+                       queries: np.ndarray, k: int) -> None:
+    """Tie-aware: the returned ids are a valid exact top-k (any of several tied vectors will do)."""
+    assert len(scores) == len(ids) == len(queries)
+    for q, s, i in zip(queries, scores, ids, strict=True):
+        exact = base @ q  # (N,), written independently of the module's exact search
+        kk = min(k, len(base))
+        top = np.sort(exact)[::-1][:kk]  # (kk,)
+        assert len(i) == kk and len(set(i.tolist())) == kk
+        assert (i >= 0).all()
+        assert np.allclose(s, exact[i], atol=TOL)  # the scores are the ids' true scores
+        assert np.all(exact[i] >= top[-1] - TOL)  # every returned id is in the top-k (ties count)
+        assert np.allclose(s, top, atol=TOL)  # ...and best first
+        assert np.all(np.diff(s) <= TOL)
+
+
+def chunks(x: np.ndarray, size: int):
+    for start in range(0, len(x), size):
+        yield x[start : start + size]
+
+
+def test_flat_matches_brute_force(base, queries):
+    for vectors in (base, chunks(base, 300)):
+        index = build_index(vectors, DIM, "Flat", gpu="off")
+        assert index.ntotal == len(base)
+        for k in (1, 10, 37):
+            assert_brute_force(*search(index, queries, k), base, queries, k)
+
+
+def test_ivf_with_every_list_probed_is_exact(base, queries):
+    index = build_index(chunks(base, 256), DIM, "IVF16,Flat", gpu="off")
+    assert index.ntotal == len(base)
+    assert_brute_force(*search(index, queries, 10, nprobe=16), base, queries, 10)
+    assert nprobe_of(index) == 1  # a per-call nprobe does not change the index
+    set_nprobe(index, 16)
+    assert_brute_force(*search(index, queries, 10), base, queries, 10)
+    assert recall_at_k(index, base, queries, 10) == 1.0
+
+
+def test_ivf_trains_on_a_given_sample_and_streams_the_rest(base, queries):
+    index = build_index(chunks(base, 100), DIM, "IVF8,Flat", train_sample=base[::5], gpu="off")
+    assert index.ntotal == len(base)
+    assert_brute_force(*search(index, queries, 5, nprobe=8), base, queries, 5)
+
+
+def test_pq_and_hnsw_build_and_search(base, queries):
+    pq = build_index(base, DIM, "IVF8,PQ8", gpu="off")
+    assert pq.ntotal == len(base)
+    assert 0.3 < recall_at_k(pq, base, queries, 10, nprobe=8) <= 1.0  # 8-byte codes are lossy
+    hnsw = build_index(base[:500], DIM, "HNSW32", gpu="off")
+    assert recall_at_k(hnsw, base[:500], queries, 10) > 0.9
+
+
+def test_ivf_too_few_training_vectors_is_a_clear_error(base):
+    with pytest.raises(ValueError, match="needs at least 64 training vectors"):
+        build_index(base[:20], DIM, "IVF64,Flat", gpu="off")
+
+
+def test_k_larger_than_the_index_drops_the_minus_one_padding(base, queries):
+    small = build_index(base[:7], DIM, "Flat", gpu="off")
+    raw_ids = small.search(queries, 10)[1]
+    assert (raw_ids == -1).any()  # what FAISS itself returns
+    scores, ids = search(small, queries, 10)
+    assert all(len(i) == 7 and (i >= 0).all() for i in ids)
+    assert_brute_force(scores, ids, base[:7], queries, 10)
+    # An IVF probe can reach fewer than k vectors even when the index holds more: short rows.
+    ivf = build_index(base[:200], DIM, "IVF32,Flat", gpu="off")
+    _, ids = search(ivf, queries, 50, nprobe=1)
+    assert all((i >= 0).all() and len(i) <= 50 for i in ids)
+    assert any(len(i) < 50 for i in ids)
+    empty = build_index(np.zeros((0, DIM), np.float32), DIM, "Flat", gpu="off")
+    scores, ids = search(empty, queries[:3], 5)
+    assert [len(i) for i in ids] == [0, 0, 0]
+
+
+def test_search_checks_its_input(base):
+    index = build_index(base[:10], DIM, "Flat", gpu="off")
+    with pytest.raises(ValueError, match=r"\(N, 32\)"):
+        search(index, base[:2, :16], 3)
+    with pytest.raises(ValueError, match="k must be"):
+        search(index, base[:2], 0)
+    with pytest.raises(ValueError, match="IVF"):
+        search(index, base[:2], 3, nprobe=4)
+
+
+def test_save_load_round_trip(base, queries, tmp_path: Path):
+    for factory in ("Flat", "IVF16,Flat"):
+        index = build_index(base, DIM, factory, gpu="off")
+        if factory.startswith("IVF"):
+            set_nprobe(index, 4)
+        before = search(index, queries, 10)
+        path = save_index(index, tmp_path / "index.faiss")
+        for mmap in (False, True):
+            loaded = load_index(path, mmap=mmap)
+            assert loaded.ntotal == index.ntotal and loaded.d == DIM
+            assert nprobe_of(loaded) == nprobe_of(index)  # the tuned nprobe travels with the file
+            after = search(loaded, queries, 10)
+            for a, b in zip(before[1] + before[0], after[1] + after[0], strict=True):
+                assert np.array_equal(a, b)
+
+
+def test_load_names_a_missing_or_corrupt_file(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="nowhere.faiss"):
+        load_index(tmp_path / "nowhere.faiss")
+    bad = tmp_path / "bad.faiss"
+    bad.write_bytes(b"not an index at all")
+    with pytest.raises(ValueError, match="bad.faiss: not a readable FAISS index"):
+        load_index(bad)
+
+
+def test_choose_factory():
+    factory, reason = choose_factory(5000, 256, 1 << 30)
+    assert factory == "Flat" and "exact" in reason
+    assert choose_factory(FLAT_LIMIT - 1, 256, 1 << 30)[0] == "Flat"
+    factory, reason = choose_factory(1_000_000, 256, 2 << 30)
+    assert factory == "IVF4000,Flat" and "fit the memory budget" in reason
+    factory, reason = choose_factory(1_000_000, 256, 256 << 20)  # 977 MiB of floats > 256 MiB
+    assert factory == "IVF4000,PQ64" and "PQ" in reason  # 96 does not divide 256
+    assert choose_factory(1_000_000, 256, 10 << 20)[0] == "IVF4000,PQ8"
+    assert choose_factory(50_000, 4096, 100 << 20)[0] == "IVF894,PQ64"  # few but too wide for the budget
+    with pytest.raises(ValueError, match="memory budget"):
+        choose_factory(1_000_000, 256, 100_000)
+    for factory in ("Flat", "HNSW32", "IVF4000,Flat", "IVF4000,PQ64"):
+        parse_factory(factory)
+    for bad in ("IVF,Flat", "LSH", "IVF10,PQ", "flat"):
+        with pytest.raises(ValueError, match="unsupported index factory"):
+            parse_factory(bad)
+
+
+@pytest.mark.skipif(faiss.get_num_gpus() > 0, reason="a GPU is visible")
+def test_gpu_on_without_a_gpu_is_a_clear_error(base):
+    with pytest.raises(ValueError, match="--gpu on"):
+        build_index(base, DIM, "Flat", gpu="on")
+    with pytest.raises(ValueError, match="gpu must be one of"):
+        build_index(base, DIM, "Flat", gpu="yes")
+    report: dict[str, str] = {}
+    assert build_index(base[:10], DIM, "Flat", gpu="auto", report=report).ntotal == 10
+    assert report == {"built_on": "cpu"}  # auto uses the CPU when no GPU is visible
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(faiss.get_num_gpus() == 0, reason="needs faiss-gpu and a CUDA GPU")
+def test_gpu_build_returns_the_cpu_form(base, queries):
+    index = build_index(chunks(base, 256), DIM, "IVF16,Flat", gpu="on")
+    assert not isinstance(index, faiss.GpuIndex)
+    assert_brute_force(*search(index, queries, 10, nprobe=16), base, queries, 10)
+
+
+def test_recall_at_k_known_cases():
+    rng = np.random.default_rng(3)
+    q = normalise(rng.normal(size=(1, DIM)))[0]
+    # 20 vectors with scores 0.95, 0.90, ... against q: the exact top-10 is ids 0..9
+    other = normalise(rng.normal(size=(20, DIM)) - np.outer(rng.normal(size=20), q))
+    other = normalise(other - np.outer(other @ q, q))  # orthogonal to q
+    target = np.linspace(0.95, 0.0, 20)[:, None]
+    base = (target * q + np.sqrt(1 - target**2) * other).astype(np.float32)  # (20, D), base @ q = target
+    queries = q[None].astype(np.float32)
+    assert recall_at_k(build_index(base, DIM, "Flat", gpu="off"), base, queries, 10) == 1.0
+
+    # An index that lost ids 0..4 (stored far away) returns 5..14: half the exact top-10.
+    damaged = base.copy()
+    damaged[:5] = -q
+    assert recall_at_k(build_index(damaged, DIM, "Flat", gpu="off"), base, queries, 10) == pytest.approx(0.5)
+
+    # Ties: vector 10 duplicates vector 9; an index returning 10 instead of 9 loses nothing.
+    tied = base.copy()
+    tied[10] = tied[9]
+    swapped = tied.copy()
+    swapped[9] = -q
+    index = build_index(swapped, DIM, "Flat", gpu="off")
+    assert 10 in search(index, queries, 10)[1][0] and 9 not in search(index, queries, 10)[1][0]
+    assert recall_at_k(index, tied, queries, 10) == 1.0
+    assert recall_at_k(index, base, queries, 10) == pytest.approx(0.9)  # without the tie: one miss
+
+    # The same answers from a flat index and from a streamed exact top-k as the reference.
+    acc = ExactTopK(queries, 20)
+    for block in chunks(tied, 3):
+        acc.add(block)
+    flat = build_index(tied, DIM, "Flat", gpu="off")
+    assert recall_at_k(index, acc, queries, 10) == recall_at_k(index, flat, queries, 10) == 1.0
+    # k beyond the index: the denominator is the index size
+    assert recall_at_k(build_index(base[:4], DIM, "Flat", gpu="off"), base[:4], queries, 10) == 1.0
+
+
+def test_exact_top_k_streaming_equals_one_pass(base, queries):
+    acc = ExactTopK(queries, 20)
+    for block in chunks(base, 333):
+        acc.add(block)
+    scores = queries @ base.T  # (Q, N)
+    top = np.sort(scores, axis=1)[:, ::-1][:, :20]
+    assert np.allclose(acc.scores, top, atol=TOL)
+    assert np.allclose(np.take_along_axis(scores, acc.ids, axis=1), acc.scores, atol=TOL)
+
+
+def test_tune_nprobe_reaches_the_target(base, queries):
+    index = build_index(base, DIM, "IVF32,Flat", gpu="off")
+    nprobe, recall = tune_nprobe(index, base, queries, 10, target=0.99)
+    assert recall >= 0.99 and nprobe_of(index) == nprobe
+    assert nprobe == 1 or recall_at_k(index, base, queries, 10, nprobe=nprobe // 2) < 0.99
+    with pytest.raises(ValueError, match="IVF"):
+        tune_nprobe(build_index(base[:10], DIM, "Flat", gpu="off"), base[:10], queries)
