@@ -317,3 +317,48 @@ def test_cli_build(data, checkpoint, tmp_path):
                                  "--out", str(tmp_path / "g")])
         assert on.exit_code == 2 and "--gpu on" in on.output
     assert os.path.isdir(out) and not (tmp_path / "a").exists()
+
+
+def test_calibrate_writes_a_calibration_that_matches_the_validation_pairs(built, data, checkpoint):
+    from index.calibration import CALIBRATION_FILE, calibrate_index
+    from training.metrics.calibration import Calibration
+
+    result = calibrate_index(built, split="val", eval_split="test", progress=False)
+    stored = json.loads((built / CALIBRATION_FILE).read_text())
+    assert stored == as_json(result)
+    assert stored["labels"] == "ground_truth" and set(stored["ece"]) == {"val", "test"}
+    assert stored["checkpoint_sha256"] == Manifest.read(built).checkpoint_sha256
+    calibration = Calibration.from_dict(stored)
+    # isotonic: non-decreasing in the score, inside [0, 1]
+    probs = calibration(np.linspace(-1, 1, 201))
+    assert np.all(np.diff(probs) >= 0) and probs.min() >= 0 and probs.max() <= 1
+    # a precision threshold found on the fit split really reaches that precision there
+    model, _ = load_checkpoint(checkpoint)
+    val = open_split(data, "val")
+    from training.embedding import embed_captions
+    from training.evaluate_checkpoint import ground_truth_relevance
+
+    sim = embed_images(model, val) @ embed_captions(model, val.captions).T  # (N_img, N_cap)
+    truth = ground_truth_relevance(val).image_rows(0, val.num_images)
+    for target, point in stored["score_thresholds_for_precision"].items():
+        if point is not None:
+            returned = sim >= point["threshold"]
+            assert truth[returned].mean() >= float(target)
+
+
+def test_calibrate_refuses_another_checkpoint_and_bad_methods(built, data, tmp_path):
+    from index.calibration import calibrate_index
+
+    other = _train(data, tmp_path / "other", seed=2)
+    with pytest.raises(ValueError, match="icr index build --checkpoint"):
+        calibrate_index(built, checkpoint=other, progress=False)
+    with pytest.raises(ValueError, match="isotonic, platt"):
+        calibrate_index(built, method="spline", progress=False)
+
+
+def test_cli_calibrate(built):
+    from service.cli import app
+
+    result = CliRunner().invoke(app, ["index", "calibrate", str(built), "--method", "platt", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "ece" in result.output and f"wrote {built / 'calibration.json'}" in result.output

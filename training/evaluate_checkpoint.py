@@ -137,7 +137,7 @@ def _file_distractors(path: Path, dim: int, batch_size: int) -> Iterator[tuple[n
         yield np.asarray(emb[start : start + batch_size * 16], dtype=np.float32), None
 
 
-def _calibration_split(data_path: Path, requested: str | None) -> str | None:
+def calibration_split_for(data_path: Path, requested: str | None) -> str | None:
     """``auto``: the validation split (``val``, precomp ``dev``) if the dataset has one, else None."""
     if requested != "auto":
         return requested
@@ -168,7 +168,7 @@ def evaluate_model(
         )
 
     calibration = None
-    calibration_split = _calibration_split(data_path, options.calibration_split)
+    calibration_split = calibration_split_for(data_path, options.calibration_split)
     if calibration_split:
         t0 = time.perf_counter()
         held_out = embed_split(model, data_path, calibration_split, options)
