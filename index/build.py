@@ -73,6 +73,7 @@ def build_image_index(
     split: str = "test",
     distractors: int = 0,
     distractor_embeddings: str | os.PathLike[str] | None = None,
+    distractor_images: str | os.PathLike[str] | None = None,
     factory: str = "auto",
     gpu: str = "auto",
     out: str | os.PathLike[str],
@@ -86,17 +87,24 @@ def build_image_index(
     """Index the images of ``split`` (+ distractors) for text->image search; returns the manifest.
 
     ``distractors``: N images from the embedded benchmark's generator (its seed and image size);
-    ``distractor_embeddings``: an (N, D) float32 .npy of L2-normalised embeddings, memory-mapped.
+    ``distractor_embeddings``: an (N, D) float32 .npy of L2-normalised embeddings, memory-mapped;
+    ``distractor_images``: a folder of image files (searched recursively, sorted by path).
     ``factory``: ``auto`` (see :func:`index.vector_index.choose_factory`) or a factory string.
     ``gpu``: FAISS on the GPU (``auto``: when one is visible); ``device``: where the model embeds
     (``auto``: CUDA when available). The recall check uses ``recall_queries`` captions of the split.
     """
-    if distractors and distractor_embeddings is not None:
-        raise ValueError("give --distractors N or --distractor-embeddings FILE, not both")
+    given = [bool(distractors), distractor_embeddings is not None, distractor_images is not None]
+    if sum(given) > 1:
+        raise ValueError(
+            "give one distractor source: --distractors N, --distractor-embeddings FILE or "
+            "--distractor-images DIR"
+        )
     _check_args(distractors, distractor_embeddings, factory, gpu, batch_size, out)
+    if distractor_images is not None and not Path(distractor_images).is_dir():
+        raise FileNotFoundError(f"{distractor_images}: distractor image folder not found")
     return _build(
         "image", checkpoint, data, split=split, distractors=distractors,
-        distractor_embeddings=distractor_embeddings, factory=factory, gpu=gpu, out=out,
+        distractor_path=distractor_embeddings or distractor_images, factory=factory, gpu=gpu, out=out,
         batch_size=batch_size, progress=progress, memory_budget_bytes=memory_budget_bytes,
         recall_queries=recall_queries, device=device, seed=seed,
     )
@@ -122,7 +130,7 @@ def build_caption_index(
     describes; the recall check uses ``recall_queries`` images of the split as queries."""
     _check_args(0, None, factory, gpu, batch_size, out)
     return _build(
-        "text", checkpoint, data, split=split, distractors=0, distractor_embeddings=None, factory=factory,
+        "text", checkpoint, data, split=split, distractors=0, distractor_path=None, factory=factory,
         gpu=gpu, out=out, batch_size=batch_size, progress=progress, memory_budget_bytes=memory_budget_bytes,
         recall_queries=recall_queries, device=device, seed=seed,
     )
@@ -172,7 +180,7 @@ def _build(
     *,
     split: str,
     distractors: int,
-    distractor_embeddings: str | os.PathLike[str] | None,
+    distractor_path: str | os.PathLike[str] | None,  # an embeddings .npy or an image folder
     factory: str,
     gpu: str,
     out: str | os.PathLike[str],
@@ -201,7 +209,7 @@ def _build(
         gallery = _image_gallery(model, data, batch_size, device, progress)
         pick = np.sort(rng.choice(len(data.captions), min(recall_queries, len(data.captions)), replace=False))
         queries = embed_captions(model, [data.captions[i] for i in pick], device=device)  # (Q, D)
-        extra = _distractor_stream(model, data, distractors, distractor_embeddings, dim, gallery.count,
+        extra = _distractor_stream(model, data, distractors, distractor_path, dim, gallery.count,
                                    batch_size, device, progress)
     else:
         gallery = _caption_gallery(model, data, batch_size, device, progress)
@@ -237,7 +245,7 @@ def _build(
         _fsync(tmp / INDEX_FILE)
         _fsync(tmp / METADATA_FILE)
         timings = {**gallery.timings, **(extra.timings if extra is not None else {})}
-        throughput = _throughput(gallery.count, n_distractors, distractor_embeddings is None, timings)
+        throughput = _throughput(gallery.count, n_distractors, timings)
         manifest = Manifest(
             modality=modality,
             checkpoint_sha256=str(config["weights_sha256"]),
@@ -263,7 +271,7 @@ def _build(
                 "path": str(data_path),
                 "split": split,
                 "kind": data.kind,
-                "distractor_source": _distractor_source(distractors, distractor_embeddings),
+                "distractor_source": _distractor_source(distractors, distractor_path),
             },
             built_on=built["built_on"],
             extra={
@@ -284,12 +292,12 @@ def _build(
     return manifest
 
 
-def _throughput(gallery: int, distractors: int, generated: bool, t: dict[str, float]) -> dict[str, float]:
+def _throughput(gallery: int, distractors: int, t: dict[str, float]) -> dict[str, float]:
     """Embedding throughput figures (per second) from the streams' timings."""
     out = {}
     if t.get("gallery_embed_seconds"):
         out["gallery_per_s"] = round(gallery / t["gallery_embed_seconds"], 1)
-    if generated and distractors and t.get("distractor_embed_seconds"):
+    if distractors and t.get("distractor_embed_seconds"):
         out["distractor_embed_per_s"] = round(distractors / t["distractor_embed_seconds"], 1)
         rendered = t["distractor_embed_seconds"] + t.get("distractor_render_seconds", 0.0)
         out["distractor_render_and_embed_per_s"] = round(distractors / rendered, 1)
@@ -418,6 +426,8 @@ def _distractor_stream(
     model: Any, data: SplitData, n: int, embeddings: str | os.PathLike[str] | None, dim: int, first_id: int,
     batch_size: int, device: str, progress: bool,
 ) -> _Stream | None:
+    if embeddings is not None and Path(embeddings).is_dir():
+        return _folder_distractors(model, Path(embeddings), first_id, batch_size, device, progress)
     if embeddings is not None:
         return _file_distractors(Path(embeddings), dim, first_id, batch_size * 16, progress)
     if n == 0:
@@ -454,6 +464,47 @@ def _distractor_stream(
                 yield vectors, rows
 
     return _Stream(chunks(), n, timings)
+
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+def _folder_distractors(
+    model: Any, folder: Path, first_id: int, batch_size: int, device: str, progress: bool
+) -> _Stream:
+    """Distractor images from a folder (recursive, sorted paths); a file that does not decode stops
+    the build with its name (nothing is replaced: the index is built in a temporary folder)."""
+    from training.data.karpathy import load_image
+    from training.embedding import embed_image_batch
+
+    paths = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if not paths:
+        raise ValueError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)}) to use as distractors")
+    timings: dict[str, float] = {}
+
+    def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
+        with _bar(len(paths), "embedding distractors", progress) as bar:
+            for lo in range(0, len(paths), batch_size):
+                batch = paths[lo : lo + batch_size]
+                t0 = time.perf_counter()
+                images = [load_image(p) for p in batch]  # DatasetError names a corrupt file
+                timings["distractor_render_seconds"] = timings.get("distractor_render_seconds", 0.0) + (
+                    time.perf_counter() - t0
+                )
+                t0 = time.perf_counter()
+                vectors = embed_image_batch(model, images, device=device)  # (b, D)
+                timings["distractor_embed_seconds"] = timings.get("distractor_embed_seconds", 0.0) + (
+                    time.perf_counter() - t0
+                )
+                rows = [
+                    {"id": first_id + lo + j, "source": str(p), "captions": [], "is_distractor": True,
+                     "scene": None, "image_id": None}
+                    for j, p in enumerate(batch)
+                ]
+                bar.update(len(rows))
+                yield vectors, rows
+
+    return _Stream(chunks(), len(paths), timings)
 
 
 def _file_distractors(path: Path, dim: int, first_id: int, chunk: int, progress: bool) -> _Stream:

@@ -41,6 +41,9 @@ def build(
         Path | None,
         typer.Option(help="(N, D) float32 .npy of L2-normalised distractor embeddings (memory-mapped)."),
     ] = None,
+    distractor_images: Annotated[
+        Path | None, typer.Option(help="A folder of distractor image files (recursive).")
+    ] = None,
     factory: Annotated[
         str,
         typer.Option(
@@ -77,6 +80,8 @@ def build(
 
       icr index build -m runs/f30k/best -d ~/data/f30k --distractor-embeddings extra.npy --out idx
 
+      icr index build -m runs/coco/best -d ~/data/coco --distractor-images ~/data/openimages --out idx
+
       icr index build -m runs/f30k/best -d ~/data/f30k --factory IVF1024,Flat --gpu off --out idx
 
       icr index build -m icr-demo/model/best -d icr-demo/data --modality text --out indices/captions
@@ -89,10 +94,15 @@ def build(
     )
     if modality == "image":
         manifest = build_image_index(
-            checkpoint, data, distractors=distractors, distractor_embeddings=distractor_embeddings, **common
+            checkpoint,
+            data,
+            distractors=distractors,
+            distractor_embeddings=distractor_embeddings,
+            distractor_images=distractor_images,
+            **common,
         )
     elif modality == "text":
-        if distractors or distractor_embeddings is not None:
+        if distractors or distractor_embeddings is not None or distractor_images is not None:
             raise ValueError("distractors are images: they go into an image index (--modality image)")
         manifest = build_caption_index(checkpoint, data, **common)
     else:

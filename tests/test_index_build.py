@@ -282,7 +282,7 @@ def test_rebuild_replaces_an_index_but_never_other_data(data, checkpoint, tmp_pa
 
 
 def test_bad_arguments_fail_before_embedding(data, checkpoint, tmp_path):
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="one distractor source"):
         build_image_index(checkpoint, data, distractors=3, distractor_embeddings=tmp_path / "d.npy",
                           out=tmp_path / "i")
     with pytest.raises(ValueError, match="unsupported index factory"):
@@ -362,3 +362,41 @@ def test_cli_calibrate(built):
     result = CliRunner().invoke(app, ["index", "calibrate", str(built), "--method", "platt", "--quiet"])
     assert result.exit_code == 0, result.output
     assert "ece" in result.output and f"wrote {built / 'calibration.json'}" in result.output
+
+
+def test_distractor_images_from_a_folder(data, checkpoint, tmp_path):
+    from PIL import Image
+
+    from training.data.errors import DatasetError
+
+    folder = tmp_path / "extra"
+    (folder / "sub").mkdir(parents=True)
+    stream = DistractorStream(5, seed=3, image_size=32)
+    paths = [folder / "a.png", folder / "b.jpg", folder / "sub" / "c.png", folder / "d.png", folder / "e.png"]
+    for k, path in enumerate(paths):
+        Image.fromarray(stream.image(k)).save(path)
+    (folder / "notes.txt").write_text("not an image")
+    out = tmp_path / "idx"
+    manifest = build_image_index(
+        checkpoint, data, distractor_images=folder, out=out, progress=False, gpu="off"
+    )
+    assert manifest.distractor_count == 5 and manifest.ntotal == 12 + 5
+    index, _, metadata = load_index_dir(out)
+    try:
+        rows = metadata.get(list(range(12, 17)))
+        assert [r["source"] for r in rows] == [str(p) for p in sorted(paths)]
+        assert all(r["is_distractor"] for r in rows)
+        model, _ = load_checkpoint(checkpoint)
+        from training.data.karpathy import load_image
+
+        want = embed_image_batch(model, [load_image(p) for p in sorted(paths)])  # (5, D)
+        got = np.stack([index.reconstruct(i) for i in range(12, 17)])
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    finally:
+        metadata.close()
+    (folder / "broken.png").write_bytes(b"\x89PNG not really")
+    with pytest.raises(DatasetError, match="broken.png"):
+        build_image_index(checkpoint, data, distractor_images=folder, out=out, progress=False, gpu="off")
+    assert Manifest.read(out).distractor_count == 5  # the previous index is untouched
+    with pytest.raises(ValueError, match="one distractor source"):
+        build_image_index(checkpoint, data, distractors=3, distractor_images=folder, out=out, progress=False)
