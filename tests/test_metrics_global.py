@@ -254,6 +254,22 @@ def test_threshold_metrics_match_brute_force(case, monkeypatch):
     assert bottom["recall"] == 1.0 and bottom["returned_pairs"] == dense.size and bottom["empty_t2i"] == 0.0
 
 
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_threshold_metrics_reuse_the_curve_counts(case):
+    # Thresholds the curve holds come from its counts, the others from a pass over the blocks:
+    # both must agree with the brute force, alone and mixed.
+    _, sim, relevance, dense = case
+    curve = pr_curve(sim, relevance)
+    on_curve = [float(curve.thresholds[0]), float(curve.thresholds[-1])]
+    for asked in (on_curve, on_curve + [-100.0, float(np.median(np.asarray(sim))) + 0.25]):
+        rows = threshold_metrics(sim, relevance, asked, curve)
+        assert rows == threshold_metrics(sim, relevance, asked)
+        for row in rows:
+            expected = brute_threshold(sim, dense, row["threshold"])
+            assert row["returned_pairs"] == expected["returned_pairs"]
+            assert row["recall"] == pytest.approx(expected["recall"], rel=1e-12)
+
+
 def test_curve_points_are_spread_over_the_curve():
     sim = np.array([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
     rel = np.array([[True, False, True, True, False, True]])

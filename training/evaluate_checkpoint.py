@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,10 @@ class EmbeddedSplit:
     annotations: Relevance
     ground_truth: Relevance | None  # embedded benchmark only: annotations + generator truth
 
-    @property
+    @cached_property
     def sim(self) -> np.ndarray:
-        return self.img_emb @ self.cap_emb.T  # (N_img, N_cap)
+        """(N_img, N_cap) scores, computed once (calibration and metrics both read them)."""
+        return self.img_emb @ self.cap_emb.T
 
     def labels(self) -> tuple[str, Relevance]:
         """The best relevance available: ground truth when the dataset has it, else annotations."""
@@ -235,7 +237,7 @@ def _distractor_section(model: nn.Module, test: EmbeddedSplit, options: EvalOpti
     # is a negative; with the ground truth one that satisfies the caption is a hit.
     by_annotations = DistractorRecall(len(test.cap_emb))
     by_truth = DistractorRecall(len(test.cap_emb))
-    gallery = test.cap_emb @ test.img_emb.T  # (N_cap, N_img)
+    gallery = test.sim.T  # (N_cap, N_img)
     by_annotations.add(gallery, test.annotations.caption_rows(0, test.annotations.n_cap), distractor=False)
     by_truth.add(gallery, test.ground_truth.caption_rows(0, test.ground_truth.n_cap), distractor=False)
     for emb, relevant in _synthetic_distractors(

@@ -268,6 +268,14 @@ CALIBRATION_COLUMNS = [
 ]
 
 
+def _by_variant(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Runs grouped by variant (in the order variants were given), each group by ascending seed."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(results, key=lambda r: r["seed"]):  # stable: variant order survives
+        groups.setdefault(r["variant"], []).append(r)
+    return groups
+
+
 def _cocos_lines(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = ["### COCOS at the best checkpoint (training split, mean ± std over batches of all seeds)", ""]
     lines += ["| variant | counter | i2t | t2i |", "|---|---|---|---|"]
@@ -288,9 +296,7 @@ def _cocos_lines(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 
 def build_report(results: list[dict[str, Any]], regime: Regime, command: str) -> tuple[dict[str, Any], str]:
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in results:
-        groups.setdefault(r["variant"], []).append(r)
+    groups = _by_variant(results)
     seeds = sorted({r["seed"] for r in results})
     md = [
         "# Loss comparison on the embedded benchmark",
@@ -349,9 +355,7 @@ def build_report(results: list[dict[str, Any]], regime: Regime, command: str) ->
 def write_plots(results: list[dict[str, Any]], directory: Path) -> list[Path]:
     from training.analysis.plots import plot_grouped_bars, plot_pr_curves
 
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in sorted(results, key=lambda r: r["seed"]):
-        groups.setdefault(r["variant"], []).append(r)
+    groups = _by_variant(results)
     paths = []
     for label in ("annotations", "ground_truth"):
         curves = {

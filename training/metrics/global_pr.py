@@ -141,23 +141,39 @@ def _query_max(sim: np.ndarray | torch.Tensor, relevance: Relevance) -> tuple[np
 
 
 def threshold_metrics(
-    sim: np.ndarray | torch.Tensor, relevance: Relevance, thresholds: Sequence[float]
+    sim: np.ndarray | torch.Tensor,
+    relevance: Relevance,
+    thresholds: Sequence[float],
+    curve: PRCurve | None = None,
 ) -> list[dict[str, float | None]]:
     """Precision, recall, F1 of "every pair scoring >= t is returned", and empty queries, per ``t``.
 
     ``empty_i2t`` / ``empty_t2i``: fraction of image / caption queries with no candidate >= t (a
     search with ``min_score=t`` answers them with nothing). ``results_per_query_*``: mean number of
-    candidates >= t. Precision is None when no pair passes.
+    candidates >= t. Precision is None when no pair passes. ``curve``: the :func:`pr_curve` of the
+    same pairs, whose counts are reused for thresholds it already holds (best F1, precision
+    targets), so only other thresholds cost a pass of sorting every block.
     """
     probes = np.asarray(sorted(set(float(t) for t in thresholds)), dtype=np.float64)
-    positives = relevant_scores(sim, relevance)
-    all_ge, _ = _count_at_or_above(sim, relevance, probes)
-    tp = positives.size - np.searchsorted(positives, probes, side="left")
+    returned = np.zeros(probes.size, dtype=np.int64)  # pairs >= t
+    tp = np.zeros(probes.size, dtype=np.int64)  # relevant pairs >= t
+    at = {} if curve is None else {float(t): i for i, t in enumerate(curve.thresholds)}
+    known = np.array([t in at for t in probes], dtype=bool)
+    for j in np.flatnonzero(known):
+        i = at[probes[j]]
+        tp[j], returned[j] = curve.tp[i], curve.tp[i] + curve.fp[i]
+    if curve is not None and known.all():
+        num_relevant = curve.num_relevant
+    else:
+        positives = relevant_scores(sim, relevance)
+        num_relevant = positives.size
+        returned[~known] = _count_at_or_above(sim, relevance, probes[~known])[0]
+        tp[~known] = positives.size - np.searchsorted(positives, probes[~known], side="left")
     row_max, col_max = _query_max(sim, relevance)
     out: list[dict[str, float | None]] = []
-    for t, n_ret, n_tp in zip(probes, all_ge, tp, strict=True):
+    for t, n_ret, n_tp in zip(probes, returned, tp, strict=True):
         precision = float(n_tp / n_ret) if n_ret else None
-        recall = float(n_tp / max(positives.size, 1))
+        recall = float(n_tp / max(num_relevant, 1))
         f1 = 2 * precision * recall / (precision + recall) if precision and precision + recall > 0 else 0.0
         out.append(
             {

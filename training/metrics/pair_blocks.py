@@ -44,6 +44,8 @@ def pair_blocks(
 
 
 def relevant_scores(sim: np.ndarray | torch.Tensor, relevance: Relevance) -> np.ndarray:
-    """(num_pairs,) scores of the relevant pairs (NaN resolved), sorted ascending."""
-    parts = [scores[relevant] for _, scores, relevant in pair_blocks(sim, relevance)]
-    return np.sort(np.concatenate(parts)) if parts else np.zeros(0)
+    """(num_pairs,) scores of the relevant pairs (NaN resolved: -inf), sorted ascending."""
+    sim = as_score_matrix(sim)
+    relevance.check_shape(sim.shape)
+    scores = relevance.positive_scores(sim)  # (P,) a gather, not a pass over all pairs
+    return np.sort(np.where(np.isnan(scores), -np.inf, scores))

@@ -66,7 +66,7 @@ def full_metrics(
         summary[f"recall_at_precision_{target}"] = point["recall"] if point else 0.0
         if point:
             probes.append(point["threshold"])
-    table = threshold_metrics(sim, relevance, probes)
+    table = threshold_metrics(sim, relevance, probes, curve)
     timings["thresholds_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
