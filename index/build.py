@@ -374,7 +374,7 @@ def _image_gallery(model: Any, data: SplitData, batch_size: int, device: str, pr
 
 
 def _image_sources(data: SplitData) -> tuple[list[str], list[dict] | None]:
-    """Per split image: its source (file path, or precomp file and row) and scene dict if synthetic."""
+    """Per split image: its source (absolute file path, or precomp file and row) and scene dict if synthetic."""
     if data.kind == "precomp":
         features = Path(data.source) / f"{data.name}_ims.npy"
         return [f"{features}#{i}" for i in range(data.num_images)], None
@@ -389,7 +389,8 @@ def _image_sources(data: SplitData) -> tuple[list[str], list[dict] | None]:
 
         by_imgid = load_scenes(directory).by_imgid
         scenes = [by_imgid[r.imgid].to_dict() for r in records]
-    return [str(r.path) for r in records], scenes
+    # absolute: the service opens these files from wherever it runs
+    return [str(Path(r.path).resolve()) for r in records], scenes
 
 
 def _caption_gallery(model: Any, data: SplitData, batch_size: int, device: str, progress: bool) -> _Stream:

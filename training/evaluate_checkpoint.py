@@ -10,7 +10,7 @@ one; and optionally t2i recall with N distractor images streamed into the galler
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -44,6 +44,13 @@ class EvalOptions:
     device: str = "cpu"
     progress: bool = True
     plots_dir: Path | None = None  # PR curve, score distributions, reliability diagram (PNG)
+    # Called as (stage, fraction of the work done) when each stage starts; the service's benchmark
+    # jobs report it as progress.
+    on_stage: Callable[[str, float], None] | None = None
+
+    def stage(self, name: str, fraction: float) -> None:
+        if self.on_stage is not None:
+            self.on_stage(name, fraction)
 
 
 @dataclass
@@ -160,6 +167,7 @@ def evaluate_model(
     data_path = Path(data_path)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
+    options.stage(f"embedding {options.split}", 0.0)
     test = embed_split(model, data_path, options.split, options)
     timings["embed_s"] = time.perf_counter() - t0
     if options.distractors and options.distractor_embeddings is None and synthetic_dir(test.data) is None:
@@ -173,10 +181,12 @@ def evaluate_model(
     calibration_split = calibration_split_for(data_path, options.calibration_split)
     if calibration_split:
         t0 = time.perf_counter()
+        options.stage(f"calibrating on {calibration_split}", 0.3)
         held_out = embed_split(model, data_path, calibration_split, options)
         calibration = fit_split_calibration(held_out, options.calibration_method)
         timings["calibration_fit_s"] = time.perf_counter() - t0
 
+    options.stage("metrics", 0.5)
     sim = test.sim
     label_kind, _ = test.labels()
     sections = {
@@ -190,6 +200,7 @@ def evaluate_model(
         )
     }
     if test.ground_truth is not None:
+        options.stage("metrics against the ground truth", 0.65)
         sections["ground_truth"] = full_metrics(
             sim,
             test.ground_truth,
@@ -215,6 +226,7 @@ def evaluate_model(
         report["plots"] = [str(p) for p in write_plots(sections, Path(options.plots_dir))]
     if options.distractors or options.distractor_embeddings:
         t0 = time.perf_counter()
+        options.stage("distractors", 0.8)
         report["distractors"] = _distractor_section(model, test, options)
         timings["distractors_s"] = time.perf_counter() - t0
     report["calibration_labels"] = label_kind if calibration else None

@@ -1,0 +1,46 @@
+# CPU image of the icr service.
+#   docker build -t icr .
+#   docker run --rm -p 8000:8000 -v icr-data:/artifacts icr demo --workdir /artifacts --host 0.0.0.0
+#   docker run --rm -p 8000:8000 -v /srv/icr:/artifacts -e ICR_API_KEY=secret icr      # serve built artifacts
+# GPU variant: Dockerfile.gpu.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1
+
+WORKDIR /app
+
+# Dependencies first, in their own layer: editing the code does not reinstall torch. The package
+# folders are empty placeholders here so pip can resolve the project's dependencies.
+COPY pyproject.toml README.md ./
+RUN mkdir -p training index service bench \
+ && touch training/__init__.py index/__init__.py service/__init__.py bench/__init__.py \
+ && pip install --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+ && pip install . \
+ && pip uninstall -y icr \
+ && rm -rf training index service bench build *.egg-info
+
+# The code.
+COPY training training
+COPY index index
+COPY service service
+COPY bench bench
+RUN pip install --no-deps . && rm -rf build *.egg-info
+
+RUN useradd --create-home --uid 1000 icr && mkdir /artifacts && chown icr /artifacts
+USER icr
+VOLUME /artifacts
+ENV ICR_INDEX=/artifacts/index/images \
+    ICR_CAPTION_INDEX=/artifacts/index/captions \
+    ICR_JOBS_DB=/artifacts/jobs.sqlite \
+    ICR_HOST=0.0.0.0 \
+    ICR_PORT=8000
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s \
+  CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=4)"
+ENTRYPOINT ["icr"]
+CMD ["serve"]

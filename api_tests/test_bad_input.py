@@ -1,0 +1,110 @@
+"""Bad input gets a 4xx whose message says what to fix; the server keeps serving."""
+
+from __future__ import annotations
+
+import io
+import zlib
+
+import httpx
+import pytest
+from conftest import MAX_UPLOAD_BYTES
+from PIL import Image
+
+
+def _png(size=(32, 32), mode="RGB") -> bytes:
+    out = io.BytesIO()
+    Image.new(mode, size).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _bomb() -> bytes:
+    """A ~100 KB PNG declaring 30000 x 30000 pixels (900 M): harmless until decoded."""
+    return _png((30000, 30000), mode="1")
+
+
+TEXT_CASES = [
+    ({"text": ""}, 422, "text"),
+    ({"text": "   "}, 422, "empty"),
+    ({"text": "x" * 1001}, 422, "at most 1000"),
+    ({}, 422, "text: Field required"),
+    ({"text": 7}, 422, "text"),
+    ({"text": "a", "k": 0}, 422, "k:"),
+    ({"text": "a", "k": 101}, 422, "ICR_MAX_K"),
+    ({"text": "a", "k": -3}, 422, "k:"),
+    ({"text": "a", "offset": -1}, 422, "offset:"),
+    ({"text": "a", "k": 100, "offset": 901}, 422, "search depth"),
+    ({"text": "a", "min_score": 0.2, "min_relevance": 0.5}, 422, "either min_score or min_relevance"),
+    ({"text": "a", "min_relevance": 1.5}, 422, "min_relevance"),
+    ({"text": "a", "min_score": -2}, 422, "min_score"),
+    ({"text": "a", "k": "ten"}, 422, "k:"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "says"), TEXT_CASES)
+def test_bad_text_queries(client: httpx.Client, body: dict, status: int, says: str) -> None:
+    r = client.post("/v1/search/text", json=body)
+    assert r.status_code == status, r.text
+    error = r.json()
+    assert error["error"] == "invalid_request" and says in error["message"]
+
+
+def test_malformed_bodies(client: httpx.Client) -> None:
+    r = client.post("/v1/search/text", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "not valid JSON" in r.json()["message"]
+    r = client.post("/v1/search/text", content=b"text=a", headers={"content-type": "text/plain"})
+    assert r.status_code == 422 and r.json()["message"]
+
+
+def _upload(client: httpx.Client, content: bytes, name: str = "q.png", **data: str) -> httpx.Response:
+    return client.post("/v1/search/image", files={"file": (name, content, "image/png")}, data=data)
+
+
+def test_bad_uploads(client: httpx.Client) -> None:
+    cases = [
+        (b"", 422, "empty file"),
+        (b"this is not an image", 415, "not an image"),
+        (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, 415, "not an image"),
+        (_png()[:60], 422, "corrupt or truncated"),
+        (_bomb(), 413, "ICR_MAX_IMAGE_PIXELS"),
+        (b"\xff" * (MAX_UPLOAD_BYTES + 10), 413, "ICR_MAX_UPLOAD_BYTES"),
+    ]
+    for content, status, says in cases:
+        r = _upload(client, content, name="upload.png")
+        assert r.status_code == status, (says, r.text)
+        assert says in r.json()["message"], r.json()
+    assert "upload.png" in _upload(client, b"junk", name="upload.png").json()["message"]  # names the file
+    r = client.post("/v1/search/image", data={"k": "3"})
+    assert r.status_code == 422 and "file" in r.json()["message"]
+    for data, says in (
+        ({"k": "0"}, "k:"),
+        ({"min_score": "0.1", "min_relevance": "0.1"}, "not both"),
+        ({"k": "many"}, "k:"),
+        ({"k": "90", "offset": "950"}, "search depth"),
+    ):
+        r = _upload(client, _png(), **data)
+        assert r.status_code == 422 and says in r.json()["message"], r.text
+
+
+def test_a_bomb_that_compresses_below_the_size_limit_is_refused_before_decoding(client: httpx.Client) -> None:
+    bomb = _bomb()
+    assert len(bomb) < MAX_UPLOAD_BYTES and len(zlib.compress(bomb)) < len(bomb)
+    assert _upload(client, bomb).status_code == 413
+
+
+def test_an_oversized_body_without_content_length_is_cut_off(server) -> None:
+    def chunks():
+        for _ in range(40):
+            yield b"x" * (64 << 10)  # 2.5 MB in all, streamed (chunked transfer encoding)
+
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        r = c.post("/v1/search/text", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "ICR_MAX_UPLOAD_BYTES" in r.json()["message"]
+
+
+def test_the_server_keeps_serving_and_never_answered_5xx(client: httpx.Client, server) -> None:
+    r = client.post("/v1/search/text", json={"text": "a red circle", "k": 3})
+    assert r.status_code == 200 and len(r.json()["hits"]) == 3
+    metrics = client.get("/metrics").text
+    statuses = [line for line in metrics.splitlines() if line.startswith("icr_http_requests_total{")]
+    assert statuses and not [line for line in statuses if 'status="5' in line]
+    assert "Traceback" not in server.log_text()

@@ -1,0 +1,132 @@
+"""Benchmark jobs over HTTP: submission checks, lifecycle, API key, and a restart mid-job."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+
+def _wait(client: httpx.Client, job_id: str, statuses: set[str], timeout: float = 120.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/benchmarks/{job_id}").json()
+        if job["status"] in statuses:
+            return job
+        time.sleep(0.25)
+    raise AssertionError(f"job {job_id} still {job['status']} after {timeout} s: {job}")
+
+
+def test_a_job_runs_in_the_background_and_reports_metrics(client: httpx.Client) -> None:
+    r = client.post("/v1/benchmarks", json={"dataset": "synthetic", "split": "test"})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert (
+        job["status"] in ("queued", "running") and job["dataset"] == "synthetic" and job["protocol"] == "full"
+    )
+    seen_progress = set()
+    deadline = time.monotonic() + 120
+    while job["status"] in ("queued", "running") and time.monotonic() < deadline:
+        # search keeps answering while the job runs
+        assert client.post("/v1/search/text", json={"text": "a red circle", "k": 3}).status_code == 200
+        job = client.get(f"/v1/benchmarks/{job['id']}").json()
+        seen_progress.add((job["stage"], job["progress"]))
+        time.sleep(0.1)
+    assert job["status"] == "succeeded", job
+    assert job["progress"] == 1.0 and job["started_at"] and job["finished_at"] and job["error"] is None
+    metrics = job["metrics"]
+    assert set(metrics) == {"annotations", "ground_truth"}
+    for labels in ("annotations", "ground_truth"):
+        assert 0 <= metrics[labels]["rsum"] <= 600 and 0 <= metrics[labels]["pr_auc"] <= 1
+    report = job["report"]
+    assert report["format"] == "icr-evaluation" and report["data"]["images"] == 40
+    assert report["annotations"]["retrieval"]["rsum"] == metrics["annotations"]["rsum"]
+    listed = client.get("/v1/benchmarks").json()["jobs"]
+    assert job["id"] in [j["id"] for j in listed] and all(j["report"] is None for j in listed)
+
+
+def test_a_job_whose_evaluation_fails_says_why(client: httpx.Client) -> None:
+    job = client.post("/v1/benchmarks", json={"dataset": "synthetic", "protocol": "5k"}).json()
+    job = _wait(client, job["id"], {"succeeded", "failed"})
+    assert job["status"] == "failed" and "5" in job["error"] and job["metrics"] is None
+
+
+def test_submissions_are_checked(client: httpx.Client) -> None:
+    cases = [
+        ({"dataset": "coco"}, 404, "not configured on this server (configured: synthetic)"),
+        ({"dataset": "/etc/passwd"}, 404, "not configured"),
+        ({"dataset": "synthetic", "split": "nope"}, 422, "has test, train, val"),
+        ({"dataset": "synthetic", "protocol": "2k"}, 422, "protocol"),
+        ({"dataset": "synthetic", "distractors": 10**9}, 422, "ICR_MAX_BENCHMARK_DISTRACTORS"),
+        ({"dataset": "synthetic", "distractors": -1}, 422, "distractors"),
+        ({}, 422, "dataset: Field required"),
+    ]
+    for body, status, says in cases:
+        r = client.post("/v1/benchmarks", json=body)
+        assert r.status_code == status and says in r.json()["message"], (body, r.text)
+    missing = client.get("/v1/benchmarks/0123")
+    assert missing.status_code == 404 and "GET /v1/benchmarks" in missing.json()["message"]
+    assert client.get("/v1/benchmarks", params={"limit": 0}).status_code == 422
+
+
+def test_an_api_key_guards_submission_when_set(make_server) -> None:
+    server = make_server(ICR_API_KEY="s3cret").start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        assert c.get("/v1/info").json()["benchmarks_need_api_key"] is True
+        body = {"dataset": "synthetic"}
+        assert c.post("/v1/benchmarks", json=body).status_code == 401
+        assert c.post("/v1/benchmarks", json=body, headers={"X-API-Key": "wrong"}).status_code == 403
+        r = c.post("/v1/benchmarks", json=body, headers={"X-API-Key": "s3cret"})
+        assert r.status_code == 202
+        assert c.get("/v1/benchmarks").status_code == 200  # reading needs no key
+        assert c.post("/v1/search/text", json={"text": "a star"}).status_code == 200
+    server.stop()
+
+
+def test_a_restart_in_the_middle_marks_the_running_job_and_keeps_the_queued_one(
+    make_server, tmp_path
+) -> None:
+    jobs_db = tmp_path / "jobs.sqlite"
+    first = make_server(jobs_db=jobs_db).start()
+    with httpx.Client(base_url=first.url, timeout=30) as c:
+        # distractors make the first job long enough to be cut off
+        long_job = c.post("/v1/benchmarks", json={"dataset": "synthetic", "distractors": 50000}).json()
+        queued = c.post("/v1/benchmarks", json={"dataset": "synthetic"}).json()
+        running = _wait(c, long_job["id"], {"running"})
+        deadline = time.monotonic() + 60
+        while running["stage"] in (None, "starting", "loading checkpoint") and time.monotonic() < deadline:
+            running = c.get(f"/v1/benchmarks/{long_job['id']}").json()
+            time.sleep(0.1)
+        assert (
+            running["status"] == "running"
+            and c.get(f"/v1/benchmarks/{queued['id']}").json()["status"] == "queued"
+        )
+    assert first.stop() is not None  # SIGTERM: graceful shutdown
+
+    second = make_server(jobs_db=jobs_db).start()
+    with httpx.Client(base_url=second.url, timeout=30) as c:
+        cut = c.get(f"/v1/benchmarks/{long_job['id']}").json()
+        assert cut["status"] == "interrupted" and "submit it again" in cut["error"], cut
+        assert cut["metrics"] is None and cut["finished_at"]
+        done = _wait(c, queued["id"], {"succeeded", "failed"})
+        assert done["status"] == "succeeded", done
+        # the interrupted job stays interrupted: no orphaned worker finished it behind our back
+        assert c.get(f"/v1/benchmarks/{long_job['id']}").json()["status"] == "interrupted"
+    second.stop()
+
+
+def test_a_killed_server_leaves_no_job_running(make_server, tmp_path) -> None:
+    jobs_db = tmp_path / "jobs.sqlite"
+    first = make_server(jobs_db=jobs_db).start()
+    with httpx.Client(base_url=first.url, timeout=30) as c:
+        job = c.post("/v1/benchmarks", json={"dataset": "synthetic", "distractors": 50000}).json()
+        _wait(c, job["id"], {"running"})
+    first.process.kill()  # no graceful shutdown: the job is still 'running' in the database
+    first.process.wait()
+    second = make_server(jobs_db=jobs_db).start()
+    with httpx.Client(base_url=second.url, timeout=30) as c:
+        cut = c.get(f"/v1/benchmarks/{job['id']}").json()
+        assert cut["status"] == "interrupted" and "restart" in cut["error"]
+        time.sleep(2)  # the orphaned worker died with its parent, or can no longer write
+        assert c.get(f"/v1/benchmarks/{job['id']}").json()["status"] == "interrupted"
+    second.stop()

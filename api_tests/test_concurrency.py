@@ -1,0 +1,66 @@
+"""Concurrent clients: 8 threads x 200 queries, no errors; latency percentiles reported."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+
+import httpx
+
+CLIENTS = 8
+QUERIES_PER_CLIENT = 200
+WORDS = ["red", "blue", "green", "yellow", "purple", "orange", "pink", "cyan"]
+SHAPES = ["circle", "square", "triangle", "diamond", "star", "cross", "hexagon"]
+
+
+def test_concurrent_clients_get_consistent_answers(server, client: httpx.Client, record_property) -> None:
+    texts = [f"a {c} {s}" for c in WORDS for s in SHAPES]
+    expected = {
+        t: [h["id"] for h in client.post("/v1/search/text", json={"text": t, "k": 5}).json()["hits"]]
+        for t in texts[:8]
+    }
+    latencies: list[float] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+
+    def run(worker: int) -> None:
+        mine, bad = [], []
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            for i in range(QUERIES_PER_CLIENT):
+                text = texts[(worker * 31 + i) % len(texts)]
+                params = {"text": text, "k": 5}
+                if i % 3 == 1:
+                    params["min_relevance"] = 0.1
+                t0 = time.perf_counter()
+                r = c.post("/v1/search/text", json=params)
+                mine.append(time.perf_counter() - t0)
+                if r.status_code != 200:
+                    bad.append(f"{r.status_code} {r.text[:200]}")
+                elif text in expected and "min_relevance" not in params:
+                    if [h["id"] for h in r.json()["hits"]] != expected[text]:
+                        bad.append(f"different answer for {text!r} under load")
+        with lock:
+            latencies.extend(mine)
+            failures.extend(bad)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    assert not failures, failures[:5]
+    assert len(latencies) == CLIENTS * QUERIES_PER_CLIENT
+    q = statistics.quantiles(latencies, n=100)
+    report = {
+        "clients": CLIENTS,
+        "queries": len(latencies),
+        "qps": round(len(latencies) / wall, 1),
+        "p50_ms": round(q[49] * 1000, 2),
+        "p99_ms": round(q[98] * 1000, 2),
+    }
+    record_property("concurrency", json.dumps(report))
+    print(f"\nconcurrency: {report}")

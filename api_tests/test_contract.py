@@ -1,0 +1,145 @@
+"""The contract of every endpoint, and a valid OpenAPI schema."""
+
+from __future__ import annotations
+
+import io
+
+import httpx
+from conftest import N_DISTRACTORS
+from openapi_spec_validator import validate
+from PIL import Image
+
+IMAGE_HIT_KEYS = {"id", "rank", "score", "relevance", "is_distractor", "image_url", "metadata"}
+PAGE_KEYS = {"threshold", "passed", "passed_is_exact", "searched", "k", "offset"}
+
+
+def _png(color=(200, 30, 30), size=(32, 32)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, color).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_health_readiness_and_info(client: httpx.Client, artifacts) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready"}
+    info = client.get("/v1/info").json()
+    assert info["checkpoint"]["objective"]["name"] == "ntxent"
+    assert info["checkpoint"]["embed_dim"] == 32 and info["checkpoint"]["accepts_images"] is True
+    index = info["index"]
+    assert (index["modality"], index["factory"], index["gallery_count"], index["distractor_count"]) == (
+        "image",
+        "Flat",
+        40,
+        N_DISTRACTORS,
+    )
+    assert index["ntotal"] == 40 + N_DISTRACTORS
+    assert info["caption_index"]["modality"] == "text" and info["caption_index"]["ntotal"] == 200
+    calibration = info["calibration"]
+    assert calibration["method"] == "isotonic" and calibration["labels"] == "ground_truth"
+    assert set(calibration["ece"]) == {"val", "test"}
+    assert info["device"] == "cpu" and info["faiss_threads"] == 1
+    assert info["limits"]["max_k"] == 100 and info["datasets"] == ["synthetic"]
+    assert info["benchmarks_need_api_key"] is False
+
+
+def test_openapi_schema_is_valid_and_lists_every_endpoint(client: httpx.Client) -> None:
+    schema = client.get("/openapi.json").json()
+    validate(schema)
+    paths = set(schema["paths"])
+    assert {
+        "/healthz",
+        "/readyz",
+        "/v1/info",
+        "/v1/search/text",
+        "/v1/search/image",
+        "/v1/images/{image_id}",
+        "/v1/benchmarks",
+        "/v1/benchmarks/{job_id}",
+        "/metrics",
+    } <= paths
+    assert client.get("/docs").status_code == 200
+
+
+def test_text_search_response(client: httpx.Client) -> None:
+    body = client.post("/v1/search/text", json={"text": "a red circle", "k": 5}).json()
+    assert PAGE_KEYS | {"query", "hits", "timings"} <= set(body)
+    assert body["query"] == "a red circle" and body["threshold"] == {
+        "kind": "none",
+        "value": None,
+        "score": None,
+    }
+    assert body["searched"] == 440 and body["passed"] == 440 and body["passed_is_exact"] is True
+    hits = body["hits"]
+    assert [h["rank"] for h in hits] == [1, 2, 3, 4, 5]
+    assert all(set(h) == IMAGE_HIT_KEYS for h in hits)
+    scores = [h["score"] for h in hits]
+    assert scores == sorted(scores, reverse=True) and all(-1.0001 <= s <= 1.0001 for s in scores)
+    assert all(0.0 <= h["relevance"] <= 1.0 for h in hits)
+    relevances = [h["relevance"] for h in hits]
+    assert relevances == sorted(relevances, reverse=True)  # calibration is monotone in the score
+    for h in hits:
+        assert h["image_url"] == f"/v1/images/{h['id']}"
+        assert h["is_distractor"] == (h["id"] >= 40)
+        assert (h["metadata"]["image_id"] is None) == h["is_distractor"]
+        assert h["metadata"]["scene"]["objects"]
+    timings = body["timings"]
+    assert set(timings) == {"encode_ms", "search_ms", "filter_ms", "metadata_ms", "total_ms"}
+    assert timings["total_ms"] >= timings["encode_ms"] + timings["search_ms"] > 0
+
+
+def test_images_endpoint_serves_gallery_and_distractor_pixels(client: httpx.Client) -> None:
+    for image_id in (0, 39, 40, 40 + N_DISTRACTORS - 1):
+        r = client.get(f"/v1/images/{image_id}")
+        assert r.status_code == 200 and r.headers["content-type"] == "image/png"
+        assert Image.open(io.BytesIO(r.content)).size == (32, 32)
+    # same bytes twice: distractors are re-rendered deterministically
+    assert client.get("/v1/images/41").content == client.get("/v1/images/41").content
+    thumb = Image.open(io.BytesIO(client.get("/v1/images/0", params={"size": "thumb"}).content))
+    assert max(thumb.size) <= 160
+    missing = client.get(f"/v1/images/{40 + N_DISTRACTORS}")
+    assert missing.status_code == 404 and "ids run from 0 to" in missing.json()["message"]
+    assert client.get("/v1/images/0", params={"size": "huge"}).status_code == 422
+
+
+def test_image_search_returns_captions_and_similar_images(client: httpx.Client) -> None:
+    gallery_png = client.get("/v1/images/3").content
+    r = client.post(
+        "/v1/search/image",
+        files={"file": ("g.png", gallery_png, "image/png")},
+        data={"k": "5", "include_images": "true"},
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert PAGE_KEYS | {"hits", "similar_images", "timings"} <= set(body)
+    assert body["searched"] == 200 and len(body["hits"]) == 5
+    for hit in body["hits"]:
+        assert set(hit) == {"id", "rank", "score", "relevance", "caption", "image_id", "source"}
+        assert hit["caption"] and 0 <= hit["image_id"] < 40
+    similar = body["similar_images"]
+    assert similar["hits"][0]["id"] == 3  # the gallery image itself is its own nearest neighbour
+    assert similar["hits"][0]["score"] > 0.999
+    plain = client.post("/v1/search/image", files={"file": ("x.png", _png(), "image/png")}).json()
+    assert plain["similar_images"] is None and len(plain["hits"]) == 10
+
+
+def test_metrics_count_requests_per_route_and_time_search_stages(client: httpx.Client) -> None:
+    client.post("/v1/search/text", json={"text": "a blue square"})
+    client.get("/v1/images/999999")
+    text = client.get("/metrics").text
+    assert 'icr_http_requests_total{method="POST",route="/v1/search/text",status="200"}' in text
+    assert 'icr_http_requests_total{method="GET",route="/v1/images/{image_id}",status="404"}' in text
+    assert (
+        'icr_http_request_duration_seconds_bucket{le="0.005",method="POST",route="/v1/search/text"}' in text
+    )
+    for stage in ("encode", "search", "filter", "metadata"):
+        assert f'icr_search_stage_duration_seconds_count{{endpoint="text",stage="{stage}"}}' in text
+
+
+def test_search_page_and_unknown_routes(client: httpx.Client) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<html" in page.text.lower()
+    unknown = client.get("/v1/nothing")
+    assert unknown.status_code == 404 and unknown.json()["error"] == "not_found"
+    wrong_method = client.get("/v1/search/text")
+    assert wrong_method.status_code == 405 and wrong_method.json()["message"]

@@ -1,0 +1,213 @@
+"""The search page at / driven by headless Chromium (Debian's chromium + chromedriver, via Selenium).
+
+Search by a gallery caption, move the relevance slider up (fewer hits, all above it), to 1.0 (none,
+and a "0 passed" message rather than an error), then upload a PNG (caption hits). Saves screenshots
+into tmp_path and prints their paths.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+INSTALL = "apt-get install -y chromium chromium-driver"
+WAIT_S = 10
+
+SET_SLIDER = """
+const slider = arguments[0];
+slider.value = arguments[1];
+slider.dispatchEvent(new Event('input', {bubbles: true}));
+slider.dispatchEvent(new Event('change', {bubbles: true}));
+return slider.value;
+"""
+
+# The grid has rendered the response to the slider's current value (the request fired after the
+# ~150 ms debounce) and nothing is in flight.
+GRID_SETTLED = """
+const results = document.getElementById('results');
+const slider = document.getElementById('slider');
+return results.dataset.state === 'done' && !results.hasAttribute('aria-busy')
+    && Math.abs(Number(results.dataset.threshold) - Number(slider.value)) < 1e-9;
+"""
+
+FIRST_IMAGE_LOADED = """
+const img = document.querySelector('#results .hit img');
+return img !== null && img.complete && img.naturalWidth > 0;
+"""
+
+
+@pytest.fixture(scope="module")
+def driver():
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        message = f"{', '.join(missing)} missing: {INSTALL}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="icr-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1200,1000",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    # An explicit driver path: Selenium Manager never runs (it would try to download one).
+    browser = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    browser.set_page_load_timeout(30)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _gallery_caption(url: str) -> str:
+    """A caption of the gallery image nearest to a simple query: a query the index surely matches."""
+    r = httpx.post(url + "/v1/search/text", json={"text": "a red circle", "k": 20}, timeout=30)
+    r.raise_for_status()
+    for hit in r.json()["hits"]:
+        captions = hit["metadata"].get("captions") or []
+        if not hit["is_distractor"] and captions:
+            return captions[0]
+    return "a red circle"
+
+
+def _hits(driver) -> list[dict[str, float | str]]:
+    from selenium.webdriver.common.by import By
+
+    return [
+        {
+            "id": card.get_attribute("data-id"),
+            "score": float(card.get_attribute("data-score")),
+            "relevance": float(card.get_attribute("data-relevance")),
+        }
+        for card in driver.find_elements(By.CSS_SELECTOR, "#results .hit")
+    ]
+
+
+def _set_slider(driver, wait, value: float) -> float:
+    from selenium.webdriver.common.by import By
+
+    slider = driver.find_element(By.ID, "slider")
+    actual = float(driver.execute_script(SET_SLIDER, slider, f"{value:.2f}"))
+    wait.until(lambda d: d.execute_script(GRID_SETTLED))
+    return actual
+
+
+def _passed(driver) -> int:
+    from selenium.webdriver.common.by import By
+
+    return int(driver.find_element(By.ID, "summary").get_attribute("data-passed"))
+
+
+def test_search_page(server, driver, tmp_path: Path) -> None:
+    from PIL import Image, ImageDraw
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    start = time.monotonic()
+    wait = WebDriverWait(driver, WAIT_S)
+    query = _gallery_caption(server.url)
+
+    driver.get(server.url + "/")
+    wait.until(lambda d: d.find_element(By.ID, "info").get_attribute("data-state") == "ready")
+    info = driver.find_element(By.ID, "info").text
+    assert "distractors" in info and "calibrated" in info, info
+    slider = driver.find_element(By.ID, "slider")
+    assert (slider.get_attribute("min"), slider.get_attribute("max")) == ("0", "1")  # calibrated
+
+    # Search from a permissive threshold (Enter submits the form), so the tiny model surely finds some.
+    driver.execute_script(SET_SLIDER, slider, "0.00")  # no query yet: only moves the slider
+    assert driver.find_element(By.ID, "slider-value").text.startswith("0.00")
+    box = driver.find_element(By.ID, "query")
+    box.send_keys(query)
+    box.send_keys(Keys.ENTER)
+    wait.until(lambda d: d.execute_script(GRID_SETTLED))
+    wait.until(lambda d: d.execute_script(FIRST_IMAGE_LOADED))
+    hits = _hits(driver)
+    assert hits, driver.find_element(By.ID, "summary").text
+    assert all(h["relevance"] >= 0.0 for h in hits)
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+    passed_low = _passed(driver)
+    assert driver.find_element(By.ID, "summary").text.startswith(f"{passed_low} passed the threshold")
+    assert "total" in driver.find_element(By.ID, "timings").text
+    assert not driver.find_element(By.ID, "error").is_displayed()
+
+    # Up to between the lowest and highest relevance shown: the grid can only shrink, all above it.
+    relevances = sorted(h["relevance"] for h in hits)
+    higher = min(0.99, max(0.01, round((relevances[0] + relevances[-1]) / 2, 2)))
+    value = _set_slider(driver, wait, higher)
+    assert value == pytest.approx(higher)
+    raised = _hits(driver)
+    assert len(raised) <= len(hits) and _passed(driver) <= passed_low
+    assert all(h["relevance"] >= value - 1e-9 for h in raised), (value, raised)
+
+    # 1.0: nothing passes; the page says so instead of failing.
+    _set_slider(driver, wait, 1.0)
+    assert _hits(driver) == []
+    summary = driver.find_element(By.ID, "summary")
+    assert summary.is_displayed() and summary.text.startswith("0 passed"), summary.text
+    assert not driver.find_element(By.ID, "error").is_displayed()
+
+    # Back down, then search by an uploaded image: caption hits (and similar images) appear.
+    _set_slider(driver, wait, 0.0)
+    png = tmp_path / "query.png"
+    image = Image.new("RGB", (32, 32), "white")
+    ImageDraw.Draw(image).ellipse((6, 6, 26, 26), fill=(220, 30, 30))
+    image.save(png)
+    driver.find_element(By.ID, "upload").send_keys(str(png))
+    wait.until(lambda d: d.find_element(By.ID, "caption-results").get_attribute("data-state") == "done")
+    captions = driver.find_elements(By.CSS_SELECTOR, "#caption-results .caption-hit")
+    assert captions and all(c.text.strip() for c in captions)
+    assert driver.find_elements(By.CSS_SELECTOR, "#similar .hit")
+    assert not driver.find_element(By.ID, "error").is_displayed()
+
+    # An API error is shown in the message area, not as a blank page.
+    driver.execute_script(SET_SLIDER, slider, "0.00")
+    wait.until(lambda d: d.execute_script(GRID_SETTLED))
+    driver.execute_script("document.getElementById('query').value = 'x'.repeat(5000);")
+    driver.find_element(By.ID, "search").click()
+    wait.until(lambda d: d.find_element(By.ID, "error").is_displayed())
+    assert "invalid_request" in driver.find_element(By.ID, "error").text
+    assert driver.find_elements(By.CSS_SELECTOR, "#results .hit")  # the last good page stays
+
+    # Screenshots for a person: the full page at desktop width, and the top at 375 px.
+    box = driver.find_element(By.ID, "query")
+    box.clear()
+    box.send_keys(query, Keys.ENTER)
+    wait.until(lambda d: d.execute_script(GRID_SETTLED) and not d.find_element(By.ID, "error").is_displayed())
+    wait.until(lambda d: d.execute_script(FIRST_IMAGE_LOADED))
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1200, min(max(height + 120, 800), 4000))
+    desktop = tmp_path / "search_page.png"
+    assert driver.save_screenshot(str(desktop))
+    driver.set_window_size(375, 900)
+    overflow = driver.execute_script(
+        "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    assert overflow <= 0, f"the page scrolls sideways by {overflow} px at 375 px"
+    mobile = tmp_path / "search_page_375.png"
+    assert driver.save_screenshot(str(mobile))
+    print(f"\nsearch page screenshots: {desktop} {mobile} ({time.monotonic() - start:.1f} s in the browser)")

@@ -1,0 +1,43 @@
+"""Refuse request bodies above the configured size before they are read into memory."""
+
+from __future__ import annotations
+
+from fastapi import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import error_response
+
+
+class BodyLimitMiddleware:
+    """413 for a declared Content-Length over the limit, or for a chunked body that grows past it."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _message(self) -> str:
+        return (
+            f"request body over {self.max_bytes} bytes; send a smaller image (resize or recompress it) "
+            "or raise ICR_MAX_UPLOAD_BYTES on the server"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await error_response(413, "payload_too_large", self._message())(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, self._message())
+            return message
+
+        await self.app(scope, limited_receive, send)

@@ -1,0 +1,78 @@
+"""Service settings: environment variables prefixed ``ICR_`` or a ``KEY=value`` file (``ICR_CONFIG``).
+
+``icr serve`` options override both. Datasets for benchmark jobs are named here, never by clients:
+``ICR_DATASETS='{"synthetic": "icr-demo/data", "coco": "/data/coco"}'``.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DATASET_NAMES = ("flickr30k", "coco", "synthetic")
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ICR_", extra="forbid")
+
+    index: Path = Field(..., description="Image index folder (icr index build): text->image search.")
+    checkpoint: Path | None = Field(None, description="Checkpoint folder; default: the index manifest's.")
+    caption_index: Path | None = Field(
+        None, description="Caption index folder (--modality text): image->text."
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    device: str = Field("cpu", description="cpu or cuda: where queries are encoded.")
+    gpu: str = Field("auto", description="FAISS on the GPU: auto, on or off.")
+    faiss_threads: int = Field(
+        1,
+        ge=1,
+        description="OpenMP threads per FAISS search. 1: requests run in parallel instead, and a "
+        "single query on a 2-core machine is faster than with the default (measured in bench/).",
+    )
+    max_k: int = Field(100, ge=1, le=1000)
+    search_depth: int = Field(
+        1000, ge=1, description="Neighbours retrieved per query before thresholding (bounds offset + k)."
+    )
+    max_text_chars: int = Field(1000, ge=1)
+    max_upload_bytes: int = Field(10 << 20, ge=1024)
+    max_image_pixels: int = Field(
+        40_000_000, ge=1, description="Larger uploads are refused (decompression bombs)."
+    )
+    thumbnail_size: int = Field(160, ge=16, le=1024)
+    api_key: str | None = Field(
+        None,
+        description="Required (X-API-Key header) to submit benchmarks when set; when unset, only "
+        "clients on this machine may submit.",
+    )
+    datasets: dict[str, Path] = Field(default_factory=dict, description="Benchmark datasets by name.")
+    jobs_db: Path | None = Field(
+        None, description="SQLite file of benchmark jobs; default: beside the index."
+    )
+    max_benchmark_distractors: int = Field(100_000, ge=0)
+
+    @field_validator("datasets")
+    @classmethod
+    def _known_names(cls, value: dict[str, Path]) -> dict[str, Path]:
+        unknown = sorted(set(value) - set(DATASET_NAMES))
+        if unknown:
+            raise ValueError(
+                f"dataset names must be among {', '.join(DATASET_NAMES)}, got {', '.join(unknown)}"
+            )
+        return value
+
+    @property
+    def jobs_path(self) -> Path:
+        return self.jobs_db if self.jobs_db is not None else self.index.parent / "jobs.sqlite"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings (a cached FastAPI dependency; tests override it)."""
+    env_file = os.environ.get("ICR_CONFIG")
+    return Settings(_env_file=env_file) if env_file else Settings()

@@ -1,0 +1,93 @@
+"""Every error leaves the API as JSON ``{"error", "message", "detail"}`` with a 4xx that says how to fix it.
+
+Validation errors are reworded from pydantic's list into one sentence naming each field; an
+unexpected exception is logged with its traceback and answered with a 500 that still has a body
+(the server keeps serving).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("icr.service")
+
+
+class ApiError(Exception):
+    """An error a client can fix (or wait out): status, short code, and a message saying how."""
+
+    def __init__(self, status: int, code: str, message: str, detail: Any = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.detail = detail
+
+
+def error_response(
+    status: int, code: str, message: str, detail: Any = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": code, "message": message, "detail": detail}, status_code=status, headers=headers
+    )
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "form")]
+    return ".".join(parts) or "body"
+
+
+def _one(error: dict[str, Any]) -> str:
+    if error.get("type") == "json_invalid":
+        return 'the body is not valid JSON; send e.g. {"text": "a red circle", "k": 10}'
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{_field(tuple(error.get('loc', ())))}: {message}"
+
+
+def validation_message(errors: list[dict[str, Any]]) -> str:
+    """``k: Input should be less than or equal to 100; text: Field required``."""
+    return "; ".join(_one(e) for e in errors)
+
+
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, err: ApiError) -> JSONResponse:
+        return error_response(err.status, err.code, err.message, err.detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in err.errors()]
+        return error_response(422, "invalid_request", validation_message(errors) + " (see /docs)", errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        message = err.detail if isinstance(err.detail, str) else str(err.detail)
+        if err.status_code == 404 and message == "Not Found":
+            message = "no such endpoint; the API is listed at /docs"
+        return error_response(
+            err.status_code,
+            _STATUS_CODES.get(err.status_code, "http_error"),
+            message,
+            headers=getattr(err, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal_error", f"unexpected {type(err).__name__}; see the server log")

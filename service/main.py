@@ -1,0 +1,83 @@
+"""The FastAPI app: ``create_app(settings)``; the model and indices load in the lifespan.
+
+Loading runs in a background thread so the process answers /healthz at once and /readyz turns from
+503 to 200 when search can run; the cheap agreement check of checkpoint and indices runs first, in
+the foreground, so a mismatch stops the server with one message instead of serving nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from service.body_limit import BodyLimitMiddleware
+from service.config import Settings, get_settings
+from service.errors import install_error_handlers
+from service.retriever import Retriever, preflight
+from service.routes import benchmarks, health, images, page, search
+from service.telemetry import MetricsMiddleware, Telemetry
+
+log = logging.getLogger("icr.service")
+VERSION = "1"
+# multipart framing around an upload of max_upload_bytes
+_MULTIPART_SLACK = 64 << 10
+
+
+def _load(app: FastAPI, settings: Settings) -> None:
+    try:
+        app.state.retriever = Retriever.load(
+            settings.index,
+            settings.checkpoint,
+            settings.caption_index,
+            device=settings.device,
+            gpu=settings.gpu,
+            faiss_threads=settings.faiss_threads,
+        )
+        log.info("ready: %s", settings.index)
+    except Exception as err:  # reported by /readyz and every search, and logged with its traceback
+        log.exception("loading failed")
+        app.state.load_error = f"{type(err).__name__}: {err}"
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    from service.jobs import JobRunner, JobStore
+
+    settings: Settings = app.state.settings
+    checkpoint, _ = preflight(settings.index, settings.checkpoint, settings.caption_index)
+    loader = threading.Thread(target=_load, args=(app, settings), name="icr-load", daemon=True)
+    loader.start()
+    app.state.jobs = JobStore(settings.jobs_path)
+    app.state.runner = JobRunner(app.state.jobs, checkpoint, dict(settings.datasets), device=settings.device)
+    app.state.runner.start()
+    try:
+        yield
+    finally:
+        app.state.runner.stop()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings if settings is not None else get_settings()
+    app = FastAPI(
+        title="icr: image-caption retrieval",
+        version=VERSION,
+        description="Text->image and image->text search thresholded by raw cosine or calibrated relevance, "
+        "and offline Flickr30k/COCO/synthetic benchmark jobs. The search page is at /.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.retriever = None
+    app.state.load_error = None
+    app.state.telemetry = Telemetry()
+    install_error_handlers(app)
+    for module in (health, search, images, benchmarks, page):
+        app.include_router(module.router)
+    app.mount("/static", StaticFiles(directory=page.STATIC_DIR), name="static")
+    app.add_middleware(MetricsMiddleware, telemetry=app.state.telemetry)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + _MULTIPART_SLACK)
+    return app

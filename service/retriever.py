@@ -1,0 +1,359 @@
+"""Search over loaded artifacts, with no FastAPI: encode a query, search FAISS, threshold, paginate.
+
+Thresholds are applied before pagination, over the ``search_depth`` nearest neighbours: FAISS GPU
+has no range search, so every backend retrieves top-``depth`` and filters. ``passed_is_exact`` says
+whether the count of passing hits is complete (some candidate failed the threshold, or the whole
+index was retrieved) or a lower bound. A calibrated threshold filters on the relevance itself, so
+every returned hit provably meets it; ``threshold.score`` reports the equivalent raw score.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index.build import load_index_dir
+from index.calibration import CALIBRATION_FILE
+from index.manifest import MANIFEST_FILE, Manifest, check_compatible
+from index.metadata import MetadataStore
+
+log = logging.getLogger("icr.service")
+DISTRACTOR_PREFIX = "distractor:"
+
+
+class NotServable(ValueError):
+    """The artifacts cannot be served together; the message says which command fixes it."""
+
+
+@dataclass
+class LoadedIndex:
+    directory: Path
+    index: Any  # faiss.Index (GPU copy when serving on a GPU)
+    manifest: Manifest
+    metadata: MetadataStore
+    calibration: Any | None  # training.metrics.calibration.Calibration
+    calibration_info: dict[str, Any] | None
+    on_gpu: bool = False
+
+    def summary(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "path": str(self.directory),
+            "modality": m.modality,
+            "factory": m.factory,
+            "ntotal": m.ntotal,
+            "gallery_count": m.gallery_count,
+            "distractor_count": m.distractor_count,
+            "recall_check": m.recall_check,
+            "nprobe": m.recall_check.get("nprobe"),
+            "on_gpu": self.on_gpu,
+            "data": m.data,
+        }
+
+
+@dataclass
+class Page:
+    """One page of thresholded hits: ids/scores/relevance are the page's, counts are the whole query's."""
+
+    threshold: dict[str, Any]
+    passed: int
+    passed_is_exact: bool
+    searched: int
+    k: int
+    offset: int
+    ids: np.ndarray  # (n,) int64
+    scores: np.ndarray  # (n,) float32
+    relevance: np.ndarray | None  # (n,) float64
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def preflight(
+    index: Path, checkpoint: Path | None, caption_index: Path | None
+) -> tuple[Path, dict[str, Any]]:
+    """Cheap agreement check of checkpoint and indices (no weights or vectors loaded).
+
+    Returns (checkpoint folder, its config). Raises NotServable with one message naming every
+    problem and the command that rebuilds what.
+    """
+    from training.checkpoint import read_checkpoint_config
+
+    try:
+        manifest = Manifest.read(Path(index) / MANIFEST_FILE)
+    except (FileNotFoundError, ValueError) as err:
+        raise NotServable(f"--index {index}: {err}") from None
+    if manifest.modality != "image":
+        raise NotServable(
+            f"--index {index} holds {manifest.modality} vectors; text->image search needs an image index "
+            f"(pass the caption index as --caption-index)"
+        )
+    checkpoint = Path(checkpoint or manifest.checkpoint_path)
+    try:
+        config = read_checkpoint_config(checkpoint)
+    except (FileNotFoundError, ValueError) as err:
+        raise NotServable(f"--checkpoint {checkpoint}: {err}") from None
+    problems = []
+    for directory, modality in ((index, "image"), (caption_index, "text")):
+        if directory is None:
+            continue
+        try:
+            m = manifest if directory == index else Manifest.read(Path(directory) / MANIFEST_FILE)
+            if m.modality != modality:
+                raise ValueError(f"holds {m.modality} vectors, expected {modality}")
+            check_compatible(m, config, index_dir=directory, checkpoint_path=checkpoint)
+        except (FileNotFoundError, ValueError) as err:
+            problems.append(f"{directory}: {err}")
+    if problems:
+        raise NotServable("cannot serve these artifacts together:\n  " + "\n  ".join(problems))
+    return checkpoint, config
+
+
+def _load_calibration(directory: Path, sha256: str) -> tuple[Any | None, dict[str, Any] | None]:
+    import json
+
+    from training.metrics.calibration import Calibration
+
+    path = directory / CALIBRATION_FILE
+    if not path.is_file():
+        return None, None
+    try:
+        info = json.loads(path.read_text())
+        calibration = Calibration.from_dict(info)
+    except (ValueError, KeyError, TypeError) as err:
+        raise NotServable(
+            f"{path}: unreadable calibration ({err}); refit it with `icr index calibrate {directory}`"
+        ) from None
+    if info.get("checkpoint_sha256") != sha256:
+        raise NotServable(
+            f"{path}: fitted for another checkpoint; refit it with `icr index calibrate {directory}`"
+        )
+    return calibration, info
+
+
+def _load_index(directory: Path, gpu: str) -> LoadedIndex:
+    from index.vector_index import nprobe_of, set_nprobe, use_gpu
+
+    index, manifest, metadata = load_index_dir(directory)
+    calibration, info = _load_calibration(directory, manifest.checkpoint_sha256)
+    nprobe = manifest.recall_check.get("nprobe")
+    if nprobe and nprobe_of(index) is not None:
+        set_nprobe(index, int(nprobe))  # the value the build tuned to reach its recall target
+    on_gpu = use_gpu(gpu)
+    if on_gpu:
+        import faiss
+
+        resources = faiss.StandardGpuResources()
+        index = faiss.index_cpu_to_gpu(resources, 0, index)
+        index.referenced_resources = resources  # keep the GPU memory pool alive with the index
+    return LoadedIndex(directory, index, manifest, metadata, calibration, info, on_gpu)
+
+
+class Retriever:
+    """The loaded model and indices; thread-safe for concurrent searches (FAISS and torch in eval
+    mode are re-entrant, the metadata store serialises its reads)."""
+
+    def __init__(
+        self,
+        model: Any,
+        config: dict[str, Any],
+        checkpoint: Path,
+        images: LoadedIndex,
+        captions: LoadedIndex | None,
+        device: str = "cpu",
+    ):
+        self.model = model
+        self.config = config
+        self.checkpoint = checkpoint
+        self.images = images
+        self.captions = captions
+        self.device = device
+        if captions is not None and captions.calibration is None:
+            # Same checkpoint, same cosine score: the image index's map holds for captions too.
+            captions.calibration, captions.calibration_info = images.calibration, images.calibration_info
+        self._image_transform = model.image_transform(train=False)
+        self._distractors: Any = None
+
+    @classmethod
+    def load(
+        cls,
+        index: Path,
+        checkpoint: Path | None = None,
+        caption_index: Path | None = None,
+        *,
+        device: str = "cpu",
+        gpu: str = "auto",
+        faiss_threads: int = 1,
+    ) -> Retriever:
+        import faiss
+
+        from training.checkpoint import load_checkpoint
+
+        checkpoint, _ = preflight(index, checkpoint, caption_index)
+        faiss.omp_set_num_threads(faiss_threads)
+        t0 = time.perf_counter()
+        model, config = load_checkpoint(checkpoint, device)
+        images = _load_index(Path(index), gpu)
+        captions = _load_index(Path(caption_index), gpu) if caption_index is not None else None
+        log.info("loaded %s and %s in %.1f s", checkpoint, index, time.perf_counter() - t0)
+        return cls(model, config, checkpoint, images, captions, device)
+
+    # --- encoding ---------------------------------------------------------------------------------
+    @property
+    def accepts_images(self) -> bool:
+        """False for checkpoints whose image tower reads precomputed region features."""
+        return self.model.preprocessing.get("input") == "image"
+
+    def encode_text(self, text: str) -> np.ndarray:
+        """(1, D) float32, L2-normalised by the model."""
+        import torch
+
+        with torch.inference_mode():
+            batch = {k: v.to(self.device) for k, v in self.model.tokenize([text]).items()}
+            return self.model.encode_text(batch).float().cpu().numpy()  # (1, D)
+
+    def encode_image(self, image: Any) -> np.ndarray:
+        """(1, D) float32 of a PIL image (RGB)."""
+        import torch
+
+        with torch.inference_mode():
+            x = (
+                self._image_transform(image, np.random.default_rng(0)).unsqueeze(0).to(self.device)
+            )  # (1, C, S, S)
+            return self.model.encode_image(x).float().cpu().numpy()  # (1, D)
+
+    # --- searching --------------------------------------------------------------------------------
+    def search(
+        self,
+        target: LoadedIndex,
+        query: np.ndarray,
+        *,
+        k: int,
+        offset: int,
+        depth: int,
+        min_score: float | None = None,
+        min_relevance: float | None = None,
+        timings: dict[str, float],
+    ) -> Page:
+        """Top-``depth`` neighbours of ``query`` (1, D), thresholded, then hits [offset, offset + k)."""
+        from index.vector_index import search
+
+        calibration = target.calibration
+        if min_relevance is not None and calibration is None:
+            raise NotServable(
+                f"min_relevance needs a calibration: run `icr index calibrate {target.directory}` and "
+                "restart, or threshold by min_score"
+            )
+        depth = max(1, min(depth, target.manifest.ntotal))
+        t0 = time.perf_counter()
+        scores, ids = search(target.index, query, depth)
+        scores, ids = scores[0], ids[0]  # (n,) best first
+        t1 = time.perf_counter()
+        relevance = calibration(scores) if calibration is not None else None  # (n,)
+        if min_score is not None:
+            keep = scores >= min_score
+            threshold = {"kind": "min_score", "value": min_score, "score": min_score}
+        elif min_relevance is not None:
+            keep = relevance >= min_relevance
+            threshold = {
+                "kind": "min_relevance",
+                "value": min_relevance,
+                "score": calibration.score_for(min_relevance),
+            }
+        else:
+            keep = np.ones(len(scores), bool)
+            threshold = {"kind": "none", "value": None, "score": None}
+        passed = int(keep.sum())
+        window = slice(offset, offset + k)
+        page_ids, page_scores = ids[keep][window], scores[keep][window]
+        page_rel = relevance[keep][window] if relevance is not None else None
+        t2 = time.perf_counter()
+        rows = target.metadata.get(page_ids.tolist())
+        t3 = time.perf_counter()
+        timings["search_ms"] = timings.get("search_ms", 0.0) + (t1 - t0) * 1000
+        timings["filter_ms"] = timings.get("filter_ms", 0.0) + (t2 - t1) * 1000
+        timings["metadata_ms"] = timings.get("metadata_ms", 0.0) + (t3 - t2) * 1000
+        return Page(
+            threshold=threshold,
+            passed=passed,
+            passed_is_exact=passed < len(scores) or len(scores) >= target.manifest.ntotal,
+            searched=len(scores),
+            k=k,
+            offset=offset,
+            ids=page_ids,
+            scores=page_scores,
+            relevance=page_rel,
+            rows=rows,
+        )
+
+    # --- images -----------------------------------------------------------------------------------
+    def has_pixels(self, row: dict[str, Any]) -> bool:
+        source = row["source"]
+        return source.startswith(DISTRACTOR_PREFIX) or "#" not in source
+
+    def image(self, image_id: int) -> Any:
+        """The PIL image of an image-index id; KeyError if unknown, FileNotFoundError without pixels."""
+        from PIL import Image
+
+        if not 0 <= image_id < self.images.manifest.ntotal:
+            raise KeyError(image_id)
+        row = self.images.metadata.get([image_id])[0]
+        source = row["source"]
+        if source.startswith(DISTRACTOR_PREFIX):
+            return Image.fromarray(self._distractor_stream().image(int(source[len(DISTRACTOR_PREFIX) :])))
+        if "#" in source:
+            raise FileNotFoundError(f"item {image_id} is a row of precomputed features ({source}): no image")
+        with Image.open(source) as image:
+            return image.convert("RGB")
+
+    def _distractor_stream(self) -> Any:
+        if self._distractors is None:
+            from training.data.synthetic.generate import DistractorStream
+
+            data = Path(self.images.manifest.data["path"])
+            self._distractors = DistractorStream.for_dataset(data, self.images.manifest.distractor_count)
+        return self._distractors
+
+    def png(self, image_id: int, thumb_size: int | None) -> bytes:
+        image = self.image(image_id)
+        if thumb_size is not None:
+            image.thumbnail((thumb_size, thumb_size))
+        out = io.BytesIO()
+        image.save(out, format="PNG")
+        return out.getvalue()
+
+    # --- description ------------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        c = self.config
+        calibration = self.images.calibration_info
+        return {
+            "checkpoint": {
+                "path": str(self.checkpoint),
+                "sha256": c.get("weights_sha256"),
+                "objective": c.get("objective"),
+                "decoding": c.get("decoding"),
+                "step": c.get("step"),
+                "embed_dim": c.get("embed_dim"),
+                "accepts_images": self.accepts_images,
+            },
+            "index": self.images.summary(),
+            "caption_index": self.captions.summary() if self.captions is not None else None,
+            "calibration": None
+            if calibration is None
+            else {
+                k: calibration.get(k)
+                for k in (
+                    "method",
+                    "fit",
+                    "labels",
+                    "ece",
+                    "score_for_relevance",
+                    "score_thresholds_for_precision",
+                )
+            },
+            "device": self.device,
+        }

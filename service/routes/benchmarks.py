@@ -1,0 +1,102 @@
+"""POST /v1/benchmarks (202 + job), GET /v1/benchmarks, GET /v1/benchmarks/{id}."""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+
+from service.config import LOCAL_HOSTS
+from service.errors import ApiError
+from service.routes.deps import settings_of
+from service.schemas import BenchmarkJob, BenchmarkList, BenchmarkRequest
+
+router = APIRouter(prefix="/v1/benchmarks", tags=["benchmarks"])
+
+
+def _check_key(request: Request) -> None:
+    """With ICR_API_KEY set: the X-API-Key header must match; unset: loopback clients only."""
+    key = settings_of(request).api_key
+    given = request.headers.get("x-api-key")
+    if key is not None:
+        if given is None:
+            raise ApiError(401, "unauthorized", "benchmark submission needs the X-API-Key header")
+        if not hmac.compare_digest(given.encode(), key.encode()):
+            raise ApiError(403, "forbidden", "wrong X-API-Key")
+    elif request.client is None or request.client.host not in LOCAL_HOSTS:
+        raise ApiError(
+            403,
+            "forbidden",
+            "benchmarks are accepted from this machine only; set ICR_API_KEY on the "
+            "server to accept them from other hosts with an X-API-Key header",
+        )
+
+
+def _splits(data: Path) -> list[str]:
+    """The splits a dataset folder offers, read cheaply (no images, no features)."""
+    from training.data.precomp import available_precomp_splits
+
+    precomp = available_precomp_splits(data) if data.is_dir() else []
+    if precomp:
+        return sorted(precomp)
+    from training.data.karpathy import load_karpathy
+
+    return sorted(load_karpathy(data).splits)
+
+
+@router.post("", status_code=202, response_model=BenchmarkJob, summary="Queue an evaluation job")
+def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
+    """Evaluate the served checkpoint on a dataset configured on the server (never a client path).
+    The job runs in the background; poll GET /v1/benchmarks/{id} for progress and metrics."""
+    _check_key(request)
+    settings = settings_of(request)
+    data = settings.datasets.get(body.dataset)
+    if data is None:
+        configured = ", ".join(sorted(settings.datasets)) or "none"
+        raise ApiError(
+            404,
+            "unknown_dataset",
+            f"dataset {body.dataset!r} is not configured on this server "
+            f"(configured: {configured}); the operator adds one with ICR_DATASETS or --dataset NAME=PATH",
+        )
+    try:
+        splits = _splits(data)
+    except (FileNotFoundError, ValueError) as err:
+        raise ApiError(
+            409, "dataset_unavailable", f"dataset {body.dataset!r} cannot be read on the server: {err}"
+        ) from None
+    if body.split not in splits:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"split: {body.split!r} is not in {body.dataset} (has {', '.join(splits)})",
+        )
+    if body.distractors and body.dataset != "synthetic":
+        raise ApiError(
+            422, "invalid_request", "distractors: generated distractors exist for the synthetic dataset only"
+        )
+    if body.distractors > settings.max_benchmark_distractors:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"distractors: at most {settings.max_benchmark_distractors} (ICR_MAX_BENCHMARK_DISTRACTORS)",
+        )
+    job = request.app.state.jobs.submit(body.dataset, body.split, body.protocol, body.distractors)
+    request.app.state.runner.wake()
+    return BenchmarkJob(**job)
+
+
+@router.get("", response_model=BenchmarkList, summary="Recent jobs, newest first (without reports)")
+def list_jobs(request: Request, limit: int = 50) -> BenchmarkList:
+    if not 1 <= limit <= 500:
+        raise ApiError(422, "invalid_request", "limit: between 1 and 500")
+    return BenchmarkList(jobs=[BenchmarkJob(**j) for j in request.app.state.jobs.list(limit)])
+
+
+@router.get("/{job_id}", response_model=BenchmarkJob, summary="A job: status, progress, metrics, report")
+def get_job(job_id: str, request: Request) -> BenchmarkJob:
+    job = request.app.state.jobs.get(job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"no benchmark job {job_id!r}; GET /v1/benchmarks lists them")
+    return BenchmarkJob(**job)

@@ -1,0 +1,29 @@
+"""Shared request helpers of the routers."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from service.config import Settings
+from service.errors import ApiError
+from service.retriever import Retriever
+
+
+def settings_of(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def retriever_of(request: Request) -> Retriever:
+    """The loaded retriever, or 503 while the model and index are still loading (or failed to)."""
+    retriever = request.app.state.retriever
+    if retriever is None:
+        error = request.app.state.load_error
+        if error is not None:
+            raise ApiError(503, "load_failed", f"the model or index failed to load: {error}")
+        raise ApiError(
+            503,
+            "not_ready",
+            "the model and index are still loading; retry in a few seconds "
+            "(GET /readyz turns 200 when ready)",
+        )
+    return retriever

@@ -1,0 +1,40 @@
+"""Liveness, readiness and what is being served."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from service.routes.deps import retriever_of, settings_of
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="Liveness: the process answers")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Readiness: model and index loaded (503 until then)")
+def readyz(request: Request) -> dict[str, str]:
+    retriever_of(request)
+    return {"status": "ready"}
+
+
+@router.get("/v1/info", summary="Checkpoint, indices, calibration, limits and benchmark datasets")
+def info(request: Request) -> dict[str, Any]:
+    settings = settings_of(request)
+    return {
+        **retriever_of(request).info(),
+        "faiss_threads": settings.faiss_threads,
+        "limits": {
+            "max_k": settings.max_k,
+            "search_depth": settings.search_depth,
+            "max_text_chars": settings.max_text_chars,
+            "max_upload_bytes": settings.max_upload_bytes,
+            "max_image_pixels": settings.max_image_pixels,
+        },
+        "datasets": sorted(settings.datasets),
+        "benchmarks_need_api_key": settings.api_key is not None,
+    }

@@ -1,0 +1,33 @@
+"""GET /v1/images/{id}: a gallery or distractor image (or its thumbnail) for display."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Request, Response
+
+from service.errors import ApiError
+from service.routes.deps import retriever_of, settings_of
+
+router = APIRouter(prefix="/v1/images", tags=["images"])
+
+
+@router.get(
+    "/{image_id}",
+    response_class=Response,
+    summary="An indexed image as PNG",
+    responses={200: {"content": {"image/png": {}}}},
+)
+def get_image(image_id: int, request: Request, size: Literal["full", "thumb"] = "full") -> Response:
+    retriever = retriever_of(request)
+    thumb = settings_of(request).thumbnail_size if size == "thumb" else None
+    try:
+        png = retriever.png(image_id, thumb)
+    except KeyError:
+        raise ApiError(
+            404, "not_found", f"no image {image_id}: ids run from 0 to {retriever.images.manifest.ntotal - 1}"
+        ) from None
+    except OSError as err:  # precomputed features, or a gallery file moved or damaged since the build
+        raise ApiError(404, "no_pixels", f"image {image_id} has no viewable file: {err}") from None
+    # Index images never change under a given id while the server runs.
+    return Response(png, media_type="image/png", headers={"Cache-Control": "public, max-age=3600"})

@@ -1,0 +1,257 @@
+"""POST /v1/search/text (text -> images) and POST /v1/search/image (uploaded image -> captions)."""
+
+from __future__ import annotations
+
+import io
+import time
+import warnings
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, Request, UploadFile
+from pydantic import ValidationError
+
+from service.config import Settings
+from service.errors import ApiError, validation_message
+from service.retriever import LoadedIndex, NotServable, Page, Retriever
+from service.routes.deps import retriever_of, settings_of
+from service.schemas import (
+    CaptionHit,
+    ImageHit,
+    ImageResults,
+    ImageSearchResponse,
+    TextSearchRequest,
+    TextSearchResponse,
+    ThresholdFields,
+    Timings,
+)
+
+router = APIRouter(prefix="/v1/search", tags=["search"])
+
+
+def _check_paging(settings: Settings, k: int, offset: int) -> None:
+    if k > settings.max_k:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"k: at most {settings.max_k} results per page (ICR_MAX_K); page with offset for more",
+        )
+    if offset + k > settings.search_depth:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"offset + k = {offset + k} reaches past the search depth {settings.search_depth} "
+            "(ICR_SEARCH_DEPTH); raise the threshold to narrow the results instead of paging that deep",
+        )
+
+
+def _search(
+    retriever: Retriever,
+    target: LoadedIndex,
+    query,
+    fields: ThresholdFields,
+    settings: Settings,
+    timings: dict[str, float],
+) -> Page:
+    try:
+        return retriever.search(
+            target,
+            query,
+            k=fields.k,
+            offset=fields.offset,
+            depth=settings.search_depth,
+            min_score=fields.min_score,
+            min_relevance=fields.min_relevance,
+            timings=timings,
+        )
+    except NotServable as err:  # min_relevance without a calibration
+        raise ApiError(409, "no_calibration", str(err)) from None
+
+
+def _image_hits(retriever: Retriever, page: Page) -> list[ImageHit]:
+    hits = []
+    for i, row in enumerate(page.rows):
+        image_id = int(page.ids[i])
+        metadata = {key: row[key] for key in ("source", "captions", "image_id", "scene")}
+        hits.append(
+            ImageHit(
+                id=image_id,
+                rank=page.offset + i + 1,
+                score=float(page.scores[i]),
+                relevance=None if page.relevance is None else float(page.relevance[i]),
+                is_distractor=row["is_distractor"],
+                image_url=f"/v1/images/{image_id}" if retriever.has_pixels(row) else None,
+                metadata=metadata,
+            )
+        )
+    return hits
+
+
+def _caption_hits(page: Page) -> list[CaptionHit]:
+    return [
+        CaptionHit(
+            id=int(page.ids[i]),
+            rank=page.offset + i + 1,
+            score=float(page.scores[i]),
+            relevance=None if page.relevance is None else float(page.relevance[i]),
+            caption=(row["captions"] or [""])[0],
+            image_id=row["image_id"],
+            source=row["source"],
+        )
+        for i, row in enumerate(page.rows)
+    ]
+
+
+def _page_info(page: Page) -> dict[str, Any]:
+    return {
+        "threshold": page.threshold,
+        "passed": page.passed,
+        "passed_is_exact": page.passed_is_exact,
+        "searched": page.searched,
+        "k": page.k,
+        "offset": page.offset,
+    }
+
+
+def _timings(timings: dict[str, float], start: float) -> Timings:
+    return Timings(
+        encode_ms=timings.get("encode_ms", 0.0),
+        search_ms=timings.get("search_ms", 0.0),
+        filter_ms=timings.get("filter_ms", 0.0),
+        metadata_ms=timings.get("metadata_ms", 0.0),
+        total_ms=(time.perf_counter() - start) * 1000,
+    )
+
+
+@router.post("/text", response_model=TextSearchResponse, summary="Text -> images, thresholded, paginated")
+def search_text(body: TextSearchRequest, request: Request) -> TextSearchResponse:
+    """Images for a caption. With ``min_relevance`` (calibrated probability) or ``min_score`` (cosine),
+    only hits meeting it are counted and paginated; the response says how many passed."""
+    start = time.perf_counter()
+    settings = settings_of(request)
+    text = body.text.strip()
+    if not text:
+        raise ApiError(422, "invalid_request", "text: empty; send the caption to search for")
+    if len(text) > settings.max_text_chars:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"text: {len(text)} characters, at most {settings.max_text_chars} "
+            "(ICR_MAX_TEXT_CHARS); shorten the query",
+        )
+    _check_paging(settings, body.k, body.offset)
+    retriever = retriever_of(request)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    query = retriever.encode_text(text)  # (1, D)
+    timings["encode_ms"] = (time.perf_counter() - t0) * 1000
+    page = _search(retriever, retriever.images, query, body, settings, timings)
+    response = TextSearchResponse(
+        query=text, hits=_image_hits(retriever, page), timings=_timings(timings, start), **_page_info(page)
+    )
+    request.app.state.telemetry.observe_stages("text", response.timings.model_dump())
+    return response
+
+
+def _read_image(upload: UploadFile, settings: Settings) -> Any:
+    """The uploaded file as an RGB PIL image; 4xx naming the problem for anything else."""
+    from PIL import Image, UnidentifiedImageError
+
+    data = upload.file.read(settings.max_upload_bytes + 1)
+    name = upload.filename or "file"
+    if len(data) > settings.max_upload_bytes:
+        raise ApiError(
+            413,
+            "payload_too_large",
+            f"{name}: over {settings.max_upload_bytes} bytes (ICR_MAX_UPLOAD_BYTES); send a smaller image",
+        )
+    if not data:
+        raise ApiError(422, "invalid_image", f"{name}: empty file; upload a JPEG, PNG or WebP image")
+    too_large = ApiError(
+        413,
+        "image_too_large",
+        f"{name}: more than {settings.max_image_pixels} pixels (ICR_MAX_IMAGE_PIXELS); downscale the image",
+    )
+    try:
+        image = Image.open(io.BytesIO(data))  # reads the header only
+    except Image.DecompressionBombError:  # beyond PIL's own limit, found while opening
+        raise too_large from None
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"{name}: not an image PIL can read; upload a JPEG, PNG, WebP, GIF or BMP file",
+        ) from None
+    width, height = image.size
+    if width * height > settings.max_image_pixels:
+        # Checked on the header, before decoding: a small file can declare a huge canvas.
+        raise too_large
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image.load()
+            return image.convert("RGB")
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+        raise too_large from None
+    except (OSError, ValueError, SyntaxError) as err:
+        raise ApiError(
+            422,
+            "invalid_image",
+            f"{name}: corrupt or truncated image ({err}); upload it again or re-encode it",
+        ) from None
+
+
+@router.post(
+    "/image",
+    response_model=ImageSearchResponse,
+    summary="Uploaded image -> captions (and optionally similar images)",
+)
+def search_image(
+    request: Request,
+    file: Annotated[UploadFile, File(description="JPEG, PNG, WebP... image")],
+    k: Annotated[int, Form()] = 10,
+    offset: Annotated[int, Form()] = 0,
+    min_score: Annotated[float | None, Form()] = None,
+    min_relevance: Annotated[float | None, Form()] = None,
+    include_images: Annotated[bool, Form(description="Also return similar gallery images.")] = False,
+) -> ImageSearchResponse:
+    start = time.perf_counter()
+    settings = settings_of(request)
+    try:
+        fields = ThresholdFields(k=k, offset=offset, min_score=min_score, min_relevance=min_relevance)
+    except ValidationError as err:
+        raise ApiError(422, "invalid_request", validation_message(err.errors())) from None
+    _check_paging(settings, fields.k, fields.offset)
+    retriever = retriever_of(request)
+    if not retriever.accepts_images:
+        raise ApiError(
+            409,
+            "no_image_encoder",
+            "this checkpoint's image tower reads precomputed region "
+            "features, not pixels; serve a checkpoint trained on images to search by image",
+        )
+    if retriever.captions is None and not include_images:
+        raise ApiError(
+            409,
+            "no_caption_index",
+            "no caption index is loaded: build one with `icr index build "
+            "--modality text ...` and restart with --caption-index DIR, or ask include_images=true",
+        )
+    image = _read_image(file, settings)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    query = retriever.encode_image(image)  # (1, D)
+    timings["encode_ms"] = (time.perf_counter() - t0) * 1000
+    similar = None
+    if include_images:
+        page = _search(retriever, retriever.images, query, fields, settings, timings)
+        similar = ImageResults(hits=_image_hits(retriever, page), **_page_info(page))
+    if retriever.captions is not None:
+        page = _search(retriever, retriever.captions, query, fields, settings, timings)
+        info, hits = _page_info(page), _caption_hits(page)
+    else:
+        info, hits = similar.model_dump(exclude={"hits"}), []
+    response = ImageSearchResponse(
+        hits=hits, similar_images=similar, timings=_timings(timings, start), **info
+    )
+    request.app.state.telemetry.observe_stages("image", response.timings.model_dump())
+    return response

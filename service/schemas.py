@@ -1,0 +1,136 @@
+"""Request and response bodies of the HTTP API (v1). Field descriptions end up in /openapi.json."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+# Hard bounds of the schema; the server's settings may set tighter ones (checked in the handlers,
+# so the message can name the setting).
+K_MAX = 1000
+OFFSET_MAX = 100_000
+
+
+class Threshold(BaseModel):
+    """The threshold a search applied, before pagination."""
+
+    kind: Literal["none", "min_score", "min_relevance"]
+    value: float | None = Field(None, description="The value asked for (cosine, or probability in [0, 1]).")
+    score: float | None = Field(
+        None,
+        description="The raw cosine score this threshold corresponds to (min_relevance: the lowest score "
+        "whose calibrated relevance reaches the value; null when no score reaches it).",
+    )
+
+
+class ThresholdFields(BaseModel):
+    k: int = Field(10, ge=1, le=K_MAX, description="Results per page.")
+    offset: int = Field(0, ge=0, le=OFFSET_MAX, description="Results to skip (after thresholding).")
+    min_score: float | None = Field(None, ge=-1.0, le=1.0, description="Keep hits with cosine >= this.")
+    min_relevance: float | None = Field(
+        None, ge=0.0, le=1.0, description="Keep hits whose calibrated probability of relevance is >= this."
+    )
+
+    @model_validator(mode="after")
+    def _one_threshold(self) -> ThresholdFields:
+        if self.min_score is not None and self.min_relevance is not None:
+            raise ValueError("give either min_score or min_relevance, not both")
+        return self
+
+
+class TextSearchRequest(ThresholdFields):
+    text: str = Field(..., description="The query caption.", examples=["a red circle left of a blue square"])
+
+
+class Timings(BaseModel):
+    """Milliseconds per stage of this request."""
+
+    encode_ms: float
+    search_ms: float
+    filter_ms: float
+    metadata_ms: float
+    total_ms: float
+
+
+class ImageHit(BaseModel):
+    id: int
+    rank: int = Field(..., description="1-based rank among the hits that passed the threshold.")
+    score: float = Field(..., description="Cosine similarity.")
+    relevance: float | None = Field(
+        None, description="Calibrated probability of relevance (null: no calibration)."
+    )
+    is_distractor: bool
+    image_url: str | None = Field(None, description="Where GET /v1/images/{id} serves it (null: no pixels).")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="source, captions, image_id, scene.")
+
+
+class CaptionHit(BaseModel):
+    id: int
+    rank: int
+    score: float
+    relevance: float | None = None
+    caption: str
+    image_id: int | None = Field(None, description="The split image this caption was written for.")
+    source: str | None = None
+
+
+class PageInfo(BaseModel):
+    threshold: Threshold
+    passed: int = Field(..., description="Hits that passed the threshold among the `searched` nearest.")
+    passed_is_exact: bool = Field(
+        ..., description="False when every searched candidate passed: more beyond the search depth may pass."
+    )
+    searched: int = Field(..., description="Nearest neighbours retrieved before thresholding.")
+    k: int
+    offset: int
+
+
+class TextSearchResponse(PageInfo):
+    query: str
+    hits: list[ImageHit]
+    timings: Timings
+
+
+class ImageResults(PageInfo):
+    hits: list[ImageHit]
+
+
+class ImageSearchResponse(PageInfo):
+    hits: list[CaptionHit]
+    similar_images: ImageResults | None = Field(None, description="Only with include_images=true.")
+    timings: Timings
+
+
+class BenchmarkRequest(BaseModel):
+    dataset: str = Field(..., description="A dataset name configured on the server (GET /v1/info).")
+    split: str = "test"
+    protocol: Literal["full", "1k", "5k"] = "full"
+    distractors: int = Field(0, ge=0, description="Embedded benchmark only: generated distractor images.")
+
+
+class BenchmarkJob(BaseModel):
+    id: str
+    status: Literal["queued", "running", "succeeded", "failed", "interrupted"]
+    dataset: str
+    split: str
+    protocol: str
+    distractors: int
+    progress: float = Field(..., ge=0.0, le=1.0)
+    stage: str | None = None
+    created_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    error: str | None = None
+    metrics: dict[str, Any] | None = Field(None, description="Headline metrics (succeeded jobs).")
+    report: dict[str, Any] | None = Field(None, description="The full evaluation report (GET by id only).")
+
+
+class BenchmarkList(BaseModel):
+    jobs: list[BenchmarkJob]
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(..., description="A short machine-readable code.")
+    message: str = Field(..., description="What went wrong and how to fix it.")
+    detail: Any = None

@@ -1,0 +1,434 @@
+// The search page: plain DOM + fetch, no framework, no build step, nothing loaded from outside.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const el = {
+    info: $("info"),
+    error: $("error"),
+    form: $("search-form"),
+    query: $("query"),
+    k: $("k"),
+    search: $("search"),
+    slider: $("slider"),
+    sliderLabel: $("slider-label"),
+    sliderValue: $("slider-value"),
+    sliderHelp: $("slider-help"),
+    summary: $("summary"),
+    timings: $("timings"),
+    results: $("results"),
+    prev: $("prev"),
+    next: $("next"),
+    pageLabel: $("page-label"),
+    upload: $("upload"),
+    preview: $("upload-preview"),
+    captionSummary: $("caption-summary"),
+    imageTimings: $("image-timings"),
+    captions: $("caption-results"),
+    similarHeading: $("similar-heading"),
+    similar: $("similar"),
+  };
+
+  const DEBOUNCE_MS = 150;
+  const state = {
+    calibrated: false,
+    maxK: 100,
+    depth: 1000,
+    maxUpload: null,
+    offset: 0,
+    query: "",
+    file: null,
+    textController: null,
+    imageController: null,
+    debounce: null,
+    previewUrl: null,
+  };
+
+  // --- errors -----------------------------------------------------------------------------------
+  class ApiError extends Error {
+    constructor(code, message, status) {
+      super(message);
+      this.code = code;
+      this.status = status;
+    }
+  }
+
+  function showError(err) {
+    if (err && err.name === "AbortError") return;
+    const code = err && err.code ? err.code : "error";
+    const message = err && err.message ? err.message : String(err);
+    el.error.textContent = `${code}: ${message}`;
+    el.error.hidden = false;
+  }
+
+  function clearError() {
+    el.error.hidden = true;
+    el.error.textContent = "";
+  }
+
+  async function api(path, options = {}) {
+    let response;
+    try {
+      response = await fetch(path, { headers: { Accept: "application/json" }, ...options });
+    } catch (err) {
+      if (err.name === "AbortError") throw err;
+      throw new ApiError("network", `could not reach the server (${err.message}); is \`icr serve\` running?`);
+    }
+    const text = await response.text();
+    let body = null;
+    try {
+      body = text ? JSON.parse(text) : null;
+    } catch (_) {
+      body = null;
+    }
+    if (!response.ok) {
+      const code = body && body.error ? body.error : `http_${response.status}`;
+      const message =
+        body && body.message ? body.message : text.slice(0, 300) || response.statusText || "request failed";
+      throw new ApiError(code, message, response.status);
+    }
+    if (body === null) throw new ApiError("bad_response", `${path} answered with something that is not JSON`);
+    return body;
+  }
+
+  // --- formatting -------------------------------------------------------------------------------
+  const fmtScore = (s) => (typeof s === "number" ? s.toFixed(3) : "–");
+  const fmtPct = (p) => (typeof p === "number" ? `${(p * 100).toFixed(p >= 0.995 || p < 0.1 ? 1 : 0)}%` : "–");
+  const fmtMs = (ms) => (ms >= 100 ? ms.toFixed(0) : ms.toFixed(1));
+
+  function sliderNumber() {
+    return Number(el.slider.value);
+  }
+
+  function showSliderValue() {
+    const v = sliderNumber();
+    el.sliderValue.textContent = state.calibrated ? `${v.toFixed(2)} (${Math.round(v * 100)}%)` : v.toFixed(2);
+  }
+
+  function thresholdField() {
+    return state.calibrated ? { min_relevance: sliderNumber() } : { min_score: sliderNumber() };
+  }
+
+  function passedText(r) {
+    const t = r.threshold || {};
+    if (t.kind === "none") return `${r.passed} results (no threshold)`;
+    const what = t.kind === "min_relevance" ? `relevance >= ${Number(t.value).toFixed(2)}` : null;
+    let text;
+    if (t.score === null || t.score === undefined) {
+      text = `${r.passed} passed the threshold (no score reaches ${what || "it"})`;
+    } else {
+      text = `${r.passed} passed the threshold (score >= ${Number(t.score).toFixed(3)}${what ? `, ${what}` : ""})`;
+    }
+    if (!r.passed_is_exact) {
+      text += ` — all ${r.searched} nearest searched passed, so more beyond the search depth may pass too`;
+    }
+    return text;
+  }
+
+  function timingsText(t) {
+    if (!t) return "";
+    return (
+      `encode ${fmtMs(t.encode_ms)} ms · search ${fmtMs(t.search_ms)} ms · filter ${fmtMs(t.filter_ms)} ms · ` +
+      `metadata ${fmtMs(t.metadata_ms)} ms · total ${fmtMs(t.total_ms)} ms`
+    );
+  }
+
+  function node(tag, className, text) {
+    const n = document.createElement(tag);
+    if (className) n.className = className;
+    if (text !== undefined) n.textContent = text;
+    return n;
+  }
+
+  // --- info -------------------------------------------------------------------------------------
+  function objectiveName(objective) {
+    if (!objective) return "unknown objective";
+    if (typeof objective === "string") return objective;
+    return objective.name || JSON.stringify(objective);
+  }
+
+  function infoText(info) {
+    const idx = info.index || {};
+    const parts = [`model: ${objectiveName(info.checkpoint && info.checkpoint.objective)}`];
+    let images = `${idx.ntotal} images indexed`;
+    if (idx.gallery_count !== undefined) {
+      images += ` (${idx.gallery_count} gallery + ${idx.distractor_count || 0} distractors)`;
+    }
+    parts.push(images);
+    parts.push(info.caption_index ? `${info.caption_index.ntotal} captions` : "no caption index");
+    const cal = info.calibration;
+    if (cal) {
+      const ece = cal.ece && typeof cal.ece === "object" ? Object.values(cal.ece)[0] : cal.ece;
+      parts.push(`calibrated (${cal.method}${typeof ece === "number" ? `, ECE ${ece.toFixed(3)}` : ""})`);
+    } else {
+      parts.push("no calibration: thresholds are raw cosine scores");
+    }
+    return parts.join(" · ");
+  }
+
+  function configureSlider(info) {
+    state.calibrated = Boolean(info.calibration);
+    if (state.calibrated) {
+      el.slider.min = "0";
+      el.slider.max = "1";
+      el.slider.value = "0.5";
+      el.sliderLabel.textContent = "Minimum relevance";
+      el.sliderHelp.textContent =
+        "Calibrated probability that an image matches the caption; images below it are hidden.";
+    } else {
+      el.slider.min = "-1";
+      el.slider.max = "1";
+      el.slider.value = "0";
+      el.sliderLabel.textContent = "Minimum cosine score";
+      el.sliderHelp.textContent =
+        "This index has no calibration (run `icr index calibrate`), so the threshold is the raw cosine score.";
+    }
+    el.slider.step = "0.01";
+    el.slider.disabled = false;
+    showSliderValue();
+  }
+
+  function configureLimits(limits) {
+    if (!limits) return;
+    state.maxK = limits.max_k || state.maxK;
+    state.depth = limits.search_depth || state.depth;
+    state.maxUpload = limits.max_upload_bytes || null;
+    const cap = Math.min(state.maxK, state.depth);
+    for (const option of Array.from(el.k.options)) {
+      if (Number(option.value) > cap) option.remove();
+    }
+    if (el.k.options.length === 0) el.k.add(new Option(String(cap), String(cap), true, true));
+  }
+
+  async function loadInfo() {
+    try {
+      const info = await api("/v1/info");
+      configureSlider(info);
+      configureLimits(info.limits);
+      el.info.textContent = infoText(info);
+      el.info.dataset.state = "ready";
+      if (!info.caption_index) {
+        el.upload.title = "No caption index is loaded: uploads return similar images only.";
+      }
+      if (info.checkpoint && info.checkpoint.accepts_images === false) {
+        el.upload.disabled = true;
+        el.upload.title = "This checkpoint reads precomputed features, not pixels: no image search.";
+      }
+      clearError();
+    } catch (err) {
+      el.info.dataset.state = "error";
+      el.info.textContent = "The index description is not available yet.";
+      showError(err);
+      if (err.status === 503 || err.code === "network") setTimeout(loadInfo, 3000); // still loading
+    }
+  }
+
+  // --- result cards -----------------------------------------------------------------------------
+  function card(hit) {
+    const item = node("figure", "hit");
+    item.setAttribute("role", "listitem");
+    item.dataset.id = String(hit.id);
+    item.dataset.score = String(hit.score);
+    item.dataset.relevance = hit.relevance === null || hit.relevance === undefined ? "" : String(hit.relevance);
+    const captions = (hit.metadata && hit.metadata.captions) || [];
+    const caption = captions.length ? captions[0] : "";
+    if (caption) item.title = caption;
+
+    if (hit.image_url) {
+      const img = document.createElement("img");
+      img.src = `${hit.image_url}?size=thumb`;
+      img.alt = caption || `image ${hit.id}`;
+      img.decoding = "async";
+      img.addEventListener("load", () => {
+        if (img.naturalWidth < 96) img.classList.add("pixelated"); // tiny images: no blur when scaled up
+      });
+      img.addEventListener("error", () => {
+        img.replaceWith(node("div", "placeholder", "image unavailable"));
+      });
+      item.append(img);
+    } else {
+      item.append(node("div", "placeholder", "no pixels (precomputed features)"));
+    }
+
+    const meta = node("figcaption", "meta");
+    const line = node("div", "line");
+    line.append(node("span", "rank", `#${hit.rank}`));
+    line.append(node("span", "score", fmtScore(hit.score)));
+    if (hit.relevance !== null && hit.relevance !== undefined) {
+      const rel = node("span", "relevance", fmtPct(hit.relevance));
+      rel.title = "calibrated probability of relevance";
+      line.append(rel);
+    }
+    if (hit.is_distractor) line.append(node("span", "badge", "distractor"));
+    meta.append(line);
+    if (caption) meta.append(node("div", "caption", caption));
+    item.append(meta);
+    return item;
+  }
+
+  // --- text search ------------------------------------------------------------------------------
+  function updatePager(r) {
+    const k = r ? r.k : Number(el.k.value);
+    if (!r || r.passed === 0 || r.hits.length === 0) {
+      el.pageLabel.textContent = "";
+      el.prev.disabled = true;
+      el.next.disabled = true;
+      return;
+    }
+    const first = r.offset + 1;
+    const last = r.offset + r.hits.length;
+    el.pageLabel.textContent = `${first}–${last} of ${r.passed}${r.passed_is_exact ? "" : "+"}`;
+    el.prev.disabled = r.offset === 0;
+    // The server serves offset + k <= search depth; beyond that, a higher threshold narrows instead.
+    el.next.disabled = last >= r.passed || r.offset + 2 * k > state.depth;
+  }
+
+  async function runText() {
+    const text = el.query.value.trim();
+    if (!text) return;
+    state.query = text;
+    if (state.textController) state.textController.abort();
+    const controller = new AbortController();
+    state.textController = controller;
+    const threshold = thresholdField();
+    const body = { text, k: Number(el.k.value), offset: state.offset, ...threshold };
+    el.results.dataset.state = "loading";
+    el.results.setAttribute("aria-busy", "true");
+    try {
+      const r = await api("/v1/search/text", {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        body: JSON.stringify(body),
+        signal: controller.signal,
+      });
+      if (controller !== state.textController) return; // a newer request owns the grid
+      clearError();
+      el.results.replaceChildren(...r.hits.map(card));
+      el.summary.textContent = passedText(r);
+      el.summary.dataset.passed = String(r.passed);
+      el.timings.textContent = timingsText(r.timings);
+      updatePager(r);
+      el.results.dataset.threshold = String(Object.values(threshold)[0]);
+      el.results.dataset.offset = String(r.offset);
+      el.results.dataset.state = "done";
+    } catch (err) {
+      if (err.name === "AbortError" || controller !== state.textController) return;
+      el.results.dataset.state = "error";
+      showError(err);
+    } finally {
+      if (controller === state.textController) el.results.removeAttribute("aria-busy");
+    }
+  }
+
+  // --- image search -----------------------------------------------------------------------------
+  function captionItem(hit) {
+    const li = node("li", "caption-hit");
+    li.dataset.id = String(hit.id);
+    li.dataset.score = String(hit.score);
+    li.dataset.relevance = hit.relevance === null || hit.relevance === undefined ? "" : String(hit.relevance);
+    li.append(node("span", "caption-text", hit.caption || "(empty caption)"));
+    const nums = node("span", "caption-nums");
+    nums.append(node("span", "score", fmtScore(hit.score)));
+    if (hit.relevance !== null && hit.relevance !== undefined) nums.append(node("span", "relevance", fmtPct(hit.relevance)));
+    li.append(nums);
+    return li;
+  }
+
+  async function runImage() {
+    const file = state.file;
+    if (!file) return;
+    if (state.maxUpload && file.size > state.maxUpload) {
+      showError(
+        new ApiError("payload_too_large", `${file.name}: ${file.size} bytes, the server takes at most ${state.maxUpload}; send a smaller image`),
+      );
+      return;
+    }
+    if (state.imageController) state.imageController.abort();
+    const controller = new AbortController();
+    state.imageController = controller;
+    const form = new FormData();
+    form.append("file", file, file.name);
+    form.append("k", el.k.value);
+    form.append("offset", "0");
+    const [field, value] = Object.entries(thresholdField())[0];
+    form.append(field, String(value));
+    form.append("include_images", "true");
+    el.captions.dataset.state = "loading";
+    el.captions.setAttribute("aria-busy", "true");
+    try {
+      const r = await api("/v1/search/image", { method: "POST", body: form, signal: controller.signal });
+      if (controller !== state.imageController) return;
+      clearError();
+      el.captions.replaceChildren(...r.hits.map(captionItem));
+      el.captionSummary.textContent = `Captions: ${passedText(r)}`;
+      el.captionSummary.dataset.passed = String(r.passed);
+      el.imageTimings.textContent = timingsText(r.timings);
+      const similar = r.similar_images;
+      el.similar.replaceChildren(...(similar ? similar.hits.map(card) : []));
+      el.similarHeading.hidden = !similar;
+      if (similar) el.similarHeading.textContent = `Similar images: ${passedText(similar)}`;
+      el.captions.dataset.threshold = String(value);
+      el.captions.dataset.state = "done";
+    } catch (err) {
+      if (err.name === "AbortError" || controller !== state.imageController) return;
+      el.captions.dataset.state = "error";
+      showError(err);
+    } finally {
+      if (controller === state.imageController) el.captions.removeAttribute("aria-busy");
+    }
+  }
+
+  // --- wiring -----------------------------------------------------------------------------------
+  function rerun() {
+    state.offset = 0;
+    runText();
+    runImage();
+  }
+
+  el.form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (!el.query.value.trim()) {
+      showError(new ApiError("invalid_request", "type a caption to search for"));
+      el.query.focus();
+      return;
+    }
+    state.offset = 0;
+    runText();
+  });
+
+  el.slider.addEventListener("input", () => {
+    showSliderValue();
+    clearTimeout(state.debounce);
+    state.debounce = setTimeout(rerun, DEBOUNCE_MS);
+  });
+  el.slider.addEventListener("change", () => {
+    showSliderValue();
+    clearTimeout(state.debounce);
+    state.debounce = setTimeout(rerun, DEBOUNCE_MS);
+  });
+
+  el.k.addEventListener("change", rerun);
+
+  el.prev.addEventListener("click", () => {
+    state.offset = Math.max(0, state.offset - Number(el.k.value));
+    runText();
+  });
+  el.next.addEventListener("click", () => {
+    state.offset += Number(el.k.value);
+    runText();
+  });
+
+  el.upload.addEventListener("change", () => {
+    const file = el.upload.files && el.upload.files[0];
+    if (!file) return;
+    state.file = file;
+    if (state.previewUrl) URL.revokeObjectURL(state.previewUrl);
+    state.previewUrl = URL.createObjectURL(file);
+    el.preview.src = state.previewUrl;
+    el.preview.hidden = false;
+    runImage();
+  });
+
+  showSliderValue();
+  loadInfo();
+})();

@@ -1,0 +1,75 @@
+"""Prometheus metrics: request counts and latency per route, search latency per stage.
+
+Each app owns its registry (no module-level collectors), so several apps in one process (tests)
+do not collide. Routes are labelled by their template (``/v1/images/{image_id}``), never the raw
+path, to keep the label set bounded.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# Milliseconds to seconds: search stages take 0.1-100 ms, benchmark submissions a few ms.
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Telemetry:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "icr_http_requests",
+            "HTTP requests by route, method and status.",
+            ("route", "method", "status"),
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "icr_http_request_duration_seconds",
+            "HTTP request latency by route.",
+            ("route", "method"),
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.stages = Histogram(
+            "icr_search_stage_duration_seconds",
+            "Search latency by endpoint and stage (encode, search, filter, metadata).",
+            ("endpoint", "stage"),
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+
+    def observe_stages(self, endpoint: str, timings_ms: dict[str, float]) -> None:
+        for stage, ms in timings_ms.items():
+            if stage != "total_ms":
+                self.stages.labels(endpoint, stage.removesuffix("_ms")).observe(ms / 1000.0)
+
+
+class MetricsMiddleware:
+    """Counts and times every HTTP request (pure ASGI: sees the final status, even of errors)."""
+
+    def __init__(self, app: ASGIApp, telemetry: Telemetry):
+        self.app = app
+        self.telemetry = telemetry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        start = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            label = getattr(route, "path", None) or "unmatched"
+            self.telemetry.requests.labels(label, scope["method"], str(status)).inc()
+            self.telemetry.latency.labels(label, scope["method"]).observe(time.perf_counter() - start)
