@@ -237,12 +237,17 @@ class Retriever:
         depth: int,
         min_score: float | None = None,
         min_relevance: float | None = None,
+        calibrated: bool = True,
         timings: dict[str, float],
     ) -> Page:
-        """Top-``depth`` neighbours of ``query`` (1, D), thresholded, then hits [offset, offset + k)."""
+        """Top-``depth`` neighbours of ``query`` (1, D), thresholded, then hits [offset, offset + k).
+
+        ``calibrated=False``: no relevance, since the calibration maps caption-image scores and an
+        image-image score has no such meaning.
+        """
         from index.vector_index import search
 
-        calibration = target.calibration
+        calibration = target.calibration if calibrated else None
         if min_relevance is not None and calibration is None:
             raise NotServable(
                 f"min_relevance needs a calibration: run `icr index calibrate {target.directory}` and "

@@ -98,7 +98,11 @@ class ImageResults(PageInfo):
 
 class ImageSearchResponse(PageInfo):
     hits: list[CaptionHit]
-    similar_images: ImageResults | None = Field(None, description="Only with include_images=true.")
+    similar_images: ImageResults | None = Field(
+        None,
+        description="Only with include_images=true. Image-image scores carry no calibrated relevance: "
+        "only min_score thresholds them (with min_relevance their threshold is 'none').",
+    )
     timings: Timings
 
 

@@ -51,7 +51,10 @@ def _search(
     fields: ThresholdFields,
     settings: Settings,
     timings: dict[str, float],
+    cross_modal: bool = True,
 ) -> Page:
+    """``cross_modal=False`` (image -> similar images): relevance is left out and only min_score
+    thresholds, as the calibration is of caption-image scores."""
     try:
         return retriever.search(
             target,
@@ -60,7 +63,8 @@ def _search(
             offset=fields.offset,
             depth=settings.search_depth,
             min_score=fields.min_score,
-            min_relevance=fields.min_relevance,
+            min_relevance=fields.min_relevance if cross_modal else None,
+            calibrated=cross_modal,
             timings=timings,
         )
     except NotServable as err:  # min_relevance without a calibration
@@ -243,7 +247,7 @@ def search_image(
     timings["encode_ms"] = (time.perf_counter() - t0) * 1000
     similar = None
     if include_images:
-        page = _search(retriever, retriever.images, query, fields, settings, timings)
+        page = _search(retriever, retriever.images, query, fields, settings, timings, cross_modal=False)
         similar = ImageResults(hits=_image_hits(retriever, page), **_page_info(page))
     if retriever.captions is not None:
         page = _search(retriever, retriever.captions, query, fields, settings, timings)

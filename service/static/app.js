@@ -53,17 +53,26 @@
     }
   }
 
-  function showError(err) {
+  // Errors by source ("info", "text", "image"): a success clears its own source's error only, so a
+  // good image search does not hide the text search's error that came just before it.
+  const errors = new Map();
+
+  function renderErrors() {
+    el.error.textContent = Array.from(errors.values()).join("\n");
+    el.error.hidden = errors.size === 0;
+  }
+
+  function showError(source, err) {
     if (err && err.name === "AbortError") return;
     const code = err && err.code ? err.code : "error";
     const message = err && err.message ? err.message : String(err);
-    el.error.textContent = `${code}: ${message}`;
-    el.error.hidden = false;
+    errors.delete(source); // re-inserted last: the newest message at the bottom
+    errors.set(source, `${code}: ${message}`);
+    renderErrors();
   }
 
-  function clearError() {
-    el.error.hidden = true;
-    el.error.textContent = "";
+  function clearError(source) {
+    if (errors.delete(source)) renderErrors();
   }
 
   async function api(path, options = {}) {
@@ -158,8 +167,14 @@
     parts.push(info.caption_index ? `${info.caption_index.ntotal} captions` : "no caption index");
     const cal = info.calibration;
     if (cal) {
-      const ece = cal.ece && typeof cal.ece === "object" ? Object.values(cal.ece)[0] : cal.ece;
-      parts.push(`calibrated (${cal.method}${typeof ece === "number" ? `, ECE ${ece.toFixed(3)}` : ""})`);
+      // ECE per split: {"val": fit split, "test": held out}; the held-out one is the honest one.
+      let ece = "";
+      if (typeof cal.ece === "number") ece = `, ECE ${cal.ece.toFixed(3)}`;
+      else if (cal.ece && typeof cal.ece === "object") {
+        const splits = Object.entries(cal.ece).filter(([, v]) => typeof v === "number");
+        if (splits.length) ece = `, ECE ${splits.map(([k, v]) => `${k} ${v.toFixed(3)}`).join(" / ")}`;
+      }
+      parts.push(`calibrated (${cal.method}${ece})`);
     } else {
       parts.push("no calibration: thresholds are raw cosine scores");
     }
@@ -214,11 +229,11 @@
         el.upload.disabled = true;
         el.upload.title = "This checkpoint reads precomputed features, not pixels: no image search.";
       }
-      clearError();
+      clearError("info");
     } catch (err) {
       el.info.dataset.state = "error";
       el.info.textContent = "The index description is not available yet.";
-      showError(err);
+      showError("info", err);
       if (err.status === 503 || err.code === "network") setTimeout(loadInfo, 3000); // still loading
     }
   }
@@ -302,7 +317,7 @@
         signal: controller.signal,
       });
       if (controller !== state.textController) return; // a newer request owns the grid
-      clearError();
+      clearError("text");
       el.results.replaceChildren(...r.hits.map(card));
       el.summary.textContent = passedText(r);
       el.summary.dataset.passed = String(r.passed);
@@ -314,7 +329,7 @@
     } catch (err) {
       if (err.name === "AbortError" || controller !== state.textController) return;
       el.results.dataset.state = "error";
-      showError(err);
+      showError("text", err);
     } finally {
       if (controller === state.textController) el.results.removeAttribute("aria-busy");
     }
@@ -339,6 +354,7 @@
     if (!file) return;
     if (state.maxUpload && file.size > state.maxUpload) {
       showError(
+        "image",
         new ApiError("payload_too_large", `${file.name}: ${file.size} bytes, the server takes at most ${state.maxUpload}; send a smaller image`),
       );
       return;
@@ -358,7 +374,7 @@
     try {
       const r = await api("/v1/search/image", { method: "POST", body: form, signal: controller.signal });
       if (controller !== state.imageController) return;
-      clearError();
+      clearError("image");
       el.captions.replaceChildren(...r.hits.map(captionItem));
       el.captionSummary.textContent = `Captions: ${passedText(r)}`;
       el.captionSummary.dataset.passed = String(r.passed);
@@ -372,7 +388,7 @@
     } catch (err) {
       if (err.name === "AbortError" || controller !== state.imageController) return;
       el.captions.dataset.state = "error";
-      showError(err);
+      showError("image", err);
     } finally {
       if (controller === state.imageController) el.captions.removeAttribute("aria-busy");
     }
@@ -388,7 +404,7 @@
   el.form.addEventListener("submit", (event) => {
     event.preventDefault();
     if (!el.query.value.trim()) {
-      showError(new ApiError("invalid_request", "type a caption to search for"));
+      showError("text", new ApiError("invalid_request", "type a caption to search for"));
       el.query.focus();
       return;
     }
