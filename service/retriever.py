@@ -40,6 +40,7 @@ class LoadedIndex:
     calibration: Any | None  # training.metrics.calibration.Calibration
     calibration_info: dict[str, Any] | None
     on_gpu: bool = False
+    gpu_resources: Any = None  # faiss.StandardGpuResources: must outlive the GPU index
 
     def summary(self) -> dict[str, Any]:
         m = self.manifest
@@ -143,14 +144,15 @@ def _load_index(directory: Path, gpu: str) -> LoadedIndex:
     nprobe = manifest.recall_check.get("nprobe")
     if nprobe and nprobe_of(index) is not None:
         set_nprobe(index, int(nprobe))  # the value the build tuned to reach its recall target
-    on_gpu = use_gpu(gpu)
-    if on_gpu:
+    resources = None
+    if use_gpu(gpu):
         import faiss
 
         resources = faiss.StandardGpuResources()
         index = faiss.index_cpu_to_gpu(resources, 0, index)
-        index.referenced_resources = resources  # keep the GPU memory pool alive with the index
-    return LoadedIndex(directory, index, manifest, metadata, calibration, info, on_gpu)
+    return LoadedIndex(
+        directory, index, manifest, metadata, calibration, info, resources is not None, resources
+    )
 
 
 class Retriever:
@@ -221,9 +223,8 @@ class Retriever:
         import torch
 
         with torch.inference_mode():
-            x = (
-                self._image_transform(image, np.random.default_rng(0)).unsqueeze(0).to(self.device)
-            )  # (1, C, S, S)
+            x = self._image_transform(image, np.random.default_rng(0))  # (C, S, S)
+            x = x.unsqueeze(0).to(self.device)  # (1, C, S, S)
             return self.model.encode_image(x).float().cpu().numpy()  # (1, D)
 
     # --- searching --------------------------------------------------------------------------------
