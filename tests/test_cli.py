@@ -77,26 +77,56 @@ def test_check_and_stats_on_a_precomp_folder(tmp_path: Path) -> None:
     assert stats.returncode == 0 and "captions_per_image_row  5" in stats.stdout
 
 
-def test_demo_generates_then_reuses_the_cached_benchmark(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The demo's sizes are fixed (10k/1k/1k, ~30 s); run it in-process with small ones.
+def test_demo_builds_every_artifact_then_reuses_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The demo's sizes are fixed (10k/1k/1k, 100k distractors, minutes); run it in-process with small
+    # ones, without serving (the server itself is exercised by api_tests/).
     from typer.testing import CliRunner
 
-    from service import cli
+    from service import cli, demo
 
-    monkeypatch.setattr(cli, "DEMO_COUNTS", {"train": 10, "val": 5, "test": 5})
-    monkeypatch.setattr(cli, "DEMO_TRAIN", [
-        "train.epochs=1", "train.batch_size=8", "model.embed_dim=16", "model.image.width=4",
-        "model.text.word_dim=8", "model.text.hidden=16",
-    ])
+    monkeypatch.setattr(demo, "DEMO_COUNTS", {"train": 10, "val": 5, "test": 5})
+    monkeypatch.setattr(
+        demo,
+        "DEMO_TRAIN",
+        [
+            "train.epochs=1",
+            "train.batch_size=8",
+            "model.embed_dim=16",
+            "model.image.width=4",
+            "model.text.word_dim=8",
+            "model.text.hidden=16",
+        ],
+    )
     runner = CliRunner()
-    first = runner.invoke(cli.app, ["demo", "--workdir", str(tmp_path / "demo")])
+    workdir = tmp_path / "demo"
+    args = ["demo", "--workdir", str(workdir), "--distractors", "30", "--no-serve"]
+    first = runner.invoke(cli.app, args)
     assert first.exit_code == 0, first.output
     assert "generating 20 images" in first.output and "captions_true_of_own_image" in first.output
-    second = runner.invoke(cli.app, ["demo", "--workdir", str(tmp_path / "demo")])
+    for step in ("image index", "caption index"):
+        assert f"{step}" in first.output and "building into" in first.output
+    assert "calibration: fitting" in first.output and "icr serve --index" in first.output
+    images = json.loads((workdir / "index" / "images" / "manifest.json").read_text())
+    assert (images["gallery_count"], images["distractor_count"]) == (5, 30)
+    assert images["data"]["path"] == str(workdir / "data")  # absolute: serving works from anywhere
+    assert json.loads((workdir / "index" / "captions" / "manifest.json").read_text())["ntotal"] == 25
+    assert (workdir / "index" / "images" / "calibration.json").is_file()
+
+    second = runner.invoke(cli.app, args)
     assert second.exit_code == 0, second.output
-    assert "benchmark: cached" in second.output and "model: cached" in second.output
-    assert (tmp_path / "demo" / "model" / "best" / "model.safetensors").is_file()
-    other_seed = runner.invoke(cli.app, ["demo", "--workdir", str(tmp_path / "demo"), "--seed", "1"])
+    for what in (
+        "benchmark: cached",
+        "model: cached",
+        "distractors): cached",
+        "image->text search): cached",
+        "calibration: cached",
+    ):
+        assert what in second.output
+    more = runner.invoke(cli.app, [*args[:3], "--distractors", "40", "--no-serve"])
+    assert "40 distractors): building" in more.output
+    assert "image->text search): cached" in more.output
+    other_seed = runner.invoke(
+        cli.app, ["demo", "--workdir", str(workdir), "--seed", "1", "--no-serve", "--distractors", "30"]
+    )
     assert "generating" in other_seed.output and "model: training" in other_seed.output
+    assert "image index (1,000 test images + 30 distractors): building" in other_seed.output
