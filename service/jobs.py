@@ -27,7 +27,6 @@ from typing import Any
 
 log = logging.getLogger("icr.service")
 SCHEMA_VERSION = 1
-STATUSES = ("queued", "running", "succeeded", "failed", "interrupted")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
