@@ -374,7 +374,7 @@ def _image_gallery(model: Any, data: SplitData, batch_size: int, device: str, pr
 
 
 def _image_sources(data: SplitData) -> tuple[list[str], list[dict] | None]:
-    """Per split image: its source (absolute file path, or precomp file and row) and scene dict if synthetic."""
+    """Per split image: its source (absolute path, or precomp file and row) and scene dict if synthetic."""
     if data.kind == "precomp":
         features = Path(data.source) / f"{data.name}_ims.npy"
         return [f"{features}#{i}" for i in range(data.num_images)], None
