@@ -2,35 +2,44 @@
 
 ``python -m service.benchmark_worker --db JOBS --job ID --attempt N --checkpoint C --data D``
 evaluates the checkpoint on the dataset with the job's split, protocol and distractors, writing
-progress, then the headline metrics and the whole report, into the job database. It dies with
-the server (Linux parent-death signal) and writes nothing once its job is no longer its own.
+progress, then the headline metrics and the whole report, into the job database. It lowers its
+own priority, dies with the server (Linux parent-death signal) and writes nothing once its job is
+no longer its own (every write names the attempt; see :mod:`service.jobs`).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from service.jobs import JobStore
 
 HEADLINE = ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "i2t_map10", "t2i_rprec")
+GLOBAL = ("pr_auc", "best_f1", "best_f1_threshold")
+_PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when the server dies (no-op elsewhere)."""
+def _die_with_parent(parent_pid: int | None) -> None:
+    """Ask Linux to SIGTERM this process when the thread that started it ends (no-op elsewhere);
+    exit at once when that parent is already gone."""
     if sys.platform.startswith("linux"):
         try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         except (OSError, AttributeError):
             pass
+    if parent_pid is not None and os.getppid() != parent_pid:
+        sys.exit(0)  # the server died before the signal was armed
 
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:
-    """The numbers a job list shows: retrieval metrics and global PR-AUC per label set."""
+    """The numbers a job list shows, per label set (annotations, and the generator's ground truth
+    on the embedded benchmark): retrieval recalls, global PR-AUC and best F1, calibration ECE."""
     out: dict[str, Any] = {}
     for labels in ("annotations", "ground_truth"):
         section = report.get(labels)
@@ -39,21 +48,40 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         retrieval = section.get("retrieval", {})
         picked = {key: retrieval[key] for key in HEADLINE if key in retrieval}
         glob = section.get("global", {})
-        picked.update({key: glob[key] for key in ("pr_auc", "best_f1") if key in glob})
+        picked.update({key: glob[key] for key in GLOBAL if key in glob})
+        calibration = section.get("calibration")
+        if isinstance(calibration, dict) and "ece" in calibration:
+            picked["ece"] = calibration["ece"]
         out[labels] = picked
     if "distractors" in report:
-        out["distractors"] = report["distractors"]
+        out["distractors"] = {
+            key: value
+            for key, value in report["distractors"].items()
+            if key in ("count", "annotations", "ground_truth")
+        }
     return out
 
 
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     for flag in ("--db", "--job", "--checkpoint", "--data"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--attempt", type=int, required=True)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--nice", type=int, default=10, help="Priority increment (search comes first).")
+    parser.add_argument("--parent-pid", type=int, default=None, help="Exit if this is not the parent.")
     args = parser.parse_args(argv)
-    _die_with_parent()
+    _die_with_parent(args.parent_pid)
+    if args.nice:
+        try:
+            os.nice(args.nice)
+        except OSError:
+            pass
     store = JobStore(args.db)
     job = store.get(args.job, with_report=False)
     if job is None or job["status"] != "running":
@@ -64,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(0)  # the job was interrupted or taken over: stop working on it
 
     try:
+        progress("loading checkpoint", 0.0)
         from training.evaluate_checkpoint import EvalOptions, evaluate_checkpoint
 
-        progress("loading checkpoint", 0.0)
         options = EvalOptions(
             split=job["split"],
             protocol=job["protocol"],
@@ -76,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
             on_stage=progress,
         )
         report = evaluate_checkpoint(Path(args.checkpoint), Path(args.data), options)
-    except (ValueError, FileNotFoundError, KeyError) as err:  # the data or the request do not fit
-        store.fail(args.job, args.attempt, f"{type(err).__name__}: {err}")
+        progress("saving the report", 0.99)
+        store.succeed(args.job, args.attempt, headline(report), report)
+    except Exception as err:  # the data, the checkpoint or the request do not fit: say which, in one line
+        traceback.print_exc()  # the runner logs the whole story
+        store.fail(args.job, args.attempt, _one_line(err))
         return 1
-    store.succeed(args.job, args.attempt, headline(report), report)
     return 0
 
 

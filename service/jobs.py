@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import sqlite3
@@ -71,6 +72,24 @@ RESTART_MESSAGE = (
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as strict JSON data: NaN/inf become null (an HTTP response refuses them), numpy
+    scalars and arrays become Python numbers and lists."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):  # numpy scalar or array
+        return _plain(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _json(value: Any) -> str:
+    return json.dumps(_plain(value), allow_nan=False)
 
 
 class JobStore:
@@ -178,7 +197,7 @@ class JobStore:
             job_id,
             attempt,
             "status = 'succeeded', progress = 1, stage = 'done', finished_at = ?, metrics = ?, report = ?",
-            (_now(), json.dumps(metrics), json.dumps(report)),
+            (_now(), _json(metrics), _json(report)),
         )
 
     def fail(self, job_id: str, attempt: int, message: str) -> bool:
@@ -204,8 +223,22 @@ class JobStore:
             return cursor.rowcount
 
 
+def _worker_env() -> dict[str, str]:
+    """This environment, with the folder this ``service`` package was imported from on the path
+    (``-m service.benchmark_worker`` then works uninstalled and from any working directory)."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
 class JobRunner:
-    """One background thread running queued jobs one at a time, each in a worker process."""
+    """One background thread running queued jobs one at a time, each in a worker process.
+
+    The worker lowers its own priority (``nice``: search requests come first), runs in its own
+    session (a Ctrl-C meant for the server reaches the server only, which then interrupts the job
+    cleanly) and dies with the thread that started it (Linux parent-death signal).
+    """
 
     def __init__(
         self,
@@ -214,12 +247,14 @@ class JobRunner:
         datasets: dict[str, Path],
         device: str = "cpu",
         nice: int = 10,
+        poll_s: float = 5.0,
     ):
         self.store = store
         self.checkpoint = Path(checkpoint)
         self.datasets = {name: Path(path) for name, path in datasets.items()}
         self.device = device
         self.nice = nice
+        self.poll_s = poll_s  # also picks up jobs that another process queued
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -235,10 +270,12 @@ class JobRunner:
         self._thread.start()
 
     def wake(self) -> None:
+        """Look for queued jobs now (call after a submit)."""
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop taking jobs; terminate a running worker and mark its job interrupted."""
+        """Stop taking jobs; terminate a running worker (SIGTERM, then SIGKILL after ``timeout``)
+        and mark its job interrupted. Queued jobs stay queued for the next start."""
         self._stopping.set()
         self._wake.set()
         with self._lock:
@@ -257,9 +294,14 @@ class JobRunner:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            job = self.store.claim_next()
+            try:
+                job = self.store.claim_next()
+            except Exception:  # e.g. the database is locked for longer than busy_timeout
+                log.exception("claiming a benchmark job")
+                self._stopping.wait(self.poll_s)
+                continue
             if job is None:
-                self._wake.wait(timeout=5.0)  # the timeout also picks up jobs other processes queued
+                self._wake.wait(timeout=self.poll_s)
                 self._wake.clear()
                 continue
             try:
@@ -267,6 +309,29 @@ class JobRunner:
             except Exception as err:  # the thread must survive anything one job does
                 log.exception("benchmark job %s", job["id"])
                 self.store.fail(job["id"], job["attempt"], f"the runner failed: {type(err).__name__}: {err}")
+
+    def command(self, job_id: str, attempt: int, data: Path) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "service.benchmark_worker",
+            "--db",
+            os.path.abspath(self.store.path),
+            "--job",
+            job_id,
+            "--attempt",
+            str(attempt),
+            "--checkpoint",
+            os.path.abspath(self.checkpoint),
+            "--data",
+            os.path.abspath(data),
+            "--device",
+            self.device,
+            "--nice",
+            str(self.nice),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
 
     def _run(self, job: dict[str, Any]) -> None:
         job_id, attempt = job["id"], job["attempt"]
@@ -276,33 +341,18 @@ class JobRunner:
                 job_id, attempt, f"dataset {job['dataset']!r} is no longer configured on the server"
             )
             return
-        command = [
-            sys.executable,
-            "-m",
-            "service.benchmark_worker",
-            "--db",
-            str(self.store.path),
-            "--job",
-            job_id,
-            "--attempt",
-            str(attempt),
-            "--checkpoint",
-            str(self.checkpoint),
-            "--data",
-            str(data),
-            "--device",
-            self.device,
-        ]
-        nice = self.nice
         with self._lock:
             if self._stopping.is_set():
                 self.store.interrupt(job_id, attempt, reason="server shut down")
                 return
+            # No preexec_fn (unsafe in a threaded server): the worker renices itself.
             self._process = subprocess.Popen(
-                command,
+                self.command(job_id, attempt, data),
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                preexec_fn=(lambda: os.nice(nice)) if nice else None,  # lowered priority: search comes first
+                start_new_session=True,
+                env=_worker_env(),
             )
             self._current = (job_id, attempt)
         self.store.set_pid(job_id, attempt, self._process.pid)
@@ -310,10 +360,24 @@ class JobRunner:
         code = self._process.returncode
         with self._lock:
             self._process, self._current = None, None
-        if code != 0 and not self._stopping.is_set():
-            tail = stderr.decode(errors="replace").strip().splitlines()[-5:]
-            reason = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-            # a no-op when the worker already recorded its own failure
-            self.store.fail(
-                job_id, attempt, f"the benchmark process ended with {reason}: " + " | ".join(tail)
-            )
+        if self._stopping.is_set():
+            return  # stop() marked the job interrupted
+        if code == 0:
+            reason = "without writing a result"
+        elif code < 0:
+            try:
+                reason = f"with signal {signal.Signals(-code).name}"
+            except ValueError:
+                reason = f"with signal {-code}"
+        else:
+            reason = f"with exit status {code}"
+        text = stderr.decode(errors="replace").strip()
+        if code != 0 and text:
+            log.warning("benchmark job %s: the worker ended with code %s:\n%s", job_id, code, text[-20000:])
+        tail = text.splitlines()[-5:]
+        # a no-op when the worker recorded its result or its own failure
+        self.store.fail(
+            job_id,
+            attempt,
+            f"the benchmark process ended {reason}" + (": " + " | ".join(tail) if tail else ""),
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from functools import lru_cache
 from pathlib import Path
 
 from fastapi import APIRouter, Request
@@ -24,7 +25,7 @@ def _check_key(request: Request) -> None:
             raise ApiError(401, "unauthorized", "benchmark submission needs the X-API-Key header")
         if not hmac.compare_digest(given.encode(), key.encode()):
             raise ApiError(403, "forbidden", "wrong X-API-Key")
-    elif request.client is None or request.client.host not in LOCAL_HOSTS:
+    elif request.client is None or request.client.host.removeprefix("::ffff:") not in LOCAL_HOSTS:
         raise ApiError(
             403,
             "forbidden",
@@ -34,15 +35,27 @@ def _check_key(request: Request) -> None:
 
 
 def _splits(data: Path) -> list[str]:
-    """The splits a dataset folder offers, read cheaply (no images, no features)."""
-    from training.data.precomp import available_precomp_splits
+    """The splits a dataset folder offers, read cheaply: precomp file names, or the split names of
+    the Karpathy JSON (parsed once per file version; no image is opened or even looked up)."""
+    from training.data.training_data import is_precomp
 
-    precomp = available_precomp_splits(data) if data.is_dir() else []
-    if precomp:
-        return sorted(precomp)
+    data = data.expanduser()
+    if is_precomp(data):
+        from training.data.precomp import available_precomp_splits
+
+        return available_precomp_splits(data)
+    from training.data.karpathy import find_karpathy_json
+
+    json_path = find_karpathy_json(data)
+    stat = json_path.stat()
+    return list(_karpathy_splits(json_path, stat.st_mtime_ns, stat.st_size))
+
+
+@lru_cache(maxsize=8)
+def _karpathy_splits(json_path: Path, mtime_ns: int, size: int) -> tuple[str, ...]:
     from training.data.karpathy import load_karpathy
 
-    return sorted(load_karpathy(data).splits)
+    return tuple(sorted(load_karpathy(json_path, check_images=False).splits))
 
 
 @router.post("", status_code=202, response_model=BenchmarkJob, summary="Queue an evaluation job")

@@ -1,0 +1,458 @@
+"""Benchmark jobs: the SQLite job store, the runner with real worker processes, and the routes.
+
+The store is checked for its transitions, the attempt guard (a stale worker's writes are ignored),
+atomic oldest-first claiming under concurrent claimers, and refusing a file that is not its
+database. The runner runs real ``service.benchmark_worker`` processes on a 16/8/8-image embedded
+benchmark with a tiny model trained for one step: a job that succeeds, one cut off by ``stop()``,
+one with a broken checkpoint, and workers that crash or exit without a result. The routes run in a
+bare app (no model or index) for their submission checks and the API-key rule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from tiny_model import TINY_MODEL
+
+from service.benchmark_worker import headline
+from service.config import Settings
+from service.errors import install_error_handlers
+from service.jobs import JobRunner, JobStore
+from service.routes import benchmarks
+from service.schemas import BenchmarkJob
+from training.config import load_config
+from training.data.synthetic.generate import write_dataset
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Path]:
+    """(data, checkpoint): a tiny embedded benchmark and a tiny model trained for one step."""
+    from training.train import train
+
+    root = tmp_path_factory.mktemp("jobs")
+    write_dataset(root / "data", train=16, val=8, test=8, image_size=32, seed=0)
+    cfg = load_config(None, [
+        f'data.path="{root / "data"}"', f'train.out="{root / "run"}"', "train.batch_size=8",
+        "train.epochs=1", "train.max_steps=1", "data.val_images=8", "train.threads=1", *TINY_MODEL,
+    ])  # fmt: skip
+    train(cfg, progress=False)
+    return root / "data", root / "run" / "last"
+
+
+@pytest.fixture
+def store(tmp_path) -> JobStore:
+    return JobStore(tmp_path / "jobs.sqlite")
+
+
+def _wait(store: JobStore, job_id: str, until, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = store.get(job_id)
+        if until(job):
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} never got there: {job}")
+
+
+def _finished(job: dict) -> bool:
+    return job["status"] in ("succeeded", "failed", "interrupted")
+
+
+# --- the store -------------------------------------------------------------------------------
+
+
+def test_a_job_goes_from_queued_to_succeeded(store):
+    job = store.submit("synthetic", "test", "full", 0)
+    BenchmarkJob(**job)  # the dicts are the API's bodies
+    assert job["status"] == "queued" and len(job["id"]) == 32 and job["progress"] == 0.0
+    assert job["created_at"].endswith("+00:00") and job["started_at"] is None and job["report"] is None
+
+    claimed = store.claim_next()
+    assert (claimed["id"], claimed["status"], claimed["attempt"]) == (job["id"], "running", 1)
+    assert claimed["started_at"] and claimed["stage"] == "starting"
+    assert store.claim_next() is None  # nothing else queued
+
+    assert store.set_progress(job["id"], 1, 1.7, "metrics")  # clamped into [0, 1]
+    assert (store.get(job["id"])["progress"], store.get(job["id"])["stage"]) == (1.0, "metrics")
+    assert store.set_progress(job["id"], 1, -3, "embedding") and store.get(job["id"])["progress"] == 0.0
+
+    report = {"annotations": {"retrieval": {"rsum": np.float64(300.5), "t2i_r1": float("nan")}},
+              "counts": np.arange(3), "n": np.int64(8)}  # fmt: skip
+    assert store.succeed(job["id"], 1, {"rsum": 300.5, "pr_auc": float("inf")}, report)
+    done = store.get(job["id"])
+    assert done["status"] == "succeeded" and done["progress"] == 1.0 and done["finished_at"]
+    assert done["metrics"] == {"rsum": 300.5, "pr_auc": None}  # strict JSON: NaN/inf become null
+    assert done["report"] == {"annotations": {"retrieval": {"rsum": 300.5, "t2i_r1": None}},
+                              "counts": [0, 1, 2], "n": 8}  # fmt: skip
+    assert "report" not in store.get(job["id"], with_report=False)
+    BenchmarkJob(**done)
+    # a finished job takes no more writes, even from its own attempt
+    assert not store.fail(job["id"], 1, "late") and store.get(job["id"])["status"] == "succeeded"
+
+
+def test_list_is_newest_first_without_reports(store):
+    ids = [store.submit("synthetic", split, "full", 0)["id"] for split in ("test", "val", "train")]
+    job = store.claim_next()
+    store.succeed(job["id"], job["attempt"], {"rsum": 1.0}, {"big": list(range(10))})
+    listed = store.list()
+    assert [j["id"] for j in listed] == ids[::-1]
+    assert all("report" not in j for j in listed) and listed[-1]["metrics"] == {"rsum": 1.0}
+    assert [j["id"] for j in store.list(limit=2)] == ids[:0:-1]
+    assert store.get("no-such-job") is None
+
+
+def test_a_stale_attempt_cannot_write(store):
+    job = store.submit("synthetic", "test", "full", 0)
+    attempt = store.claim_next()["attempt"]
+    assert not store.set_progress(job["id"], attempt + 1, 0.5, "metrics")  # someone else's attempt
+    assert store.interrupt_running("restart") == 1
+    cut = store.get(job["id"])
+    assert cut["status"] == "interrupted" and cut["finished_at"]
+    assert "(restart)" in cut["error"] and "submit it again with POST /v1/benchmarks" in cut["error"]
+    # the orphaned worker of that attempt goes on writing: all ignored
+    assert not store.set_progress(job["id"], attempt, 0.9, "distractors")
+    assert not store.succeed(job["id"], attempt, {"rsum": 1.0}, {})
+    assert not store.fail(job["id"], attempt, "boom")
+    assert store.get(job["id"]) == cut
+    assert store.interrupt_running("restart") == 0
+
+
+def test_claims_are_atomic_and_oldest_first(tmp_path):
+    first = JobStore(tmp_path / "jobs.sqlite")
+    ids = [first.submit("synthetic", "test", "full", i)["id"] for i in range(24)]
+    # several threads, each with its own JobStore (as the worker processes have), claim at once
+    claimed: list[tuple[float, str]] = []
+    lock = threading.Lock()
+
+    def claim() -> None:
+        mine = JobStore(tmp_path / "jobs.sqlite")
+        while (job := mine.claim_next()) is not None:
+            with lock:
+                claimed.append((time.monotonic(), job["id"]))
+
+    threads = [threading.Thread(target=claim) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(i for _, i in claimed) == sorted(ids)  # every job exactly once
+    assert {j["status"] for j in first.list(limit=100)} == {"running"}
+
+    # one claimer takes them in submission order, also within the same second
+    again = JobStore(tmp_path / "again.sqlite")
+    ids = [again.submit("synthetic", "test", "full", i)["id"] for i in range(5)]
+    assert [again.claim_next()["id"] for _ in ids] == ids
+
+
+def test_a_file_that_is_not_the_job_database_is_refused(tmp_path):
+    junk = tmp_path / "index.faiss"
+    junk.write_bytes(b"not sqlite at all, " * 100)
+    with pytest.raises(ValueError, match=r"index\.faiss: not a job database.*ICR_JOBS_DB"):
+        JobStore(junk)
+    other = tmp_path / "metadata.sqlite"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE images (id INTEGER)")
+    with pytest.raises(ValueError, match="metadata.sqlite"):
+        JobStore(other)
+    newer = tmp_path / "newer.sqlite"
+    JobStore(newer).submit("synthetic", "test", "full", 0)
+    with sqlite3.connect(newer) as db:
+        db.execute("PRAGMA user_version = 99")
+    with pytest.raises(ValueError, match="schema version 99"):
+        JobStore(newer)
+    # reopening a database of this version keeps its jobs
+    kept = tmp_path / "kept.sqlite"
+    job = JobStore(kept).submit("synthetic", "test", "full", 0)
+    assert JobStore(kept).get(job["id"])["status"] == "queued"
+
+
+# --- the runner and its worker processes ------------------------------------------------------
+
+
+def test_the_runner_marks_cut_off_jobs_and_runs_queued_ones(store, tiny):
+    data, checkpoint = tiny
+    cut_off = store.submit("synthetic", "test", "full", 0)
+    store.claim_next()  # 'running' when the previous server stopped
+    queued = store.submit("synthetic", "test", "full", 3)
+    runner = JobRunner(store, checkpoint, {"synthetic": data}, poll_s=0.2)
+    runner.start()
+    try:
+        assert store.get(cut_off["id"])["status"] == "interrupted"
+        later = store.submit("synthetic", "val", "full", 0)
+        runner.wake()
+        job = _wait(store, queued["id"], _finished)
+        assert job["status"] == "succeeded", job
+        assert job["progress"] == 1.0 and job["stage"] == "done" and job["error"] is None
+        with sqlite3.connect(store.path) as db:
+            pid = db.execute("SELECT pid FROM jobs WHERE id = ?", (job["id"],)).fetchone()[0]
+        assert pid and pid != os.getpid()
+        metrics, report = job["metrics"], job["report"]
+        assert set(metrics) == {"annotations", "ground_truth", "distractors"}
+        for labels in ("annotations", "ground_truth"):
+            assert report[labels]["retrieval"]["rsum"] == metrics[labels]["rsum"]
+            assert 0 <= metrics[labels]["pr_auc"] <= 1 and 0 <= metrics[labels]["t2i_r10"] <= 100
+        assert metrics["distractors"]["count"] == 3
+        assert report["format"] == "icr-evaluation" and report["data"]["images"] == 8
+        assert report["checkpoint"]["path"] == str(checkpoint)
+        json.dumps(report, allow_nan=False)  # servable as is
+        second = _wait(store, later["id"], _finished)
+        assert second["status"] == "succeeded" and second["report"]["data"]["split"] == "val"
+    finally:
+        runner.stop()
+    assert store.get(cut_off["id"])["status"] == "interrupted"  # still: nobody ran it
+
+
+def test_stop_in_the_middle_interrupts_the_job_and_ends_its_process(store, tiny):
+    data, checkpoint = tiny
+    runner = JobRunner(store, checkpoint, {"synthetic": data}, poll_s=0.2)
+    runner.start()
+    job = store.submit("synthetic", "test", "full", 200_000)  # the distractors take minutes
+    queued = store.submit("synthetic", "test", "full", 0)
+    runner.wake()
+    running = _wait(store, job["id"], lambda j: j["status"] == "running" and j["stage"] == "distractors")
+    assert 0 < running["progress"] < 1
+    with sqlite3.connect(store.path) as db:
+        pid, attempt = db.execute("SELECT pid, attempt FROM jobs WHERE id = ?", (job["id"],)).fetchone()
+    t0 = time.monotonic()
+    runner.stop(timeout=5)
+    assert time.monotonic() - t0 < 6
+    cut = store.get(job["id"])
+    assert cut["status"] == "interrupted" and "server shut down" in cut["error"], cut
+    assert cut["metrics"] is None and cut["finished_at"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the worker is gone (and reaped)
+    assert not store.succeed(job["id"], attempt, {}, {})
+    assert store.get(queued["id"])["status"] == "queued"  # left for the next start
+
+
+def test_a_broken_checkpoint_fails_the_job_with_a_message(store, tiny, tmp_path):
+    data, _ = tiny
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{ not json")
+    runner = JobRunner(store, broken, {"synthetic": data}, poll_s=0.2)
+    runner.start()
+    try:
+        job = store.submit("synthetic", "test", "full", 0)
+        runner.wake()
+        failed = _wait(store, job["id"], _finished)
+    finally:
+        runner.stop()
+    assert failed["status"] == "failed" and failed["metrics"] is None and failed["report"] is None
+    assert "\n" not in failed["error"] and "broken" in failed["error"], failed["error"]
+    assert failed["error"].split(":")[0].isidentifier()  # "ValueError: ...", not a traceback
+
+
+class _Scripted(JobRunner):
+    """A runner whose worker is a given Python snippet (crashes the real worker cannot stage)."""
+
+    def __init__(self, store: JobStore, script: str):
+        super().__init__(store, Path("unused"), {"synthetic": Path("unused")}, poll_s=0.2)
+        self.script = script
+
+    def command(self, job_id: str, attempt: int, data: Path) -> list[str]:
+        return [sys.executable, "-c", self.script]
+
+
+@pytest.mark.parametrize(
+    ("script", "says"),
+    [
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "ended with signal SIGKILL"),
+        ("import sys; print('out of memory here', file=sys.stderr); sys.exit(3)",
+         "ended with exit status 3: out of memory here"),
+        ("pass", "ended without writing a result"),
+    ],
+)  # fmt: skip
+def test_a_worker_that_dies_without_a_result_fails_its_job(store, script, says):
+    runner = _Scripted(store, script)
+    runner.start()
+    try:
+        job = store.submit("synthetic", "test", "full", 0)
+        runner.wake()
+        failed = _wait(store, job["id"], _finished, timeout=20)
+    finally:
+        runner.stop()
+    assert failed["status"] == "failed" and says in failed["error"], failed["error"]
+
+
+def test_a_dataset_no_longer_configured_fails_the_job(store):
+    job = store.submit("coco", "test", "full", 0)
+    runner = JobRunner(store, Path("unused"), {"synthetic": Path("unused")}, poll_s=0.2)
+    runner.start()
+    try:
+        failed = _wait(store, job["id"], _finished, timeout=20)
+    finally:
+        runner.stop()
+    assert failed["status"] == "failed" and "'coco' is no longer configured" in failed["error"]
+
+
+_SERVER = """
+import sys, time
+from pathlib import Path
+from service.jobs import JobRunner, JobStore
+runner = JobRunner(JobStore(sys.argv[1]), Path(sys.argv[2]), {"synthetic": Path(sys.argv[3])}, poll_s=0.1)
+runner.start()
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")  # a zombie nobody reaped (no init in a container) counts as dead
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
+def test_a_killed_server_takes_its_worker_along(store, tiny):
+    data, checkpoint = tiny
+    job = store.submit("synthetic", "test", "full", 200_000)
+    server = subprocess.Popen([sys.executable, "-c", _SERVER, str(store.path), str(checkpoint), str(data)])
+    try:
+        _wait(store, job["id"], lambda j: j["stage"] == "distractors")
+        with sqlite3.connect(store.path) as db:
+            pid = db.execute("SELECT pid FROM jobs WHERE id = ?", (job["id"],)).fetchone()[0]
+        assert _alive(pid)
+    finally:
+        server.kill()  # no shutdown: SIGKILL
+        server.wait()
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+    assert store.get(job["id"])["status"] == "running"  # until the next start marks it interrupted
+    assert store.interrupt_running("restart") == 1
+
+
+def test_a_worker_whose_server_is_gone_does_nothing(store):
+    job = store.submit("synthetic", "test", "full", 0)
+    attempt = store.claim_next()["attempt"]
+    command = [
+        sys.executable,
+        "-m",
+        "service.benchmark_worker",
+        "--db",
+        str(store.path),
+        "--job",
+        job["id"],
+        "--attempt",
+        str(attempt),
+        "--checkpoint",
+        "x",
+        "--data",
+        "y",
+        "--parent-pid",
+        "1",
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert store.get(job["id"])["stage"] == "starting"  # not even 'loading checkpoint'
+
+
+# --- the routes ------------------------------------------------------------------------------
+
+
+class _Runner:
+    woken = 0
+
+    def wake(self) -> None:
+        self.woken += 1
+
+
+@pytest.fixture
+def app(tiny, tmp_path) -> FastAPI:
+    data, _ = tiny
+    precomp = tmp_path / "coco_precomp"
+    precomp.mkdir()
+    for split in ("dev", "testall"):
+        np.save(precomp / f"{split}_ims.npy", np.zeros((2, 4), np.float32))
+        (precomp / f"{split}_caps.txt").write_text("a\nb\n")
+    app = FastAPI()
+    install_error_handlers(app)
+    app.include_router(benchmarks.router)
+    app.state.settings = Settings(
+        index=tmp_path / "index",
+        datasets={"synthetic": data, "coco": precomp},
+        max_benchmark_distractors=1000,
+    )
+    app.state.jobs = JobStore(tmp_path / "jobs.sqlite")
+    app.state.runner = _Runner()
+    return app
+
+
+def test_routes_submit_list_and_get(app):
+    local = TestClient(app, client=("127.0.0.1", 40000))
+    r = local.post("/v1/benchmarks", json={"dataset": "synthetic", "split": "val", "distractors": 10})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert (job["status"], job["split"], job["distractors"], job["protocol"]) == ("queued", "val", 10, "full")
+    assert app.state.runner.woken == 1
+    assert local.post("/v1/benchmarks", json={"dataset": "coco", "split": "testall"}).status_code == 202
+    listed = local.get("/v1/benchmarks").json()["jobs"]
+    assert [j["dataset"] for j in listed] == ["coco", "synthetic"] and listed[1]["report"] is None
+    assert local.get(f"/v1/benchmarks/{job['id']}").json() == job
+    missing = local.get("/v1/benchmarks/feedface")
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+    assert local.get("/v1/benchmarks", params={"limit": 501}).status_code == 422
+
+
+def test_routes_check_submissions(app):
+    local = TestClient(app, client=("::1", 40000))
+    cases = [
+        ({"dataset": "flickr30k"}, 404, "configured: coco, synthetic"),
+        ({"dataset": "flickr30k"}, 404, "ICR_DATASETS"),
+        ({"dataset": "synthetic", "split": "dev"}, 422, "has test, train, val"),
+        ({"dataset": "coco", "split": "test"}, 422, "has dev, testall"),
+        ({"dataset": "coco", "split": "dev", "distractors": 5}, 422, "synthetic dataset only"),
+        ({"dataset": "synthetic", "distractors": 1001}, 422, "at most 1000 (ICR_MAX_BENCHMARK_DISTRACTORS)"),
+        ({"dataset": "synthetic", "protocol": "10k"}, 422, "protocol"),
+    ]
+    for body, status, says in cases:
+        r = local.post("/v1/benchmarks", json=body)
+        assert r.status_code == status and says in r.json()["message"], (body, r.text)
+    assert app.state.jobs.list() == [] and app.state.runner.woken == 0
+
+
+def test_routes_api_key_rule(app):
+    remote = TestClient(app, client=("203.0.113.9", 40000))
+    body = {"dataset": "synthetic"}
+    r = remote.post("/v1/benchmarks", json=body)
+    assert r.status_code == 403 and "set ICR_API_KEY" in r.json()["message"]
+    assert (
+        TestClient(app, client=("::ffff:127.0.0.1", 1)).post("/v1/benchmarks", json=body).status_code == 202
+    )
+    app.state.settings = app.state.settings.model_copy(update={"api_key": "s3cret"})
+    assert remote.post("/v1/benchmarks", json=body).status_code == 401
+    assert remote.post("/v1/benchmarks", json=body, headers={"X-API-Key": "s3cre"}).status_code == 403
+    assert remote.post("/v1/benchmarks", json=body, headers={"X-API-Key": "s3cret"}).status_code == 202
+    # with a key, the loopback exemption is gone too
+    assert TestClient(app, client=("127.0.0.1", 1)).post("/v1/benchmarks", json=body).status_code == 401
+    assert remote.get("/v1/benchmarks").status_code == 200  # reading needs no key
+    assert len(app.state.jobs.list()) == 2
+
+
+def test_headline_picks_retrieval_global_and_calibration_figures():
+    section = {
+        "retrieval": {"rsum": 100.0, "i2t_r1": 10.0, "i2t_medr": 3},
+        "global": {"pr_auc": 0.2, "pairs": 9},
+        "calibration": {"ece": 0.01, "bins": [1, 2]},
+    }
+    picked = headline({"annotations": section, "distractors": {"count": 5, "ids": [1, 2]}})
+    assert picked == {
+        "annotations": {"rsum": 100.0, "i2t_r1": 10.0, "pr_auc": 0.2, "ece": 0.01},
+        "distractors": {"count": 5},
+    }
