@@ -45,6 +45,15 @@ def label(name: str, extra: list[str]) -> str:
     return "/".join(parts)
 
 
+def _peak_rss_mb() -> float:
+    """This program's peak RSS (VmHWM). Not ru_maxrss: Linux carries that over exec from the forking
+    parent, so a child of a big process would report the parent's size."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
     """Child process: time ``--steps`` training steps after ``--warmup`` untimed ones."""
     import torch
@@ -53,8 +62,15 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
     from training.losses import build_loss
     from training.train import Trainer
 
-    overrides = [f'data.path="{args.data}"', f'loss.name="{name}"', f"train.batch_size={args.batch}",
-                 'train.out="/tmp/icr-bench-train"', "train.val_every=0", *extra]
+    overrides = [
+        f'data.path="{args.data}"',
+        f'loss.name="{name}"',
+        f"train.batch_size={args.batch}",
+        'train.out="/tmp/icr-bench-train"',
+        "train.val_every=0",
+        *args.set,
+        *extra,
+    ]
     cfg = load_config(args.config, overrides)
     trainer = Trainer(cfg, progress=False)
     from training.data.training_data import plan_epoch
@@ -90,15 +106,17 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
         "samples_per_s": round(captions / step_s, 1),
         "captions_per_step": captions,
         "loss_fwd_bwd_ms": round(loss_ms, 2),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": round(_peak_rss_mb(), 1),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", default="icr-demo/data")
     parser.add_argument("--config", default="synthetic-ntxent")
+    parser.add_argument("--set", action="append", default=[], help="config override KEY=VALUE (repeatable)")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -114,9 +132,23 @@ def main() -> None:
     for name, extra in OBJECTIVES:
         if args.only and label(name, extra) not in args.only.split(","):
             continue
-        cmd = [sys.executable, "-m", "bench.train_objectives", "--data", args.data, "--config", args.config,
-               "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--child", json.dumps([name, extra])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.train_objectives",
+            "--data",
+            args.data,
+            "--config",
+            args.config,
+            "--batch",
+            str(args.batch),
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--child",
+            json.dumps([name, extra]),
+        ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         rows.append(json.loads(out))
         print(json.dumps(rows[-1]), flush=True)
@@ -127,12 +159,29 @@ def main() -> None:
     print("\n| objective | step ms | samples/s | vs ntxent | loss fwd+bwd ms | peak RSS MB |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        cells = [r["objective"], r["step_ms"], r["samples_per_s"], r.get("step_time_vs_ntxent", ""),
-                 r["loss_fwd_bwd_ms"], r["peak_rss_mb"]]
+        cells = [
+            r["objective"],
+            r["step_ms"],
+            r["samples_per_s"],
+            r.get("step_time_vs_ntxent", ""),
+            r["loss_fwd_bwd_ms"],
+            r["peak_rss_mb"],
+        ]
         print("| " + " | ".join(str(c) for c in cells) + " |")
     out = Path(args.out or f"bench/results/train-objectives-{platform.node()}-{date.today()}.json")
-    out.write_text(json.dumps({"batch": args.batch, "steps": args.steps, "config": args.config,
-                               "machine": platform.node(), "rows": rows}, indent=1) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "batch": args.batch,
+                "steps": args.steps,
+                "config": args.config,
+                "machine": platform.node(),
+                "rows": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"\nwrote {out}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from bench.cli import bench_command
 from index.cli import index_app
 from service.demo import demo_command
 from service.serve_cli import serve_command
@@ -27,6 +28,7 @@ app.add_typer(analyze_app, name="analyze")
 app.add_typer(index_app, name="index")
 app.command("serve")(serve_command)
 app.command("demo")(demo_command)
+app.command("bench")(bench_command)
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ def _load(app: FastAPI, settings: Settings) -> None:
             device=settings.device,
             gpu=settings.gpu,
             faiss_threads=settings.faiss_threads,
+            micro_batch=settings.micro_batch,
         )
         log.info("ready: %s", settings.index)
     except Exception as err:  # reported by /readyz and every search, and logged with its traceback

@@ -4,7 +4,8 @@ Steps: embed the split; rank metrics under the protocol and global PR / threshol
 distribution metrics against the annotations; on the embedded benchmark the same again against the
 generator's ground truth (every image a caption is true of is relevant, not only the one it was
 written for); a calibration fitted on another split (validation by default) and its ECE on this
-one; and optionally t2i recall with N distractor images streamed into the gallery.
+one; optionally t2i recall with N distractor images streamed into the gallery; and optionally the
+rank metrics against Crisscrossed Captions (CxC) relevance for COCO val/test (section ``cxc``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class EvalOptions:
     device: str = "cpu"
     progress: bool = True
     plots_dir: Path | None = None  # PR curve, score distributions, reliability diagram (PNG)
+    cxc: Path | None = None  # folder of CxC sits/sts/sis_{val,test}.csv: adds the "cxc" section
+    cxc_threshold: float = 3.0  # CxC pairs with agg_score >= this are positives
+    cxc_karpathy: Path | None = None  # Karpathy JSON naming precomp images/captions (default: found)
+    cxc_intramodal: bool = True  # also t2t / i2i against STS / SIS
     # Called as (stage, fraction of the work done) when each stage starts; the service's benchmark
     # jobs report it as progress.
     on_stage: Callable[[str, float], None] | None = None
@@ -168,6 +173,11 @@ def evaluate_model(
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     options.stage(f"embedding {options.split}", 0.0)
+    cxc = None
+    if options.cxc is not None:  # fail on missing or broken CxC files before the minutes of embedding
+        from training.data.cxc import PRECOMP_TO_KARPATHY, load_cxc
+
+        cxc = load_cxc(options.cxc, PRECOMP_TO_KARPATHY.get(options.split, options.split))
     test = embed_split(model, data_path, options.split, options)
     timings["embed_s"] = time.perf_counter() - t0
     if options.distractors and options.distractor_embeddings is None and synthetic_dir(test.data) is None:
@@ -229,6 +239,11 @@ def evaluate_model(
         options.stage("distractors", 0.8)
         report["distractors"] = _distractor_section(model, test, options)
         timings["distractors_s"] = time.perf_counter() - t0
+    if cxc is not None:
+        t0 = time.perf_counter()
+        options.stage("CxC metrics", 0.9)
+        report["cxc"] = cxc_section(test, cxc, options)
+        timings["cxc_s"] = time.perf_counter() - t0
     report["calibration_labels"] = label_kind if calibration else None
     report["timings"] = timings
     return report
@@ -264,6 +279,51 @@ def _distractor_section(model: nn.Module, test: EmbeddedSplit, options: EvalOpti
         "annotations": by_annotations.metrics(),
         "ground_truth": by_truth.metrics(),
     }
+
+
+def cxc_section(test: EmbeddedSplit, cxc: Any, options: EvalOptions) -> dict[str, Any]:
+    """Rank metrics with CxC relevance (original pairs OR SITS >= threshold), plus t2t / i2i."""
+    from training.data.cxc import cxc_relevance, intramodal_pairs, split_ids
+    from training.metrics.intramodal import intramodal_metrics
+    from training.metrics.protocols import fold_metrics
+
+    data = test.data
+    ids = split_ids(
+        data.kind,
+        data.source,
+        data.name,
+        data.captions,
+        data.img_of_cap,
+        data.num_images,
+        options.cxc_karpathy,
+    )
+    if ids.karpathy_split != cxc.split:
+        raise ValueError(f"CxC {cxc.split} tables loaded for Karpathy split {ids.karpathy_split!r}")
+    relevance, stats = cxc_relevance(cxc, ids.filenames, ids.sentids, data.img_of_cap, options.cxc_threshold)
+    folds = fold_metrics(test.sim, relevance, data.img_of_cap, options.protocol)
+    section: dict[str, Any] = {
+        "directory": str(cxc.directory),
+        "split": cxc.split,
+        "karpathy_json": str(ids.karpathy_json),
+        "karpathy_split": ids.karpathy_split,
+        "threshold": float(options.cxc_threshold),
+        "protocol": {"name": folds["protocol"], "folds": folds["folds"]},
+        "retrieval": folds["metrics"],
+        "retrieval_std": folds["std"],
+        "retrieval_per_fold": folds["per_fold"],
+        "stats": stats,
+    }
+    if options.cxc_intramodal:
+        # Intramodal queries always run over the whole split (no 1K folds).
+        sts, sts_stats = intramodal_pairs(cxc.sts, ids.sentids, options.cxc_threshold, groups=data.img_of_cap)
+        sis, sis_stats = intramodal_pairs(cxc.sis, ids.filenames, options.cxc_threshold)
+        section["intramodal"] = {
+            "t2t": intramodal_metrics(test.cap_emb, sts, "t2t", groups=data.img_of_cap),
+            "i2i": intramodal_metrics(test.img_emb, sis, "i2i"),
+            "sts": sts_stats,
+            "sis": sis_stats,
+        }
+    return section
 
 
 def write_plots(sections: dict[str, dict[str, Any]], directory: Path) -> list[Path]:

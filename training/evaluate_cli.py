@@ -66,6 +66,46 @@ def format_global_table(section: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_cxc_table(section: dict[str, Any]) -> str:
+    """The CxC rows of the LTD paper's Table 1: i2t R@1 R@5 R@10 R-P | t2i R@1 R@5 R@10 R-P."""
+    m, s = section["retrieval"], section["stats"]
+    folds = section["protocol"]["folds"]
+    lines = [
+        f"CxC {section['split']} ({s['rule']}; protocol {section['protocol']['name']}, "
+        f"{folds} fold{'s' * (folds > 1)})",
+        f"  {'i2t R@1':>8} {'R@5':>6} {'R@10':>6} {'R-P':>6} | "
+        f"{'t2i R@1':>8} {'R@5':>6} {'R@10':>6} {'R-P':>6} | {'rsum':>6}",
+        "  "
+        + " ".join(f"{m[f'i2t_{k}']:>{w}.1f}" for k, w in (("r1", 8), ("r5", 6), ("r10", 6)))
+        + f" {m['i2t_rprec']:>6.3f} | "
+        + " ".join(f"{m[f't2i_{k}']:>{w}.1f}" for k, w in (("r1", 8), ("r5", 6), ("r10", 6)))
+        + f" {m['t2i_rprec']:>6.3f} | {m['rsum']:>6.1f}",
+        f"  SITS rows {s['sits_rows']:,}: {s['sits_rows_in_split']:,} in the split, "
+        f"{s['sits_rows_skipped']:,} skipped (image not in split {s['sits_skipped_image_not_in_split']:,}, "
+        f"caption {s['sits_skipped_caption_not_in_split']:,}, both {s['sits_skipped_both_not_in_split']:,}); "
+        f"{s['sits_rows_at_or_above_threshold']:,} at or above the threshold",
+        f"  positives: {s['annotated_pairs']:,} annotated + {s['positives_added']:,} added = "
+        f"{s['positive_pairs']:,}; per i2t query {s['i2t_positives_per_query']['min']}-"
+        f"{s['i2t_positives_per_query']['max']} (mean {s['i2t_positives_per_query']['mean']:.2f}), "
+        f"per t2i query {s['t2i_positives_per_query']['min']}-{s['t2i_positives_per_query']['max']} "
+        f"(mean {s['t2i_positives_per_query']['mean']:.2f})",
+    ]
+    for d, table in (("t2t", "sts"), ("i2i", "sis")):
+        intra = section.get("intramodal", {})
+        if d in intra:
+            v = intra[d]
+            with_pos = int(v[f"{d}_queries"] - v[f"{d}_queries_without_relevant"])
+            if with_pos:
+                lines.append(
+                    f"  {d} ({table.upper()} >= {section['threshold']:g}, {with_pos:,} queries with "
+                    f"positives): R@1 {v[f'{d}_r1']:.1f} R@5 {v[f'{d}_r5']:.1f} R@10 {v[f'{d}_r10']:.1f} "
+                    f"R-P {v[f'{d}_rprec']:.3f}"
+                )
+            else:
+                lines.append(f"  {d}: no query has a positive")
+    return "\n".join(lines)
+
+
 def format_report(report: dict[str, Any]) -> str:
     parts = []
     for label, title in (("annotations", "annotated pairs"), ("ground_truth", "ground-truth relevance")):
@@ -83,6 +123,8 @@ def format_report(report: dict[str, Any]) -> str:
                 parts.append(
                     f"t2i with distractors ({label}, gallery {int(section['gallery_size']):,}): {recalls}"
                 )
+    if "cxc" in report:
+        parts.append(format_cxc_table(report["cxc"]))
     return "\n".join(parts)
 
 
@@ -121,6 +163,23 @@ def evaluate_command(
         Path | None, typer.Option("--json", help="Write the full report here (atomic).")
     ] = None,
     plots: Annotated[Path | None, typer.Option(help="Folder for PNG plots (default: beside --json).")] = None,
+    cxc: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder with the Crisscrossed Captions sits/sts/sis_{val,test}.csv: adds CxC metrics "
+            "(COCO val/test only)."
+        ),
+    ] = None,
+    cxc_threshold: Annotated[
+        float, typer.Option(help="CxC positives: original pairs OR agg_score >= this (0-5 scale).")
+    ] = 3.0,
+    cxc_karpathy: Annotated[
+        Path | None,
+        typer.Option(
+            help="dataset_coco.json naming a precomp split's images/captions (default: found beside it)."
+        ),
+    ] = None,
+    cxc_intramodal: Annotated[bool, typer.Option(help="With --cxc: also t2t (STS) and i2i (SIS).")] = True,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
@@ -133,6 +192,8 @@ def evaluate_command(
       icr evaluate -m runs/coco/best -d ~/data/coco_precomp --split testall --protocol 1k
 
       icr evaluate -m runs/x/best -d icr-demo/data --distractors 100000 --threshold 0.5
+
+      icr evaluate -m runs/coco/best -d ~/data/coco_precomp --split testall --cxc ~/data/cxc/data
     """
     from training.atomic import atomic_write_text
     from training.evaluate_checkpoint import EvalOptions, evaluate_checkpoint
@@ -146,6 +207,8 @@ def evaluate_command(
         raise ValueError(f"--calibration-method must be one of {', '.join(CALIBRATION_METHODS)}")
     if distractors < 0:
         raise ValueError(f"--distractors must be >= 0, got {distractors}")
+    if not 0.0 <= cxc_threshold <= 5.0:
+        raise ValueError(f"--cxc-threshold must lie in [0, 5] (CxC agg_score scale), got {cxc_threshold}")
     if plots is None and json_out is not None:
         plots = json_out.with_name(json_out.stem + "-plots")
     options = EvalOptions(
@@ -159,6 +222,10 @@ def evaluate_command(
         device=device,
         progress=not quiet,
         plots_dir=plots,
+        cxc=cxc,
+        cxc_threshold=cxc_threshold,
+        cxc_karpathy=cxc_karpathy,
+        cxc_intramodal=cxc_intramodal,
     )
     report = evaluate_checkpoint(checkpoint, data, options)
     typer.echo(format_report(report))

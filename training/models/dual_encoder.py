@@ -12,6 +12,7 @@ from training.data.vocab import Vocabulary
 from training.models.config import normalize_model_config
 from training.models.image_cnn import ConvImageEncoder
 from training.models.image_precomp import PrecompImageEncoder
+from training.models.image_vsrn import VSRNImageEncoder
 from training.models.preprocess import build_image_transform, preprocessing_summary
 from training.models.text_gru import GRUTextEncoder
 
@@ -39,7 +40,8 @@ class DualEncoder(nn.Module):
         self.text_encoder = text_encoder
 
     def encode_image(self, images: Tensor) -> Tensor:
-        """(B, 3, H, W) pixels, or (B, R, F) / (B, F) features for precomp -> (B, D) unit rows."""
+        """(B, 3, H, W) pixels, or features for precomp ((B, R, F) / (B, F)) and vsrn ((B, R, F))
+        -> (B, D) unit rows."""
         return self.image_encoder(images)
 
     def encode_text(self, batch: dict[str, Tensor]) -> Tensor:
@@ -55,8 +57,8 @@ class DualEncoder(nn.Module):
         return self.text_encoder.tokenize(captions)
 
     def image_transform(self, train: bool) -> Callable[..., Tensor]:
-        """Picklable ``f(image, rng) -> Tensor``: PIL image -> (3, S, S) float32; for precomp a
-        feature array (R, F) or (F,) -> float32 tensor. Deterministic given ``rng``."""
+        """Picklable ``f(image, rng) -> Tensor``: PIL image -> (3, S, S) float32; for precomp and
+        vsrn a feature array (R, F) or (F,) -> float32 tensor. Deterministic given ``rng``."""
         return build_image_transform(self.config["image"], train)
 
     @property
@@ -72,7 +74,7 @@ class DualEncoder(nn.Module):
     def set_finetune(self, image: bool | None = None, text: bool | None = None) -> None:
         """Unfreeze/freeze the pretrained parts (ResNet backbone, transformer, GRU word embeddings).
 
-        The flags are recorded in ``config``. Towers with nothing pretrained (cnn, precomp) always
+        The flags are recorded in ``config``. Towers with nothing pretrained (cnn, precomp, vsrn) always
         train and ignore the flag, so a schedule such as LTD's "unfreeze at epoch 30" needs no
         per-kind branching. An optimizer built before unfreezing must be given the new parameters.
         """
@@ -104,6 +106,8 @@ def build_model(
         image_encoder: nn.Module = ConvImageEncoder(image_cfg, embed_dim)
     elif image_cfg["kind"] == "precomp":
         image_encoder = PrecompImageEncoder(image_cfg, embed_dim)
+    elif image_cfg["kind"] == "vsrn":
+        image_encoder = VSRNImageEncoder(image_cfg, embed_dim)
     else:
         from training.models.image_resnet import ResNetImageEncoder
 

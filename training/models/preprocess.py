@@ -21,6 +21,8 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from training.models.config import takes_features
+
 _SCALE = (0.08, 1.0)
 _LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))
 
@@ -133,7 +135,7 @@ class FeatureTransform:
 
 def build_image_transform(image_cfg: dict[str, Any], train: bool) -> ImageTransform | FeatureTransform:
     """The transform of a normalised image config (see :mod:`training.models.config`)."""
-    if image_cfg["kind"] == "precomp":
+    if takes_features(image_cfg):
         return FeatureTransform(image_cfg["feature_dim"])
     return ImageTransform(
         image_size=image_cfg["image_size"],
@@ -147,7 +149,7 @@ def build_image_transform(image_cfg: dict[str, Any], train: bool) -> ImageTransf
 
 def preprocessing_summary(image_cfg: dict[str, Any]) -> dict[str, Any]:
     """What a consumer of a checkpoint (index builder, service) needs to feed the image tower."""
-    if image_cfg["kind"] == "precomp":
+    if takes_features(image_cfg):
         return {"input": "features", "feature_dim": image_cfg["feature_dim"]}
     keys = ("image_size", "resize", "mean", "std", "augment")
     return {"input": "image", **{k: image_cfg[k] for k in keys}}

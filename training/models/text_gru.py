@@ -1,4 +1,10 @@
-"""Word-embedding + GRU caption tower (VSE++; bidirectional with a 2-layer head = LTD)."""
+"""Word-embedding + GRU caption tower (VSE++; bidirectional with a 2-layer head = LTD; GPO = VSE-infinity).
+
+``pooling = "last"``: the final hidden state(s); bidirectional concatenates both directions (2H).
+``pooling = "gpo"``: GPO (:mod:`training.models.gpo`) over the per-token GRU outputs of the valid
+tokens; bidirectional averages the two directions' outputs first, as VSE-infinity does, so the
+pooled vector has H dimensions. Either way the result goes through the head, then L2.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,16 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from training.data.vocab import Vocabulary
 from training.models.glove import load_glove
+from training.models.gpo import GPO
 from training.models.heads import l2norm, projection_head
 
 
 class GRUTextEncoder(nn.Module):
-    """Embedding -> (bi)GRU over the valid tokens -> final hidden state(s) -> head -> L2."""
+    """Embedding -> (bi)GRU over the valid tokens -> final hidden state(s) or GPO -> head -> L2."""
 
     def __init__(self, cfg: dict[str, Any], embed_dim: int, vocab: Vocabulary, load_weights: bool) -> None:
         super().__init__()
@@ -36,7 +43,9 @@ class GRUTextEncoder(nn.Module):
             batch_first=True,
             bidirectional=cfg["bidirectional"],
         )
-        out_dim = cfg["hidden"] * (2 if cfg["bidirectional"] else 1)
+        self.pooling = cfg.get("pooling", "last")
+        self.gpo = GPO() if self.pooling == "gpo" else None
+        out_dim = cfg["hidden"] * (2 if cfg["bidirectional"] and self.pooling == "last" else 1)
         self.head = projection_head(out_dim, embed_dim, cfg["head_layers"], cfg["batchnorm_head"])
         self.set_finetune(cfg["finetune_embeddings"])
 
@@ -70,8 +79,14 @@ class GRUTextEncoder(nn.Module):
         words = self.embed(input_ids)  # (B, T, W)
         # Packing runs the GRU over the valid tokens only, so padding never enters the state.
         packed = pack_padded_sequence(words, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        _, h_n = self.rnn(packed)  # (layers * dirs, B, H), in the batch's original order
-        if self.cfg["bidirectional"]:
+        out, h_n = self.rnn(packed)  # h_n: (layers * dirs, B, H), in the batch's original order
+        if self.gpo is not None:
+            tokens, _ = pad_packed_sequence(out, batch_first=True)  # (B, T, H * dirs), zero padding
+            if self.cfg["bidirectional"]:
+                hidden = self.cfg["hidden"]
+                tokens = (tokens[..., :hidden] + tokens[..., hidden:]) / 2  # (B, T, H), as VSE-infinity
+            state, _ = self.gpo(tokens, lengths)  # (B, H)
+        elif self.cfg["bidirectional"]:
             # Final states of both directions: forward after the last valid token, backward after
             # reading the whole caption back to the first. The LTD seed instead took index
             # length-1 of the concatenated outputs, where the backward half has seen one token only.

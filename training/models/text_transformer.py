@@ -1,5 +1,8 @@
 """Pretrained transformer caption tower (default: the packaged all-MiniLM-L6-v2).
 
+Pooling: masked mean or [CLS] of the token states, then the projection; or ``gpo``: the projection
+per token, then GPO over the valid tokens (VSE-infinity's BERT tower, :mod:`training.models.gpo`).
+
 A sentence-transformers folder keeps the Hugging Face model files at its root, so ``AutoModel``
 and ``AutoTokenizer`` load it directly; pooling and projection are ours.
 """
@@ -13,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from training.models.gpo import GPO
 from training.models.heads import l2norm
 from training.models.hf_loading import config_dict, load_pretrained, load_tokenizer, model_from_config_dict
 
@@ -32,7 +36,8 @@ def default_text_model_path() -> Path:
 
 
 class TransformerTextEncoder(nn.Module):
-    """Tokens -> transformer -> mean (masked) or [CLS] pooling -> ``Linear(hidden, D, bias=False)`` -> L2.
+    """Tokens -> transformer -> mean (masked) or [CLS] pooling -> ``Linear(hidden, D, bias=False)`` -> L2;
+    with ``pooling: gpo`` the Linear maps every token and GPO pools the valid tokens.
 
     The projection has no bias, as in Cross-Example Softmax ("dimensionality reduction without
     bias"). ``finetune: false`` freezes the transformer and keeps it in eval mode (no dropout).
@@ -60,6 +65,7 @@ class TransformerTextEncoder(nn.Module):
         )
         self.tokenizer = load_tokenizer(tokenizer_source)
         self.proj = nn.Linear(self.model.config.hidden_size, embed_dim, bias=False)
+        self.gpo = GPO() if cfg["pooling"] == "gpo" else None
         self.set_finetune(cfg["finetune"])
 
     def set_finetune(self, enabled: bool) -> None:
@@ -94,6 +100,9 @@ class TransformerTextEncoder(nn.Module):
             hidden = self.model(
                 input_ids=batch["input_ids"], attention_mask=mask
             ).last_hidden_state  # (B, T, H)
+        if self.gpo is not None:
+            pooled, _ = self.gpo(self.proj(hidden), mask.sum(dim=1))  # (B, D)
+            return l2norm(pooled)
         if self.cfg["pooling"] == "cls":
             pooled = hidden[:, 0]  # (B, H)
         else:

@@ -1,0 +1,233 @@
+"""``icr bench``: the performance suite, its targets checked, one JSON + Markdown report per run.
+
+Sections (``--only`` picks some): ``build`` (index build of the largest gallery), ``search``
+(in-process figures per gallery size), ``http`` (``icr serve`` under 1/4/16 clients, ANN and
+exact), ``train`` (step time and peak memory per objective), ``eval`` (COCO-5K-size metrics) and
+``gpu`` (when a CUDA GPU is visible). ``--quick`` runs every section small (CI-sized: a 20,000
+distractor gallery, a model trained for one short epoch, few repeats); its figures check that
+the suite works, not the targets.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from training.cli_support import fail_cleanly
+
+SECTIONS = ("build", "search", "http", "train", "eval", "gpu")
+
+
+def _log(text: str) -> None:
+    typer.echo(f"[bench {time.strftime('%H:%M:%S')}] {text}", err=True)
+
+
+@fail_cleanly
+def bench_command(
+    quick: Annotated[bool, typer.Option(help="Every section, small and fast (CI smoke run).")] = False,
+    only: Annotated[
+        str, typer.Option(help=f"Comma-separated sections to run, of: {', '.join(SECTIONS)}.")
+    ] = ",".join(SECTIONS),
+    sizes: Annotated[
+        str,
+        typer.Option(
+            help="Distractor counts of the searched galleries (default 100000,1000000; quick 20000)."
+        ),
+    ] = "",
+    workdir: Annotated[
+        Path, typer.Option(help="Cache of data, model, embeddings and indices (reused by the next run).")
+    ] = Path("bench-work"),
+    out: Annotated[Path, typer.Option(help="Where the JSON and Markdown reports go.")] = Path(
+        "bench/results"
+    ),
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Model to benchmark (default: the embedded default, trained here).")
+    ] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Its synthetic benchmark folder (with --checkpoint).")
+    ] = None,
+) -> None:
+    """Measure search latency/throughput (in-process and HTTP), index build, training step time per
+    objective and evaluation speed, each next to the target or the alternative it is compared with.
+
+    Examples:
+
+        icr bench --quick                        # smoke run, a few minutes
+        icr bench                                # the full CPU suite (about an hour, cached artifacts reused)
+        icr bench --only search,http --sizes 100000
+    """
+    from bench import evaluation, gallery, search_http, search_inprocess, training
+    from bench import floors as floor_mod
+    from bench import gpu as gpu_mod
+
+    chosen = [s.strip() for s in only.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"--only: unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}")
+    counts = [int(x) for x in sizes.split(",") if x] or ([20_000] if quick else [100_000, 1_000_000])
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "format": "icr-bench",
+        "version": 1,
+        "host": socket.gethostname(),
+        "date": dt.date.today().isoformat(),
+        "quick": quick,
+        "command": "icr bench " + " ".join(sys.argv[2:]),
+        "machine": _machine(),
+        "sections": {},
+    }
+    sections = report["sections"]
+    needs_gallery = {"build", "search", "http", "gpu"} & set(chosen)
+    needs_model = needs_gallery or "train" in chosen
+    model = gallery.prepare_model(workdir, quick, checkpoint, data, _log) if needs_model else None
+    largest = max(counts)
+    if needs_gallery:
+        assert model is not None
+        ann_dirs: dict[int, Path] = {largest: workdir / f"index-{largest}"}
+        built = gallery.build_largest(model, largest, ann_dirs[largest], _log, quiet=quick)
+        if "build" in chosen:
+            sections["build"] = built
+        embeddings = gallery.distractor_embeddings(ann_dirs[largest], workdir / f"distractors-{largest}.npy")
+        exact_dirs = {
+            n: gallery.gallery_index(model, embeddings, n, "Flat", workdir / f"exact-{n}", _log)
+            for n in counts
+        }
+        for n in counts:
+            if n != largest:
+                ann_dirs[n] = gallery.gallery_index(
+                    model, embeddings, n, "auto", workdir / f"index-{n}", _log
+                )
+        captions = _captions(model.data)
+    if "search" in chosen or "http" in chosen:
+        _log("floors: memory bandwidth and matmul rate")
+        import numpy as np
+
+        matrix = np.load(embeddings, mmap_mode="r")[:largest]
+        matrix = np.ascontiguousarray(matrix)
+        sections["floors"] = {
+            "bandwidth": floor_mod.bandwidth(matrix, repeats=3 if quick else 7),
+            "matmul": floor_mod.matmul_rate(2048 if quick else 4096),
+        }
+        del matrix
+    if "search" in chosen:
+        sections["search"] = {
+            str(n): search_inprocess.run(
+                model.checkpoint,
+                ann_dirs[n],
+                exact_dirs[n],
+                captions[: 100 if quick else 1000],
+                sections["floors"],
+                exact_queries=10 if quick else 100,
+                log=_log,
+            )
+            for n in counts
+        }
+    if "http" in chosen:
+        sections["http"] = {
+            str(n): search_http.run(
+                model.checkpoint,
+                {"ann": ann_dirs[n], "exact": exact_dirs[n]},
+                captions,
+                {"ann": 30 if quick else 300, "exact": 5 if quick else 40},
+                workdir,
+                _log,
+            )
+            for n in counts
+        }
+    if "train" in chosen:
+        assert model is not None
+        sections["train"] = training.run(
+            model.data,
+            batch=128,
+            steps=2 if quick else 15,
+            warmup=1 if quick else 3,
+            rounds=1 if quick else 3,
+            quick=quick,
+            log=_log,
+        )
+    if "eval" in chosen:
+        sections["eval"] = evaluation.run(1000 if quick else 5000, 1 if quick else 3, _log)
+    if "gpu" in chosen:
+        ok, why = gpu_mod.available()
+        sections["gpu"] = {"ran": ok, "device": why}
+        if ok:
+            import numpy as np
+
+            from index.build import load_index_dir
+
+            ann, _, meta = load_index_dir(ann_dirs[largest])
+            meta.close()
+            vectors = np.load(embeddings)
+            sections["gpu"]["search"] = gpu_mod.search(vectors, vectors[:1024], ann, 5 if quick else 20)
+            sections["gpu"]["train"] = training.run(
+                model.data,
+                batch=128,
+                steps=2 if quick else 15,
+                warmup=1 if quick else 3,
+                rounds=1,
+                quick=quick,
+                log=_log,
+                config="f30k-vsepp-resnet50",
+                overrides=(f'model.image.path="{gpu_mod.resnet_folder(workdir)}"', 'train.device="cuda"'),
+            )
+    report["seconds"] = time.perf_counter() - started
+    from bench.report import markdown, targets
+
+    report["targets"] = targets(report)
+    text = markdown(report)
+    json_path, md_path = _write(report, text, out)
+    typer.echo(text)
+    typer.echo(f"wrote {json_path} and {md_path}")
+
+
+def _captions(data: Path) -> list[str]:
+    from training.data.training_data import open_split
+
+    return open_split(data, "test").captions
+
+
+def _machine() -> dict[str, Any]:
+    import faiss
+    import numpy as np
+    import torch
+
+    model = ""
+    try:
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cpu": model or platform.processor(),
+        "cores": len(os.sched_getaffinity(0)),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "faiss": faiss.__version__,
+        "numpy": np.__version__,
+    }
+
+
+def _write(report: dict[str, Any], text: str, out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{report['host']}-{report['date']}" + ("-quick" if report["quick"] else "")
+    paths = out / f"{stem}.json", out / f"{stem}.md"
+    for path, content in zip(paths, (json.dumps(report, indent=1) + "\n", text), strict=True):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(content)
+        tmp.replace(path)
+    return paths

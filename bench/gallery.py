@@ -1,0 +1,171 @@
+"""The artifacts the benchmarks search: embedded-default data and model, and image indices holding
+the test images plus generated distractors, all cached in the work folder.
+
+The largest gallery is built by ``icr index build`` in a child process (its wall time and peak
+memory are the index-build figures); smaller galleries and the exact (Flat) twins reuse its
+distractor embeddings (``--distractor-embeddings``), so every size holds the same vectors.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index.manifest import MANIFEST_FILE, Manifest
+
+QUICK_COUNTS = {"train": 400, "val": 100, "test": 200}
+
+
+@dataclass
+class Model:
+    data: Path
+    checkpoint: Path
+
+
+def prepare_model(workdir: Path, quick: bool, checkpoint: Path | None, data: Path | None, log) -> Model:
+    """The embedded benchmark and a model trained on it: the demo's (cached) unless given, and
+    for ``quick`` a tiny set and one short epoch (figures of an untrained model are still real)."""
+    if checkpoint is not None:
+        if data is None:
+            raise ValueError("--checkpoint needs --data (the synthetic benchmark folder it was trained on)")
+        return Model(data, checkpoint)
+    if not quick:
+        from service.demo import _demo_data, _demo_model
+
+        data = workdir / "data"
+        _demo_data(data, seed=0, force=False)
+        return Model(data, _demo_model(workdir / "model", data, retrain=False))
+    from training.config import load_config
+    from training.data.synthetic.generate import write_dataset
+    from training.train import train
+
+    data, run = workdir / "quick-data", workdir / "quick-model"
+    if not (data / "scenes.json").is_file():
+        log(f"quick: writing a {sum(QUICK_COUNTS.values())}-image synthetic benchmark")
+        write_dataset(data, **QUICK_COUNTS, image_size=64, seed=0, force=True, progress=False)
+    if not (run / "best" / "config.json").is_file():
+        log("quick: training one short epoch")
+        config = load_config(
+            "synthetic-ntxent",
+            [f'data.path="{data}"', f'train.out="{run}"', "train.epochs=1", "train.batch_size=64"],
+        )
+        train(config, progress=False)
+    return Model(data, run / "best")
+
+
+def _manifest(directory: Path) -> Manifest | None:
+    try:
+        return Manifest.read(directory / MANIFEST_FILE)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def build_largest(model: Model, distractors: int, out: Path, log, quiet: bool = False) -> dict[str, Any]:
+    """``icr index build`` with ``distractors`` generated images (cached by checkpoint and count);
+    returns its figures: wall time, peak RSS of the process, embedding throughput, factory."""
+    from training.checkpoint import checkpoint_sha256
+
+    manifest = _manifest(out)
+    sha = checkpoint_sha256(model.checkpoint)
+    fresh = manifest is None or (manifest.checkpoint_sha256, manifest.distractor_count) != (sha, distractors)
+    wall = None
+    if fresh:
+        log(f"index build: {distractors:,} generated distractors -> {out} (icr index build, child process)")
+        command = [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "index",
+            "build",
+            "--checkpoint",
+            str(model.checkpoint),
+            "--data",
+            str(model.data),
+            "--distractors",
+            str(distractors),
+            "--out",
+            str(out),
+        ] + (["--quiet"] if quiet else [])
+        t0 = time.perf_counter()
+        subprocess.run(command, check=True)
+        wall = time.perf_counter() - t0
+        manifest = _manifest(out)
+        assert manifest is not None
+    else:
+        log(f"index build: cached in {out} (figures from its manifest)")
+    extra = manifest.extra
+    return {
+        "vectors": manifest.ntotal,
+        "distractors": manifest.distractor_count,
+        "factory": manifest.factory,
+        "factory_reason": manifest.factory_reason,
+        "build_seconds": manifest.build_seconds,
+        "wall_seconds_this_run": wall,
+        "peak_rss_mb": manifest.peak_rss_mb,
+        "recall_check": manifest.recall_check,
+        "throughput": {k: v for k, v in extra.items() if k.endswith("_per_s")},
+        "timings": {k: v for k, v in extra.items() if k.endswith("_seconds")},
+        "cached": not fresh,
+    }
+
+
+def distractor_embeddings(index_dir: Path, out: Path) -> Path:
+    """The distractor vectors of a built index (ids after the gallery), as an (N, D) float32 .npy."""
+    import faiss
+
+    from index.build import load_index_dir
+
+    manifest = _manifest(index_dir)
+    assert manifest is not None
+    if out.is_file() and np.load(out, mmap_mode="r").shape[0] == manifest.distractor_count:
+        return out
+    index, manifest, metadata = load_index_dir(index_dir)
+    metadata.close()
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.make_direct_map()
+    vectors = index.reconstruct_n(manifest.gallery_count, manifest.distractor_count)  # (N, D)
+    tmp = out.with_suffix(".tmp.npy")
+    np.save(tmp, vectors.astype(np.float32, copy=False))
+    tmp.replace(out)
+    return out
+
+
+def gallery_index(model: Model, embeddings: Path, count: int, factory: str, out: Path, log) -> Path:
+    """An image index of the test images plus the first ``count`` distractors of ``embeddings``
+    (cached by checkpoint, count and factory)."""
+    from index.build import build_image_index
+    from training.checkpoint import checkpoint_sha256
+
+    manifest = _manifest(out)
+    wanted = (checkpoint_sha256(model.checkpoint), count, factory)
+    if (
+        manifest is not None
+        and (
+            manifest.checkpoint_sha256,
+            manifest.distractor_count,
+            factory if factory == "auto" else manifest.factory,
+        )
+        == wanted
+    ):
+        return out
+    subset = out.parent / f"distractors-{count}.npy"
+    if not subset.is_file():
+        np.save(subset, np.load(embeddings, mmap_mode="r")[:count])
+    log(f"index: {count:,} distractors, factory {factory} -> {out}")
+    build_image_index(
+        model.checkpoint,
+        model.data,
+        distractor_embeddings=subset,
+        factory=factory,
+        gpu="off",
+        out=out,
+        progress=False,
+    )
+    return out

@@ -1,0 +1,319 @@
+"""The Markdown view of an ``icr bench`` report, and its targets checked (issue 8's list)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _get(d: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def _target(name: str, measured: float | None, limit: float, below: bool, unit: str = "") -> dict[str, Any]:
+    met = None if measured is None else (measured < limit if below else measured >= limit)
+    return {
+        "target": name,
+        "measured": measured,
+        "limit": limit,
+        "unit": unit,
+        "rule": "<" if below else ">=",
+        "met": met,
+    }
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    s = report["sections"]
+    size = max((int(k) for k in s.get("search", s.get("http", {}))), default=None)
+    key = str(size) if size is not None else ""
+    search, http = _get(s, "search", key), _get(s, "http", key)
+    out = [
+        _target(
+            f"in-process single query p99 ({key} distractors)",
+            _get(search, "end_to_end", "total", "p99_ms"),
+            10,
+            True,
+            "ms",
+        ),
+        _target(
+            f"HTTP single client p99 ({key})", _get(http, "ann", "1", "latency", "p99_ms"), 15, True, "ms"
+        ),
+        _target("ANN recall@10 of exact", _get(search, "ann", "recall_at_10_vs_exact"), 0.95, False),
+    ]
+    inproc, over_http = (
+        _get(search, "end_to_end", "total", "p50_ms"),
+        _get(http, "ann", "1", "latency", "p50_ms"),
+    )
+    out.append(
+        _target(
+            "service overhead: HTTP p50 / in-process p50",
+            over_http / inproc if inproc and over_http else None,
+            1.5,
+            True,
+            "x",
+        )
+    )
+    out.append(
+        _target(
+            "exact single query p50 / bandwidth floor",
+            _get(search, "exact", "single_best_p50_vs_floor"),
+            1.3,
+            True,
+            "x",
+        )
+    )
+    for batch in ("16", "64"):
+        out.append(
+            _target(
+                f"exact batch of {batch} / matmul floor",
+                _get(search, "exact", "batches", batch, "vs_floor"),
+                1.3,
+                True,
+                "x",
+            )
+        )
+    one, sixteen = _get(http, "exact", "1", "queries_per_s"), _get(http, "exact", "16", "queries_per_s")
+    out.append(
+        _target(
+            "exact search QPS, 16 clients / 1 client (micro-batching)",
+            sixteen / one if one and sixteen else None,
+            10,
+            False,
+            "x",
+        )
+    )
+    for row in _get(s, "train", "rows") or []:
+        if row["objective"] == "ntxent":
+            continue
+        limit = 2.0 if row["objective"] == "smoothap" else 1.3
+        out.append(
+            _target(f"train step {row['objective']} / ntxent", row["vs_ntxent_median"], limit, True, "x")
+        )
+    peaks = [row["peak_rss_mb"] for row in _get(s, "train", "rows") or []]
+    if peaks:
+        out.append(_target("train peak memory, largest objective", max(peaks) / 1024, 8, True, "GiB"))
+    out.append(
+        _target(
+            "COCO-5K-size evaluation incl. PR-AUC",
+            (_get(s, "eval", "full_metrics", "median_ms") or 0) / 1e3 or None,
+            30,
+            True,
+            "s",
+        )
+    )
+    return out
+
+
+def _fmt(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return str(x)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|",
+    ]
+    lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s, m = report["sections"], report["machine"]
+    lines = [
+        f"# icr bench: {report['host']}, {report['date']}"
+        + (" (quick: smoke figures, not targets)" if report["quick"] else ""),
+        "",
+        f"`{report['command']}`; {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; torch {m['torch']}, "
+        f"faiss {m['faiss']}; {report.get('seconds', 0) / 60:.1f} min. Figures are medians over repeats "
+        "(spread in the JSON); latencies are p50/p99 over single queries.",
+        "",
+        "## Targets",
+        "",
+    ]
+    lines += _table(
+        ["target", "measured", "limit", "met"],
+        [
+            [
+                t["target"],
+                (_fmt(t["measured"], 3) + " " + t["unit"]).strip() if t["measured"] is not None else "n/a",
+                f"{t['rule']} {t['limit']} {t['unit']}".strip(),
+                {True: "yes", False: "**no**", None: "n/a"}[t["met"]],
+            ]
+            for t in report["targets"]
+        ],
+    )
+    if "floors" in s:
+        f = s["floors"]
+        lines += ["## Floors (this run)", ""]
+        lines += _table(
+            ["figure", "value"],
+            [
+                [
+                    f"read bandwidth, sgemv over the gallery ({f['bandwidth']['bytes'] / 1e9:.2f} GB)",
+                    f"{f['bandwidth']['best_gbps']:.1f} GB/s",
+                ],
+                *[[f"  {k}", f"{v:.1f}"] for k, v in f["bandwidth"].items() if k.startswith("sgemv")],
+                [
+                    f"fp32 matmul rate, sgemm {f['matmul']['size']}",
+                    f"{f['matmul']['best_gflops']:.0f} GFLOP/s",
+                ],
+                *[[f"  {k}", f"{v:.0f}"] for k, v in f["matmul"].items() if k.startswith("sgemm")],
+            ],
+        )
+    if "build" in s:
+        b = s["build"]
+        tp = b.get("throughput") or {}
+        lines += ["## Index build", ""]
+        lines += _table(
+            ["figure", "value"],
+            [
+                ["vectors", b["vectors"]],
+                ["factory", f"`{b['factory']}`"],
+                [
+                    "build wall time",
+                    f"{b['build_seconds']:.0f} s" + (" (cached build)" if b["cached"] else ""),
+                ],
+                ["peak RSS of the build", f"{b['peak_rss_mb']:.0f} MB"],
+                *[[k.replace("_", " "), v] for k, v in tp.items()],
+                ["recall@10 check", _get(b, "recall_check", "recall")],
+            ],
+        )
+    for r in (s.get("search") or {}).values():
+        e, a, x = r["end_to_end"], r["ann"], r["exact"]
+        lines += [
+            f"## In-process search, {r['vectors']:,} vectors (dim {r['dim']}, FAISS threads "
+            f"{r['faiss_threads']}, depth {r['search_depth']})",
+            "",
+        ]
+        lines += _table(
+            ["stage", "p50 ms", "p99 ms"],
+            [
+                [stage, e[stage]["p50_ms"], e[stage]["p99_ms"]]
+                for stage in ("encode", "search", "filter", "metadata", "total")
+            ],
+        )
+        lines += _table(
+            ["index", "recall@10 vs exact", "k=10 p50 ms", "k=10 p99 ms"],
+            [
+                [
+                    f"ANN `{a['factory']}` nprobe {a['nprobe']}",
+                    a["recall_at_10_vs_exact"],
+                    a["k10_single"]["p50_ms"],
+                    a["k10_single"]["p99_ms"],
+                ],
+                *[
+                    [
+                        f"exact Flat, {t} thread(s)",
+                        1.0,
+                        x[f"single_{t}t"]["p50_ms"],
+                        x[f"single_{t}t"]["p99_ms"],
+                    ]
+                    for t in (1, 2, 4, 8, 16)
+                    if f"single_{t}t" in x
+                ],
+            ],
+        )
+        lines += [
+            f"Exact single query: floor {x['single_floor_ms']:.1f} ms (gallery bytes / read bandwidth); "
+            f"best p50 is {x['single_best_p50_vs_floor']:.2f}x the floor.",
+            "",
+        ]
+        lines += _table(
+            ["exact batch", "floor ms", "search ms", "search / floor", "queries/s"],
+            [
+                [q, b["floor_ms"], b["search"]["median_ms"], b["vs_floor"], b["queries_per_s"]]
+                for q, b in x["batches"].items()
+            ],
+        )
+    for size, r in (s.get("http") or {}).items():
+        lines += [f"## HTTP (`icr serve`), {int(size):,} distractors", ""]
+        rows = []
+        for name, by_clients in r.items():
+            for c, row in by_clients.items():
+                rows.append(
+                    [
+                        f"{name}, {c} client(s)",
+                        row["latency"]["p50_ms"],
+                        row["latency"]["p99_ms"],
+                        row["queries_per_s"],
+                        row["mean_batch"],
+                        row["errors"],
+                    ]
+                )
+        lines += _table(
+            ["index, clients", "p50 ms", "p99 ms", "queries/s", "queries per FAISS call", "errors"], rows
+        )
+    if "train" in s:
+        t = s["train"]
+        lines += [
+            f"## Training step per objective (batch {t['batch']}, {t['steps']} steps x {t['rounds']} rounds, "
+            f"`{t['config']}`)",
+            "",
+        ]
+        lines += _table(
+            [
+                "objective",
+                "captions/step",
+                "step ms",
+                "vs ntxent",
+                "per caption vs ntxent",
+                "loss fwd+bwd ms",
+                "peak RSS MB",
+            ],
+            [
+                [
+                    r["objective"],
+                    r["captions_per_step"],
+                    r["step_ms_median"],
+                    r["vs_ntxent_median"],
+                    r["per_caption_vs_ntxent"],
+                    r["loss_fwd_bwd_ms_median"],
+                    r["peak_rss_mb"],
+                ]
+                for r in t["rows"]
+            ],
+        )
+    if "eval" in s:
+        e = s["eval"]
+        lines += [
+            "## Evaluation",
+            "",
+            f"Every metric incl. PR-AUC on {e['images']:,} x {e['captions']:,} "
+            f"({e['pairs']:,} pairs): {e['full_metrics']['median_ms'] / 1e3:.1f} s median "
+            f"(min {e['full_metrics']['min_ms'] / 1e3:.1f}, max {e['full_metrics']['max_ms'] / 1e3:.1f}).",
+            "",
+        ]
+    if "gpu" in s:
+        g = s["gpu"]
+        lines += ["## GPU", ""]
+        if not g["ran"]:
+            lines += [f"Not run: {g['device']}.", ""]
+        else:
+            f = g["search"]["floors"]
+            lines += [
+                f"{g['device']}: bandwidth {f['bandwidth_gbps']:.0f} GB/s, fp32 matmul "
+                f"{f['matmul_tflops']:.1f} TFLOP/s.",
+                "",
+            ]
+            lines += _table(
+                ["batch", "floor ms", "exact ms", "exact / floor", "ANN ms"],
+                [
+                    [q, r["floor_ms"], r["exact"]["median_ms"], r["exact_vs_floor"], r["ann"]["median_ms"]]
+                    for q, r in g["search"].items()
+                    if isinstance(r, dict) and "exact" in r
+                ],
+            )
+            lines += _table(
+                ["objective", "step ms", "vs ntxent"],
+                [[r["objective"], r["step_ms_median"], r["vs_ntxent_median"]] for r in g["train"]["rows"]],
+            )
+    return "\n".join(lines)

@@ -1,0 +1,146 @@
+"""The benchmark suite's arithmetic and target checks (the timings themselves are measured by
+``icr bench``, never asserted here; CI runs ``icr bench --quick`` as a smoke run)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.floors import search_floor_ms
+from bench.report import markdown, targets
+from bench.search_inprocess import recall
+from bench.stats import latency, summary
+
+
+def test_floor_is_the_read_for_one_query_and_the_arithmetic_for_a_large_batch() -> None:
+    # 1M x 256 fp32 = 1.024 GB: at 32 GB/s a read takes 32 ms; one query is 0.512 GFLOP (5 ms at 100)
+    assert search_floor_ms(1_000_000, 256, 1, gbps=32.0, gflops=100.0) == pytest.approx(32.0)
+    # 64 queries: 32.8 GFLOP at 100 GFLOP/s = 327.68 ms, above the 32 ms read
+    assert search_floor_ms(1_000_000, 256, 64, gbps=32.0, gflops=100.0) == pytest.approx(327.68)
+
+
+def test_recall_counts_the_exact_neighbours_found_and_never_padding() -> None:
+    truth = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+    found = np.array([[4, 3, 9, -1], [5, 6, 7, 8]])
+    assert recall(found, truth) == pytest.approx((2 / 4 + 1) / 2)
+
+
+def test_summaries() -> None:
+    s = summary([0.001, 0.002, 0.003, 0.004])
+    assert s["median_ms"] == pytest.approx(2.5) and s["min_ms"] == pytest.approx(1.0) and s["n"] == 4
+    lat = latency(np.arange(1, 101) / 1000.0)  # 1..100 ms
+    assert lat["p50_ms"] == pytest.approx(50.5) and lat["p99_ms"] == pytest.approx(99.01)
+
+
+def _report(inproc_p50: float, http_p50: float, qps16: float) -> dict:
+    search = {
+        "vectors": 1_001_000,
+        "dim": 256,
+        "faiss_threads": 1,
+        "search_depth": 1000,
+        "end_to_end": {
+            stage: {"p50_ms": inproc_p50, "p99_ms": 9.0}
+            for stage in ("total", "encode", "search", "filter", "metadata")
+        },
+        "ann": {
+            "factory": "IVF4002,Flat",
+            "nprobe": 32,
+            "recall_at_10_vs_exact": 0.96,
+            "k10_single": {"p50_ms": 0.4, "p99_ms": 0.6},
+        },
+        "exact": {
+            "single_1t": {"p50_ms": 36.0, "p99_ms": 40.0},
+            "single_floor_ms": 30.0,
+            "single_best_p50_vs_floor": 1.2,
+            "batches": {
+                "16": {
+                    "floor_ms": 40.0,
+                    "search": {"median_ms": 60.0},
+                    "vs_floor": 1.5,
+                    "queries_per_s": 266.0,
+                }
+            },
+        },
+    }
+
+    def row(p50: float, qps: float) -> dict:
+        return {
+            "latency": {"p50_ms": p50, "p99_ms": 12.0},
+            "queries_per_s": qps,
+            "mean_batch": 1.0,
+            "errors": 0,
+        }
+
+    http = {"ann": {"1": row(http_p50, 300.0)}, "exact": {"1": row(40.0, 25.0), "16": row(60.0, qps16)}}
+    return {
+        "host": "h",
+        "date": "d",
+        "quick": False,
+        "command": "icr bench",
+        "seconds": 60.0,
+        "machine": {"cpu": "x", "cores": 2, "memory_gb": 24, "torch": "t", "faiss": "f"},
+        "sections": {
+            "search": {"1000000": search},
+            "http": {"1000000": http},
+            "train": {
+                "config": "c",
+                "batch": 128,
+                "steps": 1,
+                "rounds": 1,
+                "rows": [
+                    {
+                        "objective": "ntxent",
+                        "captions_per_step": 128,
+                        "step_ms_median": 80.0,
+                        "vs_ntxent_median": 1.0,
+                        "per_caption_vs_ntxent": 1.0,
+                        "loss_fwd_bwd_ms_median": 0.4,
+                        "peak_rss_mb": 600.0,
+                    },
+                    {
+                        "objective": "smoothap",
+                        "captions_per_step": 640,
+                        "step_ms_median": 150.0,
+                        "vs_ntxent_median": 1.9,
+                        "per_caption_vs_ntxent": 0.38,
+                        "loss_fwd_bwd_ms_median": 4.0,
+                        "peak_rss_mb": 9000.0,
+                    },
+                ],
+            },
+            "eval": {
+                "images": 5000,
+                "captions": 25000,
+                "pairs": 125_000_000,
+                "full_metrics": {"median_ms": 5000.0, "min_ms": 4900.0, "max_ms": 5100.0},
+            },
+        },
+    }
+
+
+def test_targets_are_checked_against_their_limits() -> None:
+    report = _report(inproc_p50=3.0, http_p50=4.0, qps16=300.0)
+    met = {t["target"]: t["met"] for t in targets(report)}
+    assert met["in-process single query p99 (1000000 distractors)"] is True  # 9 < 10
+    assert met["HTTP single client p99 (1000000)"] is True  # 12 < 15
+    assert met["ANN recall@10 of exact"] is True
+    assert met["service overhead: HTTP p50 / in-process p50"] is True  # 4 / 3 = 1.33 < 1.5
+    assert met["exact single query p50 / bandwidth floor"] is True
+    assert met["exact batch of 16 / matmul floor"] is False  # 1.5 >= 1.3
+    assert met["exact batch of 64 / matmul floor"] is None  # not measured: n/a, not a pass
+    assert met["exact search QPS, 16 clients / 1 client (micro-batching)"] is True  # 300 / 25 = 12
+    assert met["train step smoothap / ntxent"] is True  # 1.9 < 2
+    assert met["train peak memory, largest objective"] is False  # 8.8 GiB
+    assert met["COCO-5K-size evaluation incl. PR-AUC"] is True
+    slow = {t["target"]: t["met"] for t in targets(_report(inproc_p50=2.0, http_p50=4.0, qps16=200.0))}
+    assert slow["service overhead: HTTP p50 / in-process p50"] is False
+    assert slow["exact search QPS, 16 clients / 1 client (micro-batching)"] is False  # 8x
+
+
+def test_markdown_has_every_section_and_marks_misses() -> None:
+    report = _report(inproc_p50=3.0, http_p50=4.0, qps16=300.0)
+    report["targets"] = targets(report)
+    text = markdown(report)
+    for heading in ("## Targets", "## In-process search", "## HTTP", "## Training step", "## Evaluation"):
+        assert heading in text
+    assert "| exact batch of 16 / matmul floor | 1.500 x | < 1.3 x | **no** |" in text
