@@ -153,7 +153,7 @@ def bench_command(
             steps=2 if quick else 15,
             warmup=1 if quick else 3,
             rounds=1 if quick else 3,
-            quick=quick,
+            only=training.QUICK_OBJECTIVES if quick else None,
             log=_log,
         )
     if "eval" in chosen:
@@ -176,7 +176,7 @@ def bench_command(
                 steps=2 if quick else 15,
                 warmup=1 if quick else 3,
                 rounds=1,
-                quick=quick,
+                only=training.QUICK_OBJECTIVES if quick else None,
                 log=_log,
                 config="f30k-vsepp-resnet50",
                 overrides=(f'model.image.path="{gpu_mod.resnet_folder(workdir)}"', 'train.device="cuda"'),

@@ -59,21 +59,18 @@ def prepare_model(workdir: Path, quick: bool, checkpoint: Path | None, data: Pat
     return Model(data, run / "best")
 
 
-def _manifest(directory: Path) -> Manifest | None:
-    try:
-        return Manifest.read(directory / MANIFEST_FILE)
-    except (FileNotFoundError, ValueError):
-        return None
+def _cached(model: Model, out: Path, distractors: int) -> Manifest | None:
+    """The image index at ``out`` if built from this checkpoint, data and distractor count."""
+    from service.demo import _cached_manifest
+
+    return _cached_manifest(out, model.checkpoint, model.data, "image", distractors)
 
 
 def build_largest(model: Model, distractors: int, out: Path, log, quiet: bool = False) -> dict[str, Any]:
-    """``icr index build`` with ``distractors`` generated images (cached by checkpoint and count);
+    """``icr index build`` with ``distractors`` generated images (cached by checkpoint, data and count);
     returns its figures: wall time, peak RSS of the process, embedding throughput, factory."""
-    from training.checkpoint import checkpoint_sha256
-
-    manifest = _manifest(out)
-    sha = checkpoint_sha256(model.checkpoint)
-    fresh = manifest is None or (manifest.checkpoint_sha256, manifest.distractor_count) != (sha, distractors)
+    manifest = _cached(model, out, distractors)
+    fresh = manifest is None
     wall = None
     if fresh:
         log(f"index build: {distractors:,} generated distractors -> {out} (icr index build, child process)")
@@ -95,8 +92,7 @@ def build_largest(model: Model, distractors: int, out: Path, log, quiet: bool = 
         t0 = time.perf_counter()
         subprocess.run(command, check=True)
         wall = time.perf_counter() - t0
-        manifest = _manifest(out)
-        assert manifest is not None
+        manifest = Manifest.read(out / MANIFEST_FILE)
     else:
         log(f"index build: cached in {out} (figures from its manifest)")
     extra = manifest.extra
@@ -121,8 +117,7 @@ def distractor_embeddings(index_dir: Path, out: Path) -> Path:
 
     from index.build import load_index_dir
 
-    manifest = _manifest(index_dir)
-    assert manifest is not None
+    manifest = Manifest.read(index_dir / MANIFEST_FILE)
     if out.is_file() and np.load(out, mmap_mode="r").shape[0] == manifest.distractor_count:
         return out
     index, manifest, metadata = load_index_dir(index_dir)
@@ -139,21 +134,11 @@ def distractor_embeddings(index_dir: Path, out: Path) -> Path:
 
 def gallery_index(model: Model, embeddings: Path, count: int, factory: str, out: Path, log) -> Path:
     """An image index of the test images plus the first ``count`` distractors of ``embeddings``
-    (cached by checkpoint, count and factory)."""
+    (cached by checkpoint, data, count and factory)."""
     from index.build import build_image_index
-    from training.checkpoint import checkpoint_sha256
 
-    manifest = _manifest(out)
-    wanted = (checkpoint_sha256(model.checkpoint), count, factory)
-    if (
-        manifest is not None
-        and (
-            manifest.checkpoint_sha256,
-            manifest.distractor_count,
-            factory if factory == "auto" else manifest.factory,
-        )
-        == wanted
-    ):
+    manifest = _cached(model, out, count)
+    if manifest is not None and factory in ("auto", manifest.factory):
         return out
     subset = out.parent / f"distractors-{count}.npy"
     if not subset.is_file():

@@ -15,8 +15,6 @@ import argparse
 import json
 import platform
 import resource
-import subprocess
-import sys
 import time
 from datetime import date
 from pathlib import Path
@@ -128,60 +126,34 @@ def main() -> None:
         name, extra = json.loads(args.child)
         print(json.dumps(run_one(args, name, extra)))
         return
-    rows = []
-    for name, extra in OBJECTIVES:
-        if args.only and label(name, extra) not in args.only.split(","):
-            continue
-        cmd = [
-            sys.executable,
-            "-m",
-            "bench.train_objectives",
-            "--data",
-            args.data,
-            "--config",
-            args.config,
-            "--batch",
-            str(args.batch),
-            "--steps",
-            str(args.steps),
-            "--warmup",
-            str(args.warmup),
-            "--child",
-            json.dumps([name, extra]),
-        ]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        rows.append(json.loads(out))
-        print(json.dumps(rows[-1]), flush=True)
-    base = next((r for r in rows if r["objective"] == "ntxent"), None)
-    if base:
-        for r in rows:
-            r["step_time_vs_ntxent"] = round(r["step_ms"] / base["step_ms"], 2)
-    print("\n| objective | step ms | samples/s | vs ntxent | loss fwd+bwd ms | peak RSS MB |")
+    from bench.training import run
+
+    only = [x for x in args.only.split(",") if x] or None
+    result = run(
+        Path(args.data),
+        batch=args.batch,
+        steps=args.steps,
+        warmup=args.warmup,
+        rounds=1,
+        log=print,
+        only=only,
+        config=args.config,
+        overrides=tuple(args.set),
+    )
+    print("\n| objective | captions/step | step ms | vs ntxent | loss fwd+bwd ms | peak RSS MB |")
     print("|---|---:|---:|---:|---:|---:|")
-    for r in rows:
+    for r in result["rows"]:
         cells = [
             r["objective"],
-            r["step_ms"],
-            r["samples_per_s"],
-            r.get("step_time_vs_ntxent", ""),
-            r["loss_fwd_bwd_ms"],
+            r["captions_per_step"],
+            r["step_ms_median"],
+            round(r["vs_ntxent_median"], 2),
+            r["loss_fwd_bwd_ms_median"],
             r["peak_rss_mb"],
         ]
         print("| " + " | ".join(str(c) for c in cells) + " |")
     out = Path(args.out or f"bench/results/train-objectives-{platform.node()}-{date.today()}.json")
-    out.write_text(
-        json.dumps(
-            {
-                "batch": args.batch,
-                "steps": args.steps,
-                "config": args.config,
-                "machine": platform.node(),
-                "rows": rows,
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    out.write_text(json.dumps({"machine": platform.node(), **result}, indent=1) + "\n")
     print(f"\nwrote {out}")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,14 @@ def run(
     steps: int,
     warmup: int,
     rounds: int,
-    quick: bool,
     log,
+    only: Collection[str] | None = None,
     config: str = "synthetic-ntxent",
     overrides: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    chosen = [(n, e) for n, e in OBJECTIVES if not quick or label(n, e) in QUICK_OBJECTIVES]
+    """``only``: objective labels to run (``ntxent`` always runs: the ratios are to it)."""
+    wanted = None if only is None else {*only, "ntxent"}
+    chosen = [(n, e) for n, e in OBJECTIVES if wanted is None or label(n, e) in wanted]
     samples: dict[str, list[dict[str, Any]]] = {label(n, e): [] for n, e in chosen}
     for r in range(rounds):
         for name, extra in chosen:

@@ -43,7 +43,7 @@ class MicroBatcher:
     """Thread-safe ``search(query (1, D), k) -> (scores (n,), ids (n,))`` that merges concurrent
     calls into one call of ``search_fn(queries (Q, D), k) -> ragged lists`` (at most ``max_batch``).
 
-    ``batches`` and ``batched_queries`` count what happened (for /metrics and benchmarks).
+    ``batches`` and ``batched_queries`` count what happened (``/v1/info`` reports them).
     """
 
     def __init__(

@@ -40,9 +40,9 @@ class LoadedIndex:
     metadata: MetadataStore
     calibration: Any | None  # training.metrics.calibration.Calibration
     calibration_info: dict[str, Any] | None
+    batcher: MicroBatcher  # every search goes through it: merges concurrent ones, sets FAISS threads
     on_gpu: bool = False
     gpu_resources: Any = None  # faiss.StandardGpuResources: must outlive the GPU index
-    batcher: MicroBatcher | None = None  # merges concurrent searches (set by Retriever.load)
 
     def summary(self) -> dict[str, Any]:
         m = self.manifest
@@ -148,7 +148,7 @@ def _batcher(index: Any, max_batch: int, faiss_threads: int) -> MicroBatcher:
     )
 
 
-def _load_index(directory: Path, gpu: str) -> LoadedIndex:
+def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -> LoadedIndex:
     from index.vector_index import nprobe_of, set_nprobe, use_gpu
 
     index, manifest, metadata = load_index_dir(directory)
@@ -162,8 +162,9 @@ def _load_index(directory: Path, gpu: str) -> LoadedIndex:
 
         resources = faiss.StandardGpuResources()
         index = faiss.index_cpu_to_gpu(resources, 0, index)
+    batcher = _batcher(index, max_batch, faiss_threads)
     return LoadedIndex(
-        directory, index, manifest, metadata, calibration, info, resources is not None, resources
+        directory, index, manifest, metadata, calibration, info, batcher, resources is not None, resources
     )
 
 
@@ -204,19 +205,19 @@ class Retriever:
         faiss_threads: int = 1,
         micro_batch: int = 64,
     ) -> Retriever:
-        import faiss
-
+        """``faiss_threads``: OpenMP threads of a one-query search (set per searching thread by the
+        batcher, since OpenMP's setting is per thread); ``micro_batch``: most queries per FAISS call."""
         from training.checkpoint import load_checkpoint
 
         checkpoint, _ = preflight(index, checkpoint, caption_index)
-        faiss.omp_set_num_threads(faiss_threads)
         t0 = time.perf_counter()
         model, config = load_checkpoint(checkpoint, device)
-        images = _load_index(Path(index), gpu)
-        captions = _load_index(Path(caption_index), gpu) if caption_index is not None else None
-        for loaded in (images, captions):
-            if loaded is not None:
-                loaded.batcher = _batcher(loaded.index, micro_batch, faiss_threads)
+        images = _load_index(Path(index), gpu, micro_batch, faiss_threads)
+        captions = (
+            _load_index(Path(caption_index), gpu, micro_batch, faiss_threads)
+            if caption_index is not None
+            else None
+        )
         log.info("loaded %s and %s in %.1f s", checkpoint, index, time.perf_counter() - t0)
         return cls(model, config, checkpoint, images, captions, device)
 
@@ -262,8 +263,6 @@ class Retriever:
         ``calibrated=False``: no relevance, since the calibration maps caption-image scores and an
         image-image score has no such meaning.
         """
-        from index.vector_index import search
-
         calibration = target.calibration if calibrated else None
         if min_relevance is not None and calibration is None:
             raise NotServable(
@@ -272,11 +271,7 @@ class Retriever:
             )
         depth = max(1, min(depth, target.manifest.ntotal))
         t0 = time.perf_counter()
-        if target.batcher is not None:
-            scores, ids = target.batcher.search(query, depth)  # (n,) best first
-        else:
-            scores, ids = search(target.index, query, depth)
-            scores, ids = scores[0], ids[0]
+        scores, ids = target.batcher.search(query, depth)  # (n,) best first
         t1 = time.perf_counter()
         relevance = calibration(scores) if calibration is not None else None  # (n,)
         if min_score is not None:
@@ -318,9 +313,12 @@ class Retriever:
     def batching(self) -> dict[str, dict[str, int]]:
         """Per index: FAISS calls made and queries they answered (queries / calls = mean batch)."""
         return {
-            loaded.manifest.modality: {"calls": b.batches, "queries": b.batched_queries}
+            loaded.manifest.modality: {
+                "calls": loaded.batcher.batches,
+                "queries": loaded.batcher.batched_queries,
+            }
             for loaded in (self.images, self.captions)
-            if loaded is not None and (b := loaded.batcher) is not None
+            if loaded is not None
         }
 
     # --- images -----------------------------------------------------------------------------------
