@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -148,12 +149,18 @@ def make_server(artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory):
     """Factory of servers over the session's artifacts; every one is stopped at the end."""
     started: list[Server] = []
 
-    def make(jobs_db: Path | None = None, extra_args: list[str] | None = None, **env: str) -> Server:
+    def make(
+        jobs_db: Path | None = None,
+        extra_args: list[str] | None = None,
+        index: Path | None = None,
+        **env: str,
+    ) -> Server:
+        """``index``: serve this image index folder (e.g. a copy with another calibration.json)."""
         folder = tmp_path_factory.mktemp("server")
         server = Server(
             [
                 "--index",
-                str(artifacts.images),
+                str(index or artifacts.images),
                 "--caption-index",
                 str(artifacts.captions),
                 *(extra_args or []),
@@ -167,6 +174,16 @@ def make_server(artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory):
     yield make
     for server in started:
         server.stop()
+
+
+def index_with_calibration(artifacts: Artifacts, folder: Path, calibration: dict) -> Path:
+    """A copy of the session's image index folder whose calibration.json is ``calibration``."""
+    from index.calibration import CALIBRATION_FILE
+
+    copy = folder / "images"
+    shutil.copytree(artifacts.images, copy)
+    (copy / CALIBRATION_FILE).write_text(json.dumps(calibration, indent=2))
+    return copy
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from PIL import Image
 
 IMAGE_HIT_KEYS = {"id", "rank", "score", "relevance", "is_distractor", "image_url", "metadata"}
 PAGE_KEYS = {"threshold", "passed", "passed_is_exact", "searched", "k", "offset"}
+ASSESSMENT_KEYS = {"calibration", "expected_precision", "expected_relevant", "quality"}
 
 
 def _png(color=(200, 30, 30), size=(32, 32)) -> bytes:
@@ -35,8 +36,21 @@ def test_health_readiness_and_info(client: httpx.Client, artifacts) -> None:
     assert index["ntotal"] == 40 + N_DISTRACTORS
     assert info["caption_index"]["modality"] == "text" and info["caption_index"]["ntotal"] == 200
     calibration = info["calibration"]
-    assert calibration["method"] == "isotonic" and calibration["labels"] == "ground_truth"
-    assert set(calibration["ece"]) == {"val", "test"}
+    assert (calibration["format_version"], calibration["method"], calibration["global_method"]) == (
+        2,
+        "per_query",
+        "isotonic",
+    )
+    assert calibration["labels"] == "ground_truth" and calibration["labels_note"] is None
+    assert calibration["fit"]["split"] == "val" and calibration["fit"]["gallery"] == "this index"
+    evaluation = calibration["evaluation"]
+    assert evaluation["split"] == "test" and set(evaluation["maps"]) == {"per_query", "global"}
+    for pooled in evaluation["maps"].values():  # pooled figures only: no per-kind or reliability bins
+        assert {"p_at_10", "ece", "thresholds"} <= set(pooled) and "by_kind" not in pooled
+    assert calibration["kinds"] and all(
+        {"queries", "p_at_10", "precision_at_0.5", "recall_at_0.5", "handled_well"} == set(row)
+        for row in calibration["kinds"].values()
+    )
     assert info["device"] == "cpu" and info["faiss_threads"] == 1
     assert info["limits"]["max_k"] == 100 and info["datasets"] == ["synthetic"]
     assert info["benchmarks_need_api_key"] is False
@@ -45,6 +59,12 @@ def test_health_readiness_and_info(client: httpx.Client, artifacts) -> None:
 def test_openapi_schema_is_valid_and_lists_every_endpoint(client: httpx.Client) -> None:
     schema = client.get("/openapi.json").json()
     validate(schema)
+    for name in ("TextSearchResponse", "ImageSearchResponse"):  # the new fields are documented
+        fields = schema["components"]["schemas"][name]["properties"]
+        for field in ("calibration", "expected_precision", "expected_relevant"):
+            assert fields[field].get("description"), (name, field)
+    quality = schema["components"]["schemas"]["Quality"]["properties"]
+    assert all(quality[f].get("description") for f in ("kind", "kind_p_at_10", "warnings"))
     paths = set(schema["paths"])
     assert {
         "/healthz",
@@ -62,7 +82,10 @@ def test_openapi_schema_is_valid_and_lists_every_endpoint(client: httpx.Client) 
 
 def test_text_search_response(client: httpx.Client) -> None:
     body = client.post("/v1/search/text", json={"text": "a red circle", "k": 5}).json()
-    assert PAGE_KEYS | {"query", "hits", "timings"} <= set(body)
+    assert PAGE_KEYS | ASSESSMENT_KEYS | {"query", "hits", "timings"} == set(body)
+    assert body["calibration"] == "per_query" and set(body["quality"]) == {"kind", "kind_p_at_10", "warnings"}
+    assert body["quality"]["kind"] == "one_object" and isinstance(body["quality"]["warnings"], list)
+    assert 0.0 <= body["expected_precision"] <= 1.0 and 0.0 <= body["expected_relevant"] <= 440
     assert body["query"] == "a red circle" and body["threshold"] == {
         "kind": "none",
         "value": None,
@@ -110,12 +133,14 @@ def test_image_search_returns_captions_and_similar_images(client: httpx.Client) 
     )
     assert r.status_code == 200, r.text
     body = r.json()
-    assert PAGE_KEYS | {"hits", "similar_images", "timings"} <= set(body)
+    assert PAGE_KEYS | ASSESSMENT_KEYS | {"hits", "similar_images", "timings"} == set(body)
+    assert body["calibration"] == "global" and body["quality"]["kind"] is None
     assert body["searched"] == 200 and len(body["hits"]) == 5
     for hit in body["hits"]:
         assert set(hit) == {"id", "rank", "score", "relevance", "caption", "image_id", "source"}
         assert hit["caption"] and 0 <= hit["image_id"] < 40
     similar = body["similar_images"]
+    assert PAGE_KEYS | {"hits"} == set(similar)  # image-image: no relevance, so no assessment
     assert similar["hits"][0]["id"] == 3  # the gallery image itself is its own nearest neighbour
     assert similar["hits"][0]["score"] > 0.999
     plain = client.post("/v1/search/image", files={"file": ("x.png", _png(), "image/png")}).json()

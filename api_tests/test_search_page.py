@@ -1,8 +1,10 @@
 """The search page at / driven by headless Chromium (Debian's chromium + chromedriver, via Selenium).
 
-Search by a gallery caption, move the relevance slider up (fewer hits, all above it), to 1.0 (none,
-and a "0 passed" message rather than an error), then upload a PNG (caption hits). Saves screenshots
-into tmp_path and prints their paths.
+Search by a gallery caption (the notice above the grid shows the expected precision, the query kind
+and the server's warnings), move the relevance slider up (fewer hits, all above it), to 1.0 (none,
+and a "0 passed" message rather than an error), search words outside the benchmark's vocabulary (a
+warning), then upload a PNG (caption hits, with their own notice). Saves screenshots into tmp_path
+and prints their paths.
 """
 
 from __future__ import annotations
@@ -115,6 +117,25 @@ def _set_slider(driver, wait, value: float) -> float:
     return actual
 
 
+# Read in one script, so a re-render between reads cannot leave a stale element.
+READ_NOTICE = """
+const box = document.getElementById(arguments[0]);
+return {
+  displayed: !box.hidden && box.getClientRects().length > 0,
+  level: box.dataset.level || "",
+  kind: box.dataset.kind || "",
+  expected_precision: box.dataset.expectedPrecision || "",
+  text: box.innerText,
+  warnings: Array.from(box.querySelectorAll('.notice-warning'), (w) => w.textContent),
+};
+"""
+
+
+def _notice(driver, element_id: str = "notice") -> dict:
+    """What the notice above a result list shows: facts line, warnings, and its data attributes."""
+    return driver.execute_script(READ_NOTICE, element_id)
+
+
 def _passed(driver) -> int:
     from selenium.webdriver.common.by import By
 
@@ -154,6 +175,21 @@ def test_search_page(server, driver, tmp_path: Path) -> None:
     assert driver.find_element(By.ID, "summary").text.startswith(f"{passed_low} passed the threshold")
     assert "total" in driver.find_element(By.ID, "timings").text
     assert not driver.find_element(By.ID, "error").is_displayed()
+    # The notice above the grid: this page's expected precision (the mean relevance shown), the
+    # gallery caption's query kind, and the server's warnings in the warning style.
+    api = httpx.post(
+        server.url + "/v1/search/text", json={"text": query, "k": 12, "min_relevance": 0.0}, timeout=30
+    ).json()
+    notice = _notice(driver)
+    assert notice["displayed"] and "Expected precision of these results" in notice["text"], notice
+    mean = sum(h["relevance"] for h in hits) / len(hits)
+    assert float(notice["expected_precision"]) == pytest.approx(mean)
+    assert notice["kind"] == api["quality"]["kind"] and notice["kind"].replace("_", " ") in notice["text"]
+    assert notice["warnings"] == api["quality"]["warnings"]
+    assert notice["level"] == ("warn" if api["quality"]["warnings"] else "info")
+    notice_top = driver.execute_script("return document.getElementById('notice').getBoundingClientRect().top")
+    grid_top = driver.execute_script("return document.getElementById('results').getBoundingClientRect().top")
+    assert notice_top < grid_top  # above the results
 
     # Up to between the lowest and highest relevance shown: the grid can only shrink, all above it.
     relevances = sorted(h["relevance"] for h in hits)
@@ -171,8 +207,20 @@ def test_search_page(server, driver, tmp_path: Path) -> None:
     assert summary.is_displayed() and summary.text.startswith("0 passed"), summary.text
     assert not driver.find_element(By.ID, "error").is_displayed()
 
-    # Back down, then search by an uploaded image: caption hits (and similar images) appear.
+    # Back down; words outside the embedded benchmark's vocabulary: results still, and a warning.
     _set_slider(driver, wait, 0.0)
+    box = driver.find_element(By.ID, "query")
+    box.clear()
+    box.send_keys("a purple unicorn", Keys.ENTER)
+    wait.until(lambda d: d.execute_script(GRID_SETTLED) and "unicorn" in _notice(d)["text"])
+    notice = _notice(driver)
+    assert notice["level"] == "warn" and notice["kind"] == ""
+    assert any("vocabulary" in w and "'unicorn'" in w for w in notice["warnings"]), notice
+    assert _hits(driver) and not driver.find_element(By.ID, "error").is_displayed()
+
+    # Then (the slider back at 0 above) search by an uploaded image: caption hits and similar images.
+    # Setting the slider to the value it has would rerun both searches after the debounce, racing
+    # the upload's own search.
     png = tmp_path / "query.png"
     image = Image.new("RGB", (32, 32), "white")
     ImageDraw.Draw(image).ellipse((6, 6, 26, 26), fill=(220, 30, 30))
@@ -183,6 +231,9 @@ def test_search_page(server, driver, tmp_path: Path) -> None:
     assert captions and all(c.text.strip() for c in captions)
     assert driver.find_elements(By.CSS_SELECTOR, "#similar .hit")
     assert not driver.find_element(By.ID, "error").is_displayed()
+    caption_notice = _notice(driver, "caption-notice")
+    assert caption_notice["displayed"] and "Expected precision" in caption_notice["text"]
+    assert caption_notice["kind"] == ""  # an image has no query kind
 
     # An API error (text over ICR_MAX_TEXT_CHARS) is shown in the message area, not as a blank page.
     driver.execute_script("document.getElementById('query').value = 'x'.repeat(5000);")

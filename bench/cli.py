@@ -2,10 +2,11 @@
 
 Sections (``--only`` picks some): ``build`` (index build of the largest gallery), ``search``
 (in-process figures per gallery size), ``http`` (``icr serve`` under 1/4/16 clients, ANN and
-exact), ``train`` (step time and peak memory per objective), ``eval`` (COCO-5K-size metrics) and
-``gpu`` (when a CUDA GPU is visible). ``--quick`` runs every section small (CI-sized: a 20,000
-distractor gallery, a model trained for one short epoch, few repeats); its figures check that
-the suite works, not the targets.
+exact), ``relevance`` (threshold honesty of the largest served index: what ``min_relevance``
+delivers per query kind on held-out captions), ``train`` (step time and peak memory per
+objective), ``eval`` (COCO-5K-size metrics) and ``gpu`` (when a CUDA GPU is visible).
+``--quick`` runs every section small (CI-sized: a 20,000 distractor gallery, a model trained for
+one short epoch, few repeats); its figures check that the suite works, not the targets.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import typer
 
 from training.cli_support import fail_cleanly
 
-SECTIONS = ("build", "search", "http", "train", "eval", "gpu")
+SECTIONS = ("build", "search", "http", "relevance", "train", "eval", "gpu")
 
 
 def _log(text: str) -> None:
@@ -65,7 +66,7 @@ def bench_command(
         icr bench                                # the full CPU suite (about an hour, cached artifacts reused)
         icr bench --only search,http --sizes 100000
     """
-    from bench import evaluation, gallery, search_http, search_inprocess, training
+    from bench import evaluation, gallery, relevance, search_http, search_inprocess, training
     from bench import floors as floor_mod
     from bench import gpu as gpu_mod
 
@@ -88,7 +89,7 @@ def bench_command(
         "sections": {},
     }
     sections = report["sections"]
-    needs_gallery = {"build", "search", "http", "gpu"} & set(chosen)
+    needs_gallery = {"build", "search", "http", "relevance", "gpu"} & set(chosen)
     needs_model = needs_gallery or "train" in chosen
     model = gallery.prepare_model(workdir, quick, checkpoint, data, _log) if needs_model else None
     largest = max(counts)
@@ -145,6 +146,8 @@ def bench_command(
             )
             for n in counts
         }
+    if "relevance" in chosen:
+        sections["relevance"] = relevance.run(ann_dirs[largest], _log)
     if "train" in chosen:
         assert model is not None
         sections["train"] = training.run(

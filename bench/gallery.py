@@ -52,7 +52,7 @@ def prepare_model(workdir: Path, quick: bool, checkpoint: Path | None, data: Pat
     if not (run / "best" / "config.json").is_file():
         log("quick: training one short epoch")
         config = load_config(
-            "synthetic-ntxent",
+            "synthetic-demo",
             [f'data.path="{data}"', f'train.out="{run}"', "train.epochs=1", "train.batch_size=64"],
         )
         train(config, progress=False)

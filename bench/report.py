@@ -85,6 +85,30 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             "x",
         )
     )
+    relevance = _get(s, "relevance", "summary")
+    if relevance is not None:
+        out += [
+            _target("held-out P@10, pooled (served index)", relevance["p_at_10"], 0.8, False),
+            _target("held-out P@10, worst query kind", relevance["worst_kind_p_at_10"], 0.6, False),
+            _target(
+                "min_relevance 0.5: delivered precision, pooled", relevance["precision_at_0.5"], 0.45, False
+            ),
+            _target(
+                "min_relevance 0.8: delivered precision, pooled", relevance["precision_at_0.8"], 0.75, False
+            ),
+            _target(
+                "min_relevance 0.5: delivered precision, worst kind",
+                relevance["worst_kind_precision_at_0.5"],
+                0.45,
+                False,
+            ),
+            _target(
+                "min_relevance 0.8: delivered precision, worst kind",
+                relevance["worst_kind_precision_at_0.8"],
+                0.75,
+                False,
+            ),
+        ]
     for row in _get(s, "train", "rows") or []:
         if row["objective"] == "ntxent":
             continue
@@ -251,6 +275,48 @@ def markdown(report: dict[str, Any]) -> str:
                 )
         lines += _table(
             ["index, clients", "p50 ms", "p99 ms", "queries/s", "queries per FAISS call", "errors"], rows
+        )
+    if "relevance" in s and "evaluation" in s["relevance"]:
+        r = s["relevance"]
+        ev = r["evaluation"]
+        lines += [
+            f"## Threshold honesty ({ev['queries']:,} held-out {ev['split']} captions, top {ev['depth']} of "
+            f"the served index, judged on {ev['judged']}; calibrate {r['calibrate_s']:.0f} s, per-query map "
+            f"{_get(r, 'per_query_map_ms', 'median_ms') or 0:.3f} ms per query)",
+            "",
+        ]
+        rows = []
+        for name, report in ev["maps"].items():
+            for kind, g in [("pooled", report["pooled"]), *sorted(report["by_kind"].items())]:
+                t = g["thresholds"]
+                rows.append(
+                    [
+                        name,
+                        kind,
+                        g["queries"],
+                        g["p_at_10"],
+                        t["0.5"]["precision"],
+                        t["0.5"]["passing"],
+                        t["0.5"]["recall"],
+                        t["0.8"]["precision"],
+                        t["0.8"]["passing"],
+                        t["0.5"]["share_below"],
+                    ]
+                )
+        lines += _table(
+            [
+                "map",
+                "queries",
+                "n",
+                "P@10",
+                "precision at 0.5",
+                "passing",
+                "recall at 0.5",
+                "precision at 0.8",
+                "passing",
+                "queries < 0.4 at 0.5",
+            ],
+            rows,
         )
     if "train" in s:
         t = s["train"]

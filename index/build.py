@@ -441,7 +441,7 @@ def _distractor_stream(
             "--distractors N draws images from the embedded benchmark's generator; for Flickr30k/COCO embed "
             "your distractor images first and pass --distractor-embeddings FILE.npy"
         )
-    from training.data.synthetic.generate import DistractorStream
+    from training.data.synthetic.generate import DistractorStream, render_workers
     from training.embedding import embed_image_batch
 
     stream = DistractorStream.for_dataset(directory, n)
@@ -449,7 +449,8 @@ def _distractor_stream(
 
     def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
         with _bar(n, "embedding distractors", progress) as bar:
-            rendered = _timed(stream.batches(batch_size), timings, "distractor_render_seconds")
+            rendered = _timed(stream.batches(batch_size, workers=render_workers()), timings,
+                              "distractor_render_seconds")
             for ks, images, scenes in rendered:
                 t0 = time.perf_counter()
                 vectors = embed_image_batch(model, list(images), device=device)  # (b, D)

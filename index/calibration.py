@@ -1,15 +1,26 @@
 """``icr index calibrate``: fit score -> probability of relevance for an index, store ``calibration.json``.
 
-The map is fitted on every (image, caption) pair of a held-out split (validation by default) of
-the index's dataset, embedded with the index's own checkpoint: labels are the annotations, or on
-the embedded benchmark the generator's ground truth (so a caption's other true images count as
-relevant, not as errors). It is the same cosine score for text->image and image->text, so one
-calibration serves both index modalities.
+``min_relevance = p`` promises "each hit is relevant with probability at least p, whatever the
+query". The maps are therefore fitted where the promise is kept or broken: on held-out captions
+(validation by default) searched *in this index*, to the service's depth, against images they were
+not written for, and judged with the best labels there are.
 
-``calibration.json`` holds the fitted map (:class:`training.metrics.calibration.Calibration`), the
-checkpoint sha256 it belongs to, its ECE on the fit split and on a second split (test by default),
-and the raw-score thresholds that reach global precision 0.5 / 0.8 / 0.9 on the fit split (with the
-recall they keep), next to the score at which the calibrated relevance reaches those values.
+* **Embedded benchmark** (the index's gallery is a synthetic split, its distractors generated):
+  validation captions search the index (the test images and distractors: nothing was written for
+  them); every hit is labelled by the generator's ground truth. The test split's captions are then
+  searched the same way and judged on the distractor hits: the ``evaluation`` block reports the
+  precision each target delivers, pooled and per query kind (see
+  :mod:`training.metrics.threshold_honesty`).
+* **Flickr30k / COCO / other galleries**: nothing labels the index's images for held-out captions,
+  so the maps are fitted on the validation split itself (its captions against its images, the
+  annotations as labels). That *underestimates* relevance (an unannotated relevant image counts as a
+  negative); ``labels_note`` says so and the service repeats it.
+
+Two maps are written: ``per_query`` (:mod:`training.metrics.query_calibration`: the score and what
+the query's own results and embedding show; what the service applies) and ``global`` (one isotonic
+score -> relevance map, the baseline, kept for clients that want a raw-score equivalent).
+``calibration.json`` also keeps the checkpoint sha256 it belongs to and the global map's score
+thresholds for precision 0.5 / 0.8 / 0.9.
 """
 
 from __future__ import annotations
@@ -19,11 +30,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from index.manifest import Manifest, check_compatible
 from training.atomic import atomic_write_text
 
 CALIBRATION_FILE = "calibration.json"
+CALIBRATION_FORMAT = 2
 TARGETS: tuple[float, ...] = (0.5, 0.8, 0.9)
+DEFAULT_DEPTH = 1000  # the service's ICR_SEARCH_DEPTH
+# What a query kind must reach on held-out captions for the service to call it well handled.
+KIND_P10_WARNING = 0.6
 
 
 def calibrate_index(
@@ -34,26 +51,25 @@ def calibrate_index(
     split: str = "auto",
     eval_split: str | None = "test",
     method: str = "isotonic",
+    depth: int = DEFAULT_DEPTH,
     device: str = "cpu",
     progress: bool = True,
 ) -> dict[str, Any]:
     """Fit, evaluate and write ``calibration.json`` into ``index_dir``; returns its content.
 
     ``checkpoint`` / ``data`` default to those recorded in the index manifest; the checkpoint must
-    be the one the index was built from. ``split``: ``auto`` = val (precomp: dev).
+    be the one the index was built from. ``split``: ``auto`` = val (precomp: dev). ``method``: the
+    global map's form (isotonic or platt); ``depth``: how deep held-out captions search, as the
+    service does (``ICR_SEARCH_DEPTH``).
     """
     from training.checkpoint import load_checkpoint
-    from training.evaluate_checkpoint import (
-        EvalOptions,
-        calibration_split_for,
-        embed_split,
-        fit_split_calibration,
-    )
-    from training.metrics.calibration import CALIBRATION_METHODS, calibration_error
-    from training.metrics.global_pr import pr_curve
+    from training.evaluate_checkpoint import calibration_split_for
+    from training.metrics.calibration import CALIBRATION_METHODS
 
     if method not in CALIBRATION_METHODS:
         raise ValueError(f"--method must be one of {', '.join(CALIBRATION_METHODS)}, got {method!r}")
+    if depth < 1:
+        raise ValueError(f"--depth must be >= 1, got {depth}")
     index_dir = Path(index_dir)
     manifest = Manifest.read(index_dir)
     checkpoint = Path(checkpoint or manifest.checkpoint_path)
@@ -63,23 +79,250 @@ def calibrate_index(
     fit_split = calibration_split_for(data, split)
     if fit_split is None:
         raise ValueError(f"{data}: no validation split to calibrate on; pass --split NAME")
-    options = EvalOptions(device=device, progress=progress)
-    held_out = embed_split(model, data, fit_split, options)
-    calibration = fit_split_calibration(held_out, method)
-    labels, relevance = held_out.labels()
-    sim = held_out.sim  # (N_img, N_cap)
-    curve = pr_curve(sim, relevance)
-    ece = {fit_split: calibration_error(sim, relevance, calibration)["ece"]}
-    if eval_split and eval_split != fit_split:
-        test = embed_split(model, data, eval_split, options)
-        ece[eval_split] = calibration_error(test.sim, test.labels()[1], calibration)["ece"]
-    out = {
-        **calibration.to_dict(),
-        "checkpoint_sha256": manifest.checkpoint_sha256,
-        "labels": labels,
-        "ece": ece,
-        "score_thresholds_for_precision": {str(t): curve.threshold_for_precision(t) for t in TARGETS},
-        "score_for_relevance": {str(t): calibration.score_for(t) for t in TARGETS},
-    }
+    if _searchable_with_truth(manifest, data):
+        out = _calibrate_in_index(
+            index_dir, manifest, model, data, fit_split, eval_split, method, depth, device, progress
+        )
+    else:
+        out = _calibrate_on_split(model, data, fit_split, eval_split, method, depth, device, progress)
+    out = {"format_version": CALIBRATION_FORMAT, "checkpoint_sha256": manifest.checkpoint_sha256, **out}
     atomic_write_text(index_dir / CALIBRATION_FILE, json.dumps(out, indent=2) + "\n")
     return out
+
+
+def _searchable_with_truth(manifest: Manifest, data: Path) -> bool:
+    """An image index over an embedded-benchmark split whose distractors (if any) are generated."""
+    from training.data.synthetic.generate import SCENES_NAME
+
+    return (
+        manifest.modality == "image"
+        and (data / SCENES_NAME).is_file()
+        and manifest.data.get("distractor_source") in (None, "generator")
+    )
+
+
+def _maps_block(per_query: Any, global_map: Any, fit: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "method": "per_query",
+        "per_query": per_query.to_dict(),
+        "global": global_map.to_dict(),
+        "fit": fit,
+        "score_for_relevance": {str(t): global_map.score_for(t) for t in TARGETS},
+    }
+
+
+def _search_hits(index: Any, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) (Q, depth) from the FAISS index; short rows padded with their last score, id -1."""
+    from index.vector_index import search
+
+    scores, ids = search(index, queries, depth)
+    width = max(1, max(len(r) for r in scores))
+    out_s = np.empty((len(queries), width), np.float32)
+    out_i = np.full((len(queries), width), -1, np.int64)
+    for q, (s, i) in enumerate(zip(scores, ids, strict=True)):
+        if len(s) == 0:
+            out_s[q] = -1.0
+            continue
+        out_s[q, : len(s)], out_s[q, len(s) :] = s, s[-1]
+        out_i[q, : len(i)] = i
+    return out_s, out_i
+
+
+def _calibrate_in_index(
+    index_dir: Path,
+    manifest: Manifest,
+    model: Any,
+    data: Path,
+    fit_split: str,
+    eval_split: str | None,
+    method: str,
+    depth: int,
+    device: str,
+    progress: bool,
+) -> dict[str, Any]:
+    from index.build import load_index_dir
+    from index.vector_index import nprobe_of, set_nprobe
+    from training.data.synthetic.generate import DistractorStream, split_scene_table
+    from training.data.synthetic.kinds import query_kind
+    from training.data.synthetic.parse import parse_caption
+    from training.data.synthetic.relevance import relevance_of_hits
+    from training.data.synthetic.scene import SceneTable
+    from training.data.training_data import open_split
+    from training.embedding import embed_captions
+    from training.metrics.threshold_honesty import HitLists
+    from training.relevance_eval import fit_served_maps, honesty_report
+
+    index, _, metadata = load_index_dir(index_dir)
+    metadata.close()
+    nprobe = manifest.recall_check.get("nprobe")
+    if nprobe and nprobe_of(index) is not None:
+        set_nprobe(index, int(nprobe))  # searched as the service searches it
+    gallery_split = manifest.data["split"]
+    tables = [split_scene_table(data, gallery_split)]
+    if manifest.distractor_count:
+        tables.append(DistractorStream.for_dataset(data, manifest.distractor_count).scene_table())
+    table = SceneTable.concat(tables)
+    g = manifest.gallery_count
+
+    def hits_of(split: str, judge_distractors: bool) -> tuple[HitLists, np.ndarray, list[str]]:
+        split_data = open_split(data, split)
+        captions = split_data.captions
+        emb = embed_captions(model, captions, device=device, progress=progress)  # (Q, D)
+        scores, ids = _search_hits(index, emb, depth)
+        queries = [parse_caption(c) for c in captions]
+        relevant, n_relevant, n_judged = relevance_of_hits(queries, ids, table, judged_from=g)
+        judged = ids >= 0
+        if judge_distractors:
+            judged &= ids >= g
+        elif split == gallery_split:  # a caption's own image is not a hit on an unseen image
+            judged &= ids != split_data.img_of_cap[:, None]
+        kinds = np.array([query_kind(q) for q in queries])
+        return HitLists(scores, relevant, judged, n_relevant, n_judged, kinds), emb, captions
+
+    fit_hits, fit_emb, fit_texts = hits_of(fit_split, judge_distractors=False)
+    per_query, global_map = fit_served_maps(fit_hits, fit_emb, fit_texts, method)
+    fit = {
+        "split": fit_split,
+        "queries": len(fit_hits),
+        "depth": depth,
+        "gallery": "this index",
+        "labels": "ground_truth",
+    }
+    out: dict[str, Any] = {
+        "labels": "ground_truth",
+        "labels_note": None,
+        **_maps_block(per_query, global_map, fit),
+    }
+    if eval_split:
+        test_hits, test_emb, test_texts = hits_of(eval_split, judge_distractors=manifest.distractor_count > 0)
+        report = honesty_report(
+            test_hits, test_emb, test_texts, {"per_query": per_query, "global": global_map}
+        )
+        out["evaluation"] = {
+            "split": eval_split,
+            "queries": len(test_hits),
+            "depth": depth,
+            "judged": "generated distractors"
+            if manifest.distractor_count
+            else "every image but the caption's own",
+            "maps": {name: _compact(r) for name, r in report.items()},
+        }
+        out["kinds"] = _kind_table(report["per_query"])
+    return out
+
+
+def _calibrate_on_split(
+    model: Any,
+    data: Path,
+    fit_split: str,
+    eval_split: str | None,
+    method: str,
+    depth: int,
+    device: str,
+    progress: bool,
+) -> dict[str, Any]:
+    from training.evaluate_checkpoint import EvalOptions, embed_split, fit_split_calibration
+    from training.metrics.calibration import calibration_error
+    from training.relevance_eval import ANNOTATION_NOTE, QuerySide, annotation_hits, fit_served_maps
+
+    options = EvalOptions(device=device, progress=progress)
+    held_out = embed_split(model, data, fit_split, options)
+    labels, relevance = held_out.labels()
+    side = QuerySide.start(
+        held_out.data.captions, held_out.cap_emb, held_out.data.img_of_cap, held_out.img_emb, depth
+    )
+    hits = annotation_hits(side)
+    # Only the annotations label these pairs, and they name one image per caption: the own image
+    # stays in the fit (without it nothing would be relevant), and the note says what that means.
+    hits = type(hits)(
+        hits.scores, hits.relevant, np.ones_like(hits.judged), hits.n_relevant, hits.n_relevant, None
+    )
+    per_query, _ = fit_served_maps(hits, held_out.cap_emb, held_out.data.captions)
+    global_map = fit_split_calibration(held_out, method)
+    fit = {
+        "split": fit_split,
+        "queries": len(hits),
+        "depth": depth,
+        "gallery": f"the {fit_split} split's images",
+        "labels": labels,
+    }
+    out: dict[str, Any] = {
+        "labels": labels,
+        "labels_note": ANNOTATION_NOTE if labels == "annotations" else None,
+        **_maps_block(per_query, global_map, fit),
+    }
+    ece = {fit_split: calibration_error(held_out.sim, relevance, global_map)["ece"]}
+    if eval_split and eval_split != fit_split:
+        test = embed_split(model, data, eval_split, options)
+        ece[eval_split] = calibration_error(test.sim, test.labels()[1], global_map)["ece"]
+    out["global_ece_all_pairs"] = ece
+    return out
+
+
+def _compact(report: dict[str, Any]) -> dict[str, Any]:
+    """A threshold-honesty report without the reliability bins (they go to plots, not the service)."""
+
+    def strip(group: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in group.items() if k != "reliability"}
+
+    return {"pooled": strip(report["pooled"]), "by_kind": {k: strip(v) for k, v in report["by_kind"].items()}}
+
+
+def _kind_table(report: dict[str, Any]) -> dict[str, Any]:
+    """Per query kind, what the service tells a user about queries of that kind."""
+    out = {}
+    for kind, group in report["by_kind"].items():
+        t = group["thresholds"]
+        out[kind] = {
+            "queries": group["queries"],
+            "p_at_10": group["p_at_10"],
+            "precision_at_0.5": t["0.5"]["precision"],
+            "recall_at_0.5": t["0.5"]["recall"],
+            "handled_well": group["p_at_10"] is not None and group["p_at_10"] >= KIND_P10_WARNING,
+        }
+    return out
+
+
+class ServedCalibration:
+    """A ``calibration.json`` as the service applies it (format 2, or format 1's single map).
+
+    :meth:`relevance` maps one query's retrieved scores (best first) to probabilities: the
+    per-query map when the file has one, else the global map. ``kinds`` is the per-kind table of
+    the held-out evaluation (embedded benchmark), ``labels_note`` what the labels mean.
+    """
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        from training.metrics.calibration import Calibration
+        from training.metrics.query_calibration import QueryCalibration
+
+        if not isinstance(info, dict):
+            raise ValueError(f"a calibration is a JSON object, got {type(info).__name__}")
+        self.info = info
+        if info.get("format_version") == CALIBRATION_FORMAT:
+            self.global_map = Calibration.from_dict(info["global"])
+            self.per_query = QueryCalibration.from_dict(info["per_query"]) if info.get("per_query") else None
+        else:  # format 1: the global isotonic / Platt map at the top level
+            self.global_map = Calibration.from_dict(info)
+            self.per_query = None
+        self.kinds: dict[str, Any] = info.get("kinds") or {}
+        self.labels_note: str | None = info.get("labels_note")
+
+    @property
+    def method(self) -> str:
+        return "per_query" if self.per_query is not None else "global"
+
+    def relevance(self, scores: np.ndarray, query: np.ndarray | None, text: str | None = None) -> np.ndarray:
+        """(n,) probabilities for one query's (n,) scores, best first; ``query`` its (1, D) embedding,
+        ``text`` its words (a text query; without them, e.g. for an image query, the global map)."""
+        scores = np.asarray(scores, dtype=np.float64)
+        if self.per_query is None or len(scores) == 0 or text is None:
+            return self.global_map(scores)
+        return self.per_query(scores[None, :], query, [text])[0]
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> ServedCalibration:
+        """ValueError naming the file when it does not parse."""
+        try:
+            return cls(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}: unreadable calibration ({err})") from None

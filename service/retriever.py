@@ -4,7 +4,13 @@ Thresholds are applied before pagination, over the ``search_depth`` nearest neig
 has no range search, so every backend retrieves top-``depth`` and filters. ``passed_is_exact`` says
 whether the count of passing hits is complete (some candidate failed the threshold, or the whole
 index was retrieved) or a lower bound. A calibrated threshold filters on the relevance itself, so
-every returned hit provably meets it; ``threshold.score`` reports the equivalent raw score.
+every returned hit provably meets it; ``threshold.score`` reports the equivalent raw score for this
+query (the lowest retrieved score that passed).
+
+Relevance comes from the index's ``calibration.json`` (:class:`index.calibration.ServedCalibration`):
+the per-query map where the file has one (format 2), else its global score -> probability map
+(format 1 files hold only that). The per-query map was fitted on text queries (their score lists
+and embeddings), so image queries (the caption index) are mapped by the global map.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ from typing import Any
 import numpy as np
 
 from index.build import load_index_dir
-from index.calibration import CALIBRATION_FILE
+from index.calibration import CALIBRATION_FILE, ServedCalibration
 from index.manifest import MANIFEST_FILE, Manifest, check_compatible
 from index.metadata import MetadataStore
 from service.batcher import MicroBatcher
+from service.quality import TOP_N, over_embedded_benchmark
 
 log = logging.getLogger("icr.service")
 DISTRACTOR_PREFIX = "distractor:"
@@ -38,8 +45,7 @@ class LoadedIndex:
     index: Any  # faiss.Index (GPU copy when serving on a GPU)
     manifest: Manifest
     metadata: MetadataStore
-    calibration: Any | None  # training.metrics.calibration.Calibration
-    calibration_info: dict[str, Any] | None
+    calibration: ServedCalibration | None
     batcher: MicroBatcher  # every search goes through it: merges concurrent ones, sets FAISS threads
     on_gpu: bool = False
     gpu_resources: Any = None  # faiss.StandardGpuResources: must outlive the GPU index
@@ -74,6 +80,17 @@ class Page:
     scores: np.ndarray  # (n,) float32
     relevance: np.ndarray | None  # (n,) float64
     rows: list[dict[str, Any]] = field(default_factory=list)
+    calibration: str | None = None  # the map that produced relevance: "per_query" | "global" | None
+    expected_relevant: float | None = None  # sum of relevance over every hit that passed
+    top_relevance: float | None = None  # mean relevance of the top TOP_N retrieved (before threshold/offset)
+    top_count: int = 0  # how many retrieved hits top_relevance averages (TOP_N, or fewer in a tiny index)
+
+    @property
+    def expected_precision(self) -> float | None:
+        """Mean relevance of this page's hits (None without calibration or hits)."""
+        if self.relevance is None or len(self.relevance) == 0:
+            return None
+        return float(self.relevance.mean())
 
 
 def preflight(
@@ -116,26 +133,22 @@ def preflight(
     return checkpoint, config
 
 
-def _load_calibration(directory: Path, sha256: str) -> tuple[Any | None, dict[str, Any] | None]:
-    import json
-
-    from training.metrics.calibration import Calibration
-
+def _load_calibration(directory: Path, sha256: str) -> ServedCalibration | None:
+    """The index's calibration.json (format 2 or 1), None without one; NotServable naming the file
+    and the command that refits it when it does not parse or belongs to another checkpoint."""
     path = directory / CALIBRATION_FILE
     if not path.is_file():
-        return None, None
+        return None
+    refit = f"refit it with `icr index calibrate {directory}`"
     try:
-        info = json.loads(path.read_text())
-        calibration = Calibration.from_dict(info)
-    except (ValueError, KeyError, TypeError) as err:
-        raise NotServable(
-            f"{path}: unreadable calibration ({err}); refit it with `icr index calibrate {directory}`"
-        ) from None
-    if info.get("checkpoint_sha256") != sha256:
-        raise NotServable(
-            f"{path}: fitted for another checkpoint; refit it with `icr index calibrate {directory}`"
-        )
-    return calibration, info
+        calibration = ServedCalibration.read(path)
+    except ValueError as err:  # names the file already
+        raise NotServable(f"{err}; {refit}") from None
+    except (OSError, AttributeError, KeyError, TypeError) as err:  # unreadable, or JSON but not an object
+        raise NotServable(f"{path}: unreadable calibration ({err}); {refit}") from None
+    if calibration.info.get("checkpoint_sha256") != sha256:
+        raise NotServable(f"{path}: fitted for another checkpoint; {refit}")
+    return calibration
 
 
 def _batcher(index: Any, max_batch: int, faiss_threads: int) -> MicroBatcher:
@@ -152,7 +165,7 @@ def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -
     from index.vector_index import nprobe_of, set_nprobe, use_gpu
 
     index, manifest, metadata = load_index_dir(directory)
-    calibration, info = _load_calibration(directory, manifest.checkpoint_sha256)
+    calibration = _load_calibration(directory, manifest.checkpoint_sha256)
     nprobe = manifest.recall_check.get("nprobe")
     if nprobe and nprobe_of(index) is not None:
         set_nprobe(index, int(nprobe))  # the value the build tuned to reach its recall target
@@ -164,7 +177,7 @@ def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -
         index = faiss.index_cpu_to_gpu(resources, 0, index)
     batcher = _batcher(index, max_batch, faiss_threads)
     return LoadedIndex(
-        directory, index, manifest, metadata, calibration, info, batcher, resources is not None, resources
+        directory, index, manifest, metadata, calibration, batcher, resources is not None, resources
     )
 
 
@@ -189,7 +202,9 @@ class Retriever:
         self.device = device
         if captions is not None and captions.calibration is None:
             # Same checkpoint, same cosine score: the image index's map holds for captions too.
-            captions.calibration, captions.calibration_info = images.calibration, images.calibration_info
+            captions.calibration = images.calibration
+        # Text queries over the embedded benchmark get their query kind (and the model's figures for it).
+        self.benchmark = over_embedded_benchmark(images.manifest.data)
         self._image_transform = model.image_transform(train=False)
         self._distractors: Any = None
 
@@ -256,12 +271,15 @@ class Retriever:
         min_score: float | None = None,
         min_relevance: float | None = None,
         calibrated: bool = True,
+        text: str | None = None,
         timings: dict[str, float],
     ) -> Page:
         """Top-``depth`` neighbours of ``query`` (1, D), thresholded, then hits [offset, offset + k).
 
         ``calibrated=False``: no relevance, since the calibration maps caption-image scores and an
-        image-image score has no such meaning.
+        image-image score has no such meaning. A text query (``text`` given, image index) is mapped
+        by the calibration's per-query map when it has one; an image query (caption index) by its
+        global map, as the per-query map reads a text query's words, embedding and score list.
         """
         calibration = target.calibration if calibrated else None
         if min_relevance is not None and calibration is None:
@@ -273,16 +291,21 @@ class Retriever:
         t0 = time.perf_counter()
         scores, ids = target.batcher.search(query, depth)  # (n,) best first
         t1 = time.perf_counter()
-        relevance = calibration(scores) if calibration is not None else None  # (n,)
+        relevance = method = None
+        if calibration is not None:
+            relevance = calibration.relevance(scores, query, text)  # (n,)
+            method = calibration.method if text is not None else "global"
         if min_score is not None:
             keep = scores >= min_score
             threshold = {"kind": "min_score", "value": min_score, "score": min_score}
         elif min_relevance is not None:
             keep = relevance >= min_relevance
+            # Relevance never rises down a best-first list, so the passing hits are a prefix and
+            # their lowest score is this query's raw-score equivalent of the threshold.
             threshold = {
                 "kind": "min_relevance",
                 "value": min_relevance,
-                "score": calibration.score_for(min_relevance),
+                "score": float(scores[keep].min()) if keep.any() else None,
             }
         else:
             keep = np.ones(len(scores), bool)
@@ -291,6 +314,11 @@ class Retriever:
         window = slice(offset, offset + k)
         page_ids, page_scores = ids[keep][window], scores[keep][window]
         page_rel = relevance[keep][window] if relevance is not None else None
+        top_count = min(TOP_N, len(scores))
+        expected_relevant = top_relevance = None
+        if relevance is not None:
+            expected_relevant = float(relevance[keep].sum())
+            top_relevance = float(relevance[:top_count].mean()) if top_count else None
         t2 = time.perf_counter()
         rows = target.metadata.get(page_ids.tolist())
         t3 = time.perf_counter()
@@ -308,6 +336,10 @@ class Retriever:
             scores=page_scores,
             relevance=page_rel,
             rows=rows,
+            calibration=method,
+            expected_relevant=expected_relevant,
+            top_relevance=top_relevance,
+            top_count=top_count,
         )
 
     def batching(self) -> dict[str, dict[str, int]]:
@@ -360,7 +392,6 @@ class Retriever:
     # --- description ------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         c = self.config
-        calibration = self.images.calibration_info
         return {
             "checkpoint": {
                 "path": str(self.checkpoint),
@@ -373,18 +404,35 @@ class Retriever:
             },
             "index": self.images.summary(),
             "caption_index": self.captions.summary() if self.captions is not None else None,
-            "calibration": None
-            if calibration is None
-            else {
-                k: calibration.get(k)
-                for k in (
-                    "method",
-                    "fit",
-                    "labels",
-                    "ece",
-                    "score_for_relevance",
-                    "score_thresholds_for_precision",
-                )
-            },
+            "calibration": calibration_summary(self.images.calibration),
             "device": self.device,
         }
+
+
+def calibration_summary(calibration: ServedCalibration | None) -> dict[str, Any] | None:
+    """The /v1/info calibration block: which map is served, what labelled its fit, the per-kind
+    table and the held-out evaluation's pooled figures per map (format 1: what such a file has)."""
+    if calibration is None:
+        return None
+    info = calibration.info
+    out: dict[str, Any] = {
+        "format_version": info.get("format_version"),
+        "method": calibration.method,
+        "global_method": calibration.global_map.method,
+        "labels": info.get("labels"),
+        "labels_note": calibration.labels_note,
+        "fit": info.get("fit"),
+        "kinds": calibration.kinds,
+        "score_for_relevance": info.get("score_for_relevance"),
+    }
+    evaluation = info.get("evaluation")
+    if isinstance(evaluation, dict):
+        maps = evaluation.get("maps") or {}
+        out["evaluation"] = {
+            **{k: v for k, v in evaluation.items() if k != "maps"},
+            "maps": {name: (r or {}).get("pooled") for name, r in maps.items()},
+        }
+    for key in ("ece", "score_thresholds_for_precision", "global_ece_all_pairs"):  # format 1; split fits
+        if key in info:
+            out[key] = info[key]
+    return out

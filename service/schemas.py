@@ -19,8 +19,10 @@ class Threshold(BaseModel):
     value: float | None = Field(None, description="The value asked for (cosine, or probability in [0, 1]).")
     score: float | None = Field(
         None,
-        description="The raw cosine score this threshold corresponds to (min_relevance: the lowest score "
-        "whose calibrated relevance reaches the value; null when no score reaches it).",
+        description="The raw cosine score this threshold corresponds to. min_score: the value. "
+        "min_relevance: the lowest retrieved score whose relevance reaches the value (null when no "
+        "retrieved hit reaches it); with the per-query calibration map this is this query's equivalent "
+        "and another query's may differ.",
     )
 
 
@@ -86,7 +88,50 @@ class PageInfo(BaseModel):
     offset: int
 
 
-class TextSearchResponse(PageInfo):
+class Quality(BaseModel):
+    """What a user should know about this query's results, in plain sentences."""
+
+    kind: str | None = Field(
+        None,
+        description="The query's kind on the embedded benchmark (count, relation, position, background, "
+        "several_objects, one_object); null for other datasets, image queries and queries outside its "
+        "grammar.",
+    )
+    kind_p_at_10: float | None = Field(
+        None,
+        description="The model's P@10 on held-out captions of this kind (calibration.json's kinds table).",
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Plain sentences to show the user: a kind the model handles poorly, a query outside "
+        "the embedded benchmark's vocabulary, few likely relevant results in the top 10, a known bias "
+        "of the calibration's labels.",
+    )
+
+
+class Assessment(BaseModel):
+    """How much of the result is likely relevant, by the calibration, and why not to trust it."""
+
+    calibration: Literal["per_query", "global"] | None = Field(
+        None,
+        description="The map that produced `relevance`: per_query (score and the query's own results and "
+        "embedding; text queries), global (one score -> probability map: image queries, format-1 files), "
+        "null without calibration.",
+    )
+    expected_precision: float | None = Field(
+        None,
+        description="Mean relevance of the hits on this page: the share of them expected to be relevant "
+        "(null without calibration or without hits).",
+    )
+    expected_relevant: float | None = Field(
+        None,
+        description="Sum of relevance over every hit that passed the threshold (all pages): the expected "
+        "number of relevant results among `passed` (null without calibration).",
+    )
+    quality: Quality = Field(default_factory=Quality)
+
+
+class TextSearchResponse(Assessment, PageInfo):
     query: str
     hits: list[ImageHit]
     timings: Timings
@@ -96,7 +141,7 @@ class ImageResults(PageInfo):
     hits: list[ImageHit]
 
 
-class ImageSearchResponse(PageInfo):
+class ImageSearchResponse(Assessment, PageInfo):
     hits: list[CaptionHit]
     similar_images: ImageResults | None = Field(
         None,

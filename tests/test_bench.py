@@ -144,3 +144,39 @@ def test_markdown_has_every_section_and_marks_misses() -> None:
     for heading in ("## Targets", "## In-process search", "## HTTP", "## Training step", "## Evaluation"):
         assert heading in text
     assert "| exact batch of 16 / matmul floor | 1.500 x | < 1.3 x | **no** |" in text
+
+
+def _honesty(p10: float, p05: float | None, p08: float | None, queries: int) -> dict:
+    def at(precision: float | None) -> dict:
+        return {"precision": precision, "passing": 0 if precision is None else 100, "recall": 0.1,
+                "share_below": 0.2}
+
+    return {"queries": queries, "p_at_10": p10,
+            "thresholds": {"0.5": at(p05), "0.8": at(p08), "0.9": at(None)}}
+
+
+def test_relevance_targets_hold_every_kind_with_enough_queries() -> None:
+    from bench.relevance import summarise
+
+    by_kind = {
+        "one_object": _honesty(0.99, 0.9, 0.96, 1000),
+        "count": _honesty(0.59, 0.32, None, 390),  # no hit passes 0.8: not judged there
+        "relation": _honesty(0.1, 0.01, 0.02, 5),  # too few queries to be held to the targets
+    }
+    evaluation = {"queries": 1395, "split": "test", "depth": 1000, "judged": "generated distractors",
+                  "maps": {"per_query": {"pooled": _honesty(0.8, 0.88, 0.96, 1395), "by_kind": by_kind}}}
+    report = _report(inproc_p50=3.0, http_p50=4.0, qps16=300.0)
+    report["sections"]["relevance"] = {"calibrate_s": 20.0, "evaluation": evaluation,
+                                       "summary": summarise(evaluation)}
+    summary = report["sections"]["relevance"]["summary"]
+    assert summary["worst_kind_p_at_10"] == 0.59 and summary["worst_kind_precision_at_0.5"] == 0.32
+    assert summary["worst_kind_precision_at_0.8"] == 0.96
+    met = {t["target"]: t["met"] for t in targets(report)}
+    assert met["held-out P@10, pooled (served index)"] is True  # 0.8 >= 0.8
+    assert met["held-out P@10, worst query kind"] is False  # count 0.59
+    assert met["min_relevance 0.5: delivered precision, worst kind"] is False  # 0.32 < 0.45
+    assert met["min_relevance 0.8: delivered precision, worst kind"] is True
+    report["targets"] = targets(report)
+    text = markdown(report)
+    assert "## Threshold honesty (1,395 held-out test captions" in text
+    assert "| per_query | count |" in text

@@ -105,7 +105,8 @@ def test_demo_builds_every_artifact_then_reuses_them(tmp_path: Path, monkeypatch
     assert "generating 20 images" in first.output and "captions_true_of_own_image" in first.output
     for step in ("image index", "caption index"):
         assert f"{step}" in first.output and "building into" in first.output
-    assert "calibration: fitting" in first.output and "icr serve --index" in first.output
+    assert "calibration: validation captions search the index" in first.output
+    assert "icr serve --index" in first.output
     images = json.loads((workdir / "index" / "images" / "manifest.json").read_text())
     assert (images["gallery_count"], images["distractor_count"]) == (5, 30)
     assert images["data"]["path"] == str(workdir / "data")  # absolute: serving works from anywhere

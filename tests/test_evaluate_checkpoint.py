@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from training.checkpoint import load_checkpoint
 from training.config import load_config
-from training.data.synthetic.generate import DistractorStream, write_dataset
+from training.data.synthetic.generate import DistractorStream, load_scenes, write_dataset
 from training.data.synthetic.relevance import relevance_matrix
 from training.data.synthetic.scene import SceneTable
 from training.data.training_data import open_split
@@ -149,10 +149,51 @@ def test_calibration_and_plots(report):
     assert "calibration" not in rep["annotations"]  # fitted on ground-truth labels
     paths = [Path(p) for p in rep["plots"]]
     assert {p.name for p in paths} == {
-        "pr-curve.png", "scores-annotations.png", "scores-ground_truth.png", "reliability-ground_truth.png"
+        "pr-curve.png", "scores-annotations.png", "scores-ground_truth.png", "reliability-ground_truth.png",
+        *(f"reliability-kinds-{m}.png" for m in ("per_query", "isotonic_served", "isotonic_all_pairs")),
     }
     for path in paths:
         assert path.parent == plots and path.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_relevance_section_judges_held_out_captions_on_the_distractors(report, tiny, embedded):
+    """The threshold-honesty section against hit lists rebuilt here: every test caption's top hits
+    over the 12 test images + 10 distractors, judged on the distractors with the generator's truth."""
+    from training.data.synthetic.kinds import query_kind
+    from training.data.synthetic.parse import parse_caption
+    from training.metrics.threshold_honesty import HitLists, threshold_honesty
+
+    rep, _ = report
+    section = rep["relevance"]
+    assert section["labels"] == "ground_truth" and section["note"] is None
+    assert section["gallery"] == {"images": 12, "distractors": DISTRACTORS, "judged": "generated distractors"}
+    assert section["fit"]["split"] == "val" and section["fit"]["queries"] == 60
+    assert set(section["maps"]) == {"per_query", "isotonic_served", "isotonic_all_pairs"}
+    data, _ = tiny
+    model, split, img, cap = embedded
+    stream = DistractorStream.for_dataset(data, DISTRACTORS)
+    dis = embed_image_batch(model, [stream.image(k) for k in range(DISTRACTORS)])  # (10, D)
+    gallery = np.concatenate([img, dis])  # (22, D)
+    scores = cap @ gallery.T  # (60, 22)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    top = np.take_along_axis(scores, order, 1)
+    scenes = SceneTable.concat([SceneTable.from_scenes(
+        [load_scenes(data).by_imgid[r] for r in range(52, 64)]), stream.scene_table()])
+    truth = relevance_matrix(split.captions, scenes)  # (60, 22)
+    relevant = np.take_along_axis(truth, order, 1)
+    hits = HitLists(top, relevant, order >= 12, truth.sum(1), truth[:, 12:].sum(1),
+                    np.array([query_kind(parse_caption(c)) for c in split.captions]))
+    # The maps are fitted inside the evaluation; what is checked here is the hit lists they are
+    # judged on (rank figures and judged counts do not depend on a map). The threshold arithmetic
+    # has its own oracle in test_threshold_honesty.py.
+    served = section["maps"]["isotonic_served"]
+    want = threshold_honesty(hits, np.zeros_like(top))  # rank figures only
+    assert served["pooled"]["p_at_10"] == pytest.approx(want["pooled"]["p_at_10"])
+    assert served["pooled"]["r_precision"] == pytest.approx(want["pooled"]["r_precision"])
+    assert served["pooled"]["judged_hits"] == int((order >= 12).sum())
+    for kind, group in want["by_kind"].items():
+        assert served["by_kind"][kind]["queries"] == group["queries"]
+        assert served["by_kind"][kind]["p_at_10"] == pytest.approx(group["p_at_10"])
 
 
 def test_distractor_embeddings_file(tiny, embedded, tmp_path):

@@ -319,31 +319,63 @@ def test_cli_build(data, checkpoint, tmp_path):
     assert os.path.isdir(out) and not (tmp_path / "a").exists()
 
 
-def test_calibrate_writes_a_calibration_that_matches_the_validation_pairs(built, data, checkpoint):
-    from index.calibration import CALIBRATION_FILE, calibrate_index
-    from training.metrics.calibration import Calibration
+def test_calibrate_fits_on_held_out_captions_searched_in_the_index(built, data, checkpoint):
+    from index.calibration import CALIBRATION_FILE, ServedCalibration, calibrate_index
+    from training.data.synthetic.parse import parse_caption
+    from training.data.synthetic.relevance import relevance_mask
+    from training.data.synthetic.scene import SceneTable
+    from training.embedding import embed_captions
 
-    result = calibrate_index(built, split="val", eval_split="test", progress=False)
+    result = calibrate_index(built, split="val", eval_split="test", depth=30, progress=False)
     stored = json.loads((built / CALIBRATION_FILE).read_text())
     assert stored == as_json(result)
-    assert stored["labels"] == "ground_truth" and set(stored["ece"]) == {"val", "test"}
+    assert stored["format_version"] == 2 and stored["method"] == "per_query"
+    assert stored["labels"] == "ground_truth" and stored["labels_note"] is None
     assert stored["checkpoint_sha256"] == Manifest.read(built).checkpoint_sha256
-    calibration = Calibration.from_dict(stored)
-    # isotonic: non-decreasing in the score, inside [0, 1]
-    probs = calibration(np.linspace(-1, 1, 201))
-    assert np.all(np.diff(probs) >= 0) and probs.min() >= 0 and probs.max() <= 1
-    # a precision threshold found on the fit split really reaches that precision there
+    assert stored["fit"] == {
+        **stored["fit"],
+        "split": "val",
+        "queries": 60,
+        "depth": 30,
+        "gallery": "this index",
+    }
+    served = ServedCalibration(stored)
+    assert served.method == "per_query"
+
+    # The fit's hits, rebuilt here: each validation caption's top 30 in the index, judged by the
+    # generator's truth over the test images' and distractors' scenes.
     model, _ = load_checkpoint(checkpoint)
     val = open_split(data, "val")
-    from training.embedding import embed_captions
-    from training.evaluate_checkpoint import ground_truth_relevance
+    index, manifest, metadata = load_index_dir(built)
+    metadata.close()
+    scores, ids = index.search(embed_captions(model, val.captions), 30)  # (60, 30) each
+    test_records = json.loads((data / "dataset_synthetic.json").read_text())["images"]
+    scenes = load_scenes(data)
+    gallery = [scenes.by_imgid[r["imgid"]] for r in test_records if r["split"] == "test"]
+    stream = DistractorStream.for_dataset(data, N_DISTRACTORS)
+    table = SceneTable.from_scenes(gallery + [stream.scene(k) for k in range(N_DISTRACTORS)])
+    truth = np.stack([relevance_mask(parse_caption(c), table)[ids[q]] for q, c in enumerate(val.captions)])
+    # The global isotonic map keeps its promise on the hits it was fitted on: the hits it rates
+    # >= p are relevant at least a fraction p of the time (pool-adjacent-violators' blocks).
+    relevance = served.global_map(scores)
+    for p in (0.3, 0.5, 0.8):
+        passing = relevance >= p
+        if passing.any():
+            assert truth[passing].mean() >= p - 1e-9
+    # The per-query map never ranks a lower score above a higher one within a query.
+    emb = embed_captions(model, val.captions)
+    for q in range(len(scores)):
+        r = served.relevance(scores[q], emb[q : q + 1], val.captions[q])
+        assert np.all(np.diff(r) <= 1e-12) and r.min() >= 0 and r.max() <= 1
 
-    sim = embed_images(model, val) @ embed_captions(model, val.captions).T  # (N_img, N_cap)
-    truth = ground_truth_relevance(val).image_rows(0, val.num_images)
-    for target, point in stored["score_thresholds_for_precision"].items():
-        if point is not None:
-            returned = sim >= point["threshold"]
-            assert truth[returned].mean() >= float(target)
+    evaluation = stored["evaluation"]
+    assert evaluation["split"] == "test" and evaluation["judged"] == "generated distractors"
+    assert set(evaluation["maps"]) == {"per_query", "global"}
+    pooled = evaluation["maps"]["per_query"]["pooled"]
+    assert pooled["queries"] == 60 and set(pooled["thresholds"]) == {"0.5", "0.8", "0.9"}
+    assert set(stored["kinds"]) == set(evaluation["maps"]["per_query"]["by_kind"])
+    for row in stored["kinds"].values():
+        assert row["handled_well"] == (row["p_at_10"] is not None and row["p_at_10"] >= 0.6)
 
 
 def test_calibrate_refuses_another_checkpoint_and_bad_methods(built, data, tmp_path):
@@ -354,14 +386,21 @@ def test_calibrate_refuses_another_checkpoint_and_bad_methods(built, data, tmp_p
         calibrate_index(built, checkpoint=other, progress=False)
     with pytest.raises(ValueError, match="isotonic, platt"):
         calibrate_index(built, method="spline", progress=False)
+    with pytest.raises(ValueError, match="--depth must be >= 1"):
+        calibrate_index(built, depth=0, progress=False)
 
 
 def test_cli_calibrate(built):
     from service.cli import app
 
-    result = CliRunner().invoke(app, ["index", "calibrate", str(built), "--method", "platt", "--quiet"])
+    result = CliRunner().invoke(
+        app, ["index", "calibrate", str(built), "--method", "platt", "--depth", "20", "--quiet"]
+    )
     assert result.exit_code == 0, result.output
-    assert "ece" in result.output and f"wrote {built / 'calibration.json'}" in result.output
+    assert "held-out test captions (60), top 20, judged on generated distractors" in result.output
+    assert "per_query" in result.output and "one_object" in result.output
+    assert f"wrote {built / 'calibration.json'}" in result.output
+    assert json.loads((built / "calibration.json").read_text())["global"]["method"] == "platt"
 
 
 def test_distractor_images_from_a_folder(data, checkpoint, tmp_path):

@@ -389,6 +389,25 @@ def test_cnn_eval_transform_is_exact_for_64px(vocab: Vocabulary) -> None:
     assert gray.shape == (3, 64, 64) and torch.equal(gray[0], gray[1])
 
 
+def test_transform_stack_equals_one_image_at_a_time() -> None:
+    from training.models.preprocess import ImageTransform
+
+    rng = np.random.default_rng(3)
+    exact = [Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)) for _ in range(3)]
+    exact.append(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))  # arrays go the same way
+    mixed = [*exact, _scene(100, 80)]  # one image needs resizing: no one-operation shortcut
+    stats = {"mean": (0.1, 0.2, 0.3), "std": (0.5, 0.6, 0.7)}
+    for transform, images in (
+        (ImageTransform(image_size=64, resize=None, **stats), exact),
+        (ImageTransform(image_size=64, resize=72, **stats), mixed),
+        (ImageTransform(image_size=48, resize=None, augment="crop_flip", train=True, **stats), mixed),
+    ):
+        stacked = transform.stack(images, lambda j: np.random.default_rng([5, j]))
+        one_by_one = [transform(im, np.random.default_rng([5, j])) for j, im in enumerate(images)]
+        assert stacked.shape == (len(images), 3, transform.image_size, transform.image_size)
+        assert torch.equal(stacked, torch.stack(one_by_one))
+
+
 def test_eval_transform_resizes_shorter_side_then_center_crops() -> None:
     from training.models.preprocess import ImageTransform
 

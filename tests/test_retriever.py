@@ -91,13 +91,13 @@ def test_thresholds_and_pages_match_a_numpy_oracle(retriever: Retriever, text: s
     ):
         for depth, offset, k in ((ntotal, 0, 10), (ntotal, 7, 5), (30, 0, 30), (30, 25, 10)):
             page = retriever.search(
-                retriever.images, query, k=k, offset=offset, depth=depth, timings={}, **threshold
+                retriever.images, query, k=k, offset=offset, depth=depth, text=text, timings={}, **threshold
             )
             top = oracle_scores[:depth]
             if "min_score" in threshold:
                 keep = top >= threshold["min_score"]
             elif "min_relevance" in threshold:
-                keep = calibration(top) >= threshold["min_relevance"]
+                keep = calibration.relevance(top, query, text) >= threshold["min_relevance"]
             else:
                 keep = np.ones(len(top), bool)
             passed = int(keep.sum())
@@ -105,20 +105,27 @@ def test_thresholds_and_pages_match_a_numpy_oracle(retriever: Retriever, text: s
             assert page.passed_is_exact == (passed < depth or depth == ntotal)
             want = slice(offset, offset + k)
             _same_up_to_ties(page.ids, page.scores, top[keep][want], oracle_ids[:depth][keep][want])
-            if page.relevance is not None:
-                np.testing.assert_allclose(page.relevance, calibration(page.scores))
+            # the per-query map reads the whole retrieved list: the page's relevance is its window
+            np.testing.assert_allclose(
+                page.relevance, calibration.relevance(top, query, text)[keep][want], rtol=1e-5, atol=1e-6
+            )
+            assert page.calibration == "per_query"
+            assert page.expected_relevant == pytest.approx(
+                float(calibration.relevance(top, query, text)[keep].sum()), rel=1e-5
+            )
             assert [r["id"] for r in page.rows] == page.ids.tolist()
 
 
 def test_min_relevance_reports_the_equivalent_raw_score(retriever: Retriever) -> None:
     query = retriever.encode_text("a green triangle")
     page = retriever.search(
-        retriever.images, query, k=100, offset=0, depth=100, min_relevance=0.3, timings={}
+        retriever.images, query, k=100, offset=0, depth=100, min_relevance=0.3, text="a green triangle",
+        timings={},
     )
-    score = retriever.images.calibration.score_for(0.3)
+    # this query's equivalent: the lowest retrieved score that passed (None when none did)
+    score = float(page.scores.min()) if page.passed else None
     assert page.threshold == {"kind": "min_relevance", "value": 0.3, "score": score}
-    if score is not None:
-        assert all(s >= score - 1e-6 for s in page.scores)
+    assert page.passed <= 100 and np.all(page.relevance >= 0.3)
 
 
 def test_caption_index_borrows_the_image_calibration(retriever: Retriever) -> None:
@@ -126,6 +133,9 @@ def test_caption_index_borrows_the_image_calibration(retriever: Retriever) -> No
     query = retriever.encode_image(retriever.image(0))  # (1, D)
     page = retriever.search(retriever.captions, query, k=5, offset=0, depth=80, timings={})
     assert page.searched == 80 and all(r["captions"] for r in page.rows)
+    # image queries: the global map (the per-query map is fitted on text queries)
+    assert page.calibration == "global"
+    np.testing.assert_allclose(page.relevance, retriever.images.calibration.global_map(page.scores))
 
 
 def test_images_come_from_files_and_the_distractor_generator(retriever: Retriever, built) -> None:
@@ -158,6 +168,10 @@ def test_preflight_names_what_does_not_belong_together(built, tmp_path) -> None:
     (stale / "calibration.json").write_text(json.dumps(calibration))
     with pytest.raises(NotServable, match="icr index calibrate"):
         Retriever.load(stale, gpu="off")
+    for garbage in ("{not json", "[]", json.dumps({"format_version": 2})):
+        (stale / "calibration.json").write_text(garbage)
+        with pytest.raises(NotServable, match=rf"calibration.json.*icr index calibrate {stale}"):
+            Retriever.load(stale, gpu="off")
 
 
 def test_settings_come_from_the_environment_and_name_known_datasets(monkeypatch, tmp_path) -> None:

@@ -170,6 +170,17 @@ def test_distractor_stream_is_lazy_deterministic_and_random_access() -> None:
     assert not np.array_equal(make_image(3, "test", 0, 32)[1], items[0][2])
 
 
+def test_distractor_batches_rendered_in_processes_are_the_same() -> None:
+    stream = DistractorStream(23, seed=5, image_size=32)
+    serial = list(stream.batches(4, start=1))
+    parallel = list(stream.batches(4, start=1, workers=2))  # 6 batches, at most 4 ahead
+    assert len(parallel) == len(serial) == 6
+    for (ids_a, images_a, scenes_a), (ids_b, images_b, scenes_b) in zip(serial, parallel, strict=True):
+        assert np.array_equal(ids_a, ids_b) and np.array_equal(images_a, images_b) and scenes_a == scenes_b
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        next(stream.batches(0, workers=2))
+
+
 def test_distractor_scene_table_serves_relevance() -> None:
     stream = DistractorStream(300, seed=4)
     table = stream.scene_table(chunk=128)  # several chunks, concatenated

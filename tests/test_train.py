@@ -177,6 +177,58 @@ def test_config_errors_say_what_to_fix():
     assert loss_params(cfg) == {} and cfg["loss"]["ntxent"] == {"temperature": 0.1}
 
 
+def test_ground_truth_positives_reach_the_objective(data, tmp_path):
+    """data.positives=ground_truth: the loss gets every pair of the batch the generator says is relevant."""
+    from training.data.synthetic.generate import load_scenes
+    from training.data.synthetic.relevance import is_relevant
+    from training.data.training_data import plan_epoch
+    from training.losses.base import ContrastiveLoss
+
+    cfg = tiny_config(data, tmp_path / "run", 'data.positives="ground_truth"', 'loss.name="ntxent_multi"',
+                      "train.max_steps=2", "train.epochs=1", "train.val_every=0")
+    trainer = Trainer(cfg, progress=False)
+    seen = []
+    forward = ContrastiveLoss.forward
+
+    def spy(self, img, cap, img_ids, cap_img_ids, relevant=None):
+        seen.append((img_ids.clone(), cap_img_ids.clone(), relevant))
+        return forward(self, img, cap, img_ids, cap_img_ids, relevant)
+
+    trainer.loss_fn.forward = spy.__get__(trainer.loss_fn)
+    trainer.fit()
+    assert len(seen) == 2
+    scenes = load_scenes(data).by_imgid  # training images are imgids 0..39 (train is written first)
+    plans = plan_epoch(trainer.train_data, "image", 8, 0, 0)
+    for (img_ids, _, relevant), plan in zip(seen, plans, strict=False):
+        assert relevant is not None and relevant.dtype == torch.bool
+        want = [[is_relevant(trainer.train_data.captions[c], scenes[int(i)]) for c in plan.cap_idx]
+                for i in img_ids]
+        assert relevant.tolist() == want
+        # the annotated pairs are among them (every caption is true of its own image)
+        assert all(relevant[r, c] for r, i in enumerate(img_ids) for c, cap in enumerate(plan.cap_idx)
+                   if trainer.train_data.img_of_cap[cap] == i)
+
+
+def test_ground_truth_positives_need_the_embedded_benchmark(tmp_path):
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 4), ("dev", 2)):
+        np.save(tmp_path / f"{split}_ims.npy", rng.standard_normal((n, 3, 8)).astype(np.float32))
+        (tmp_path / f"{split}_caps.txt").write_text("\n".join(["a red dog"] * 5 * n) + "\n")
+    cfg = load_config(None, [f'data.path="{tmp_path}"', 'data.positives="ground_truth"',
+                             'data.val_split="dev"', 'model.image.kind="precomp"',
+                             "model.image.feature_dim=8"])
+    with pytest.raises(ValueError, match="data.positives=ground_truth needs the embedded benchmark"):
+        Trainer(cfg, progress=False)
+    with pytest.raises(ValueError, match="data.positives must be annotations or ground_truth"):
+        load_config(None, ['data.positives="cxc"'])
+
+
+def test_validation_also_runs_after_the_last_epoch(data, tmp_path):
+    train(tiny_config(data, tmp_path / "run", "train.epochs=3", "train.val_every=2"), progress=False)
+    vals = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in vals if r["event"] == "val"] == [2, 3]
+
+
 def test_precomp_region_features_train(tmp_path):
     rng = np.random.default_rng(0)
     words = ["a", "red", "blue", "dog", "cat", "on", "grass"]

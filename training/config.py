@@ -28,6 +28,10 @@ DEFAULTS: dict[str, Any] = {
         "val_images": 1000,  # validate on the first N images of the val split (0 = all)
         "preload": "auto",  # decode all training images into memory when they fit in 2 GiB
         "cache_dir": "",  # LTD targets; default: <data>/.icr-cache
+        # Which pairs of a batch are positives: "annotations" (a caption and its own image), or
+        # "ground_truth" (embedded benchmark: also every other image the caption is true of, so
+        # no relevant pair is ever used as a negative).
+        "positives": "annotations",
     },
     "model": {},  # see training.models (normalize_model_config fills the defaults)
     "loss": {"name": "ntxent"},  # + [loss.<name>] tables of parameters
@@ -50,7 +54,7 @@ DEFAULTS: dict[str, Any] = {
         "device": "auto",  # auto | cpu | cuda
         "amp": "auto",  # auto (on CUDA) | on | off
         "workers": 0,  # DataLoader worker processes
-        "val_every": 1,  # epochs; 0 = never (last checkpoint only)
+        "val_every": 1,  # epochs, and after the last epoch; 0 = never (last checkpoint only)
         "log_every": 20,  # steps between metrics.jsonl lines
         "save_every": 500,  # steps between resumable training-state saves
         "swa": False,  # average snapshots from the last 10% of every epoch (LTD setting)
@@ -146,6 +150,9 @@ def _check(config: dict[str, Any]) -> None:
             f"optim.schedule must be step, cosine, linear or constant, got {optim['schedule']!r}")
     if train["amp"] not in ("auto", "on", "off"):
         raise ValueError(f"train.amp must be auto, on or off, got {train['amp']!r}")
+    if config["data"]["positives"] not in ("annotations", "ground_truth"):
+        raise ValueError(
+            f"data.positives must be annotations or ground_truth, got {config['data']['positives']!r}")
     from training.losses import load_all
 
     registry = load_all()

@@ -36,11 +36,11 @@ def embed_image_batch(
 ) -> np.ndarray:
     """(b, D) float32 embeddings of one batch of images (PIL, (H, W, 3) uint8, or precomp features)."""
     transform = model.image_transform(train=False)
-    rng = np.random.default_rng(0)  # eval transforms are deterministic; the argument is required
     was_training = model.training
     model.eval()
     try:
-        x = torch.stack([transform(image, rng) for image in images]).to(device)  # (b, ...)
+        # eval transforms are deterministic; the generator argument is never called
+        x = transform.stack(images, lambda j: np.random.default_rng(0)).to(device)  # (b, ...)
         return model.encode_image(x).float().cpu().numpy()  # (b, D)
     finally:
         model.train(was_training)

@@ -49,6 +49,9 @@ class EvalOptions:
     cxc_threshold: float = 3.0  # CxC pairs with agg_score >= this are positives
     cxc_karpathy: Path | None = None  # Karpathy JSON naming precomp images/captions (default: found)
     cxc_intramodal: bool = True  # also t2t / i2i against STS / SIS
+    # Threshold honesty (section "relevance"): held-out captions searched to this depth, as the
+    # service searches (0: skip the section).
+    relevance_depth: int = 1000
     # Called as (stage, fraction of the work done) when each stage starts; the service's benchmark
     # jobs report it as progress.
     on_stage: Callable[[str, float], None] | None = None
@@ -88,19 +91,15 @@ def synthetic_dir(data: SplitData) -> Path | None:
     return directory if (directory / SCENES_NAME).is_file() else None
 
 
-def ground_truth_relevance(data: SplitData, captions_per_image: int = 5) -> Relevance | None:
+def ground_truth_relevance(data: SplitData) -> Relevance | None:
     """(N_img, N_cap) generator truth united with the annotations; None off the embedded benchmark."""
     directory = synthetic_dir(data)
     if directory is None:
         return None
-    from training.data.karpathy import load_karpathy
-    from training.data.synthetic.generate import load_scenes
+    from training.data.synthetic.generate import split_scene_table
     from training.data.synthetic.relevance import relevance_matrix
-    from training.data.synthetic.scene import SceneTable
 
-    records = load_karpathy(data.source, captions_per_image=captions_per_image).split(data.name).images
-    scenes = load_scenes(directory).for_imgids([r.imgid for r in records])
-    truth = relevance_matrix(data.captions, SceneTable.from_scenes(scenes))  # (N_cap, N_img)
+    truth = relevance_matrix(data.captions, split_scene_table(directory, data.name))  # (N_cap, N_img)
     annotations = Relevance.annotations(data.img_of_cap, data.num_images)
     return Relevance.matrix(np.ascontiguousarray(truth.T)).union(annotations)
 
@@ -125,23 +124,20 @@ def fit_split_calibration(split: EmbeddedSplit, method: str) -> Calibration:
 
 
 def _synthetic_distractors(
-    model: nn.Module, directory: Path, n: int, captions: list[str], options: EvalOptions
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Embedded-benchmark distractors with their ground-truth relevance to every test caption."""
+    model: nn.Module, directory: Path, n: int, options: EvalOptions
+) -> Iterator[tuple[np.ndarray, Any]]:
+    """Embedded-benchmark distractors: (embeddings (b, D), their scenes as a SceneTable) per batch."""
     from tqdm import tqdm
 
-    from training.data.synthetic.generate import DistractorStream
-    from training.data.synthetic.parse import parse_caption
-    from training.data.synthetic.relevance import relevance_matrix
+    from training.data.synthetic.generate import DistractorStream, render_workers
     from training.data.synthetic.scene import SceneTable
 
-    queries = [parse_caption(c) for c in captions]
     stream = DistractorStream.for_dataset(directory, n)
     bar = tqdm(total=n, desc="distractors", unit="img", disable=not options.progress, leave=False)
-    for _, images, scenes in stream.batches(options.batch_size):
+    for _, images, scenes in stream.batches(options.batch_size, workers=render_workers()):
         emb = embed_image_batch(model, list(images), device=options.device)  # (b, D)
         bar.update(len(images))
-        yield emb, relevance_matrix(queries, SceneTable.from_scenes(scenes))  # (N_cap, b)
+        yield emb, SceneTable.from_scenes(scenes)
     bar.close()
 
 
@@ -234,11 +230,32 @@ def evaluate_model(
     }
     if options.plots_dir is not None:
         report["plots"] = [str(p) for p in write_plots(sections, Path(options.plots_dir))]
+    # Held-out captions as the service sees them (section "relevance"): test and validation
+    # captions each over their split's images, then the same distractors, in one pass.
+    sides = {}
+    if options.relevance_depth > 0 and calibration_split:
+        from training.relevance_eval import QuerySide
+
+        sides = {
+            name: QuerySide.start(s.data.captions, s.cap_emb, s.data.img_of_cap, s.img_emb,
+                                  options.relevance_depth)
+            for name, s in (("test", test), ("fit", held_out))
+        }
+    distractor_scenes: list[Any] = []
     if options.distractors or options.distractor_embeddings:
         t0 = time.perf_counter()
-        options.stage("distractors", 0.8)
-        report["distractors"] = _distractor_section(model, test, options)
+        options.stage("distractors", 0.75)
+        report["distractors"] = _distractor_section(model, test, options, sides.values(), distractor_scenes)
         timings["distractors_s"] = time.perf_counter() - t0
+    if sides:
+        t0 = time.perf_counter()
+        options.stage("threshold honesty", 0.85)
+        report["relevance"], relevance_plots = _relevance_section(
+            test, held_out, sides, distractor_scenes, calibration, options
+        )
+        if options.plots_dir is not None:
+            report.setdefault("plots", []).extend(str(p) for p in relevance_plots)
+        timings["relevance_s"] = time.perf_counter() - t0
     if cxc is not None:
         t0 = time.perf_counter()
         options.stage("CxC metrics", 0.9)
@@ -249,17 +266,33 @@ def evaluate_model(
     return report
 
 
-def _distractor_section(model: nn.Module, test: EmbeddedSplit, options: EvalOptions) -> dict[str, Any]:
+def _distractor_section(
+    model: nn.Module, test: EmbeddedSplit, options: EvalOptions, sides: Any, scenes: list[Any]
+) -> dict[str, Any]:
+    """t2i recall with the distractors in the gallery; every batch also goes to the ``sides``'
+    top-depth lists, and on the embedded benchmark its scenes are appended to ``scenes``."""
+    sides = list(sides)
     if options.distractor_embeddings is not None:
         batches = _file_distractors(
             Path(options.distractor_embeddings), test.img_emb.shape[1], options.batch_size
         )
+
+        def feed() -> Iterator[tuple[np.ndarray, None]]:
+            for emb, relevant in batches:
+                for side in sides:
+                    side.top.add(emb)
+                yield emb, relevant
+
         return {
             "source": str(options.distractor_embeddings),
-            **distractor_recall(test.cap_emb, test.img_emb, test.annotations, batches),
+            **distractor_recall(test.cap_emb, test.img_emb, test.annotations, feed()),
         }
+    from training.data.synthetic.parse import parse_caption
+    from training.data.synthetic.relevance import relevance_matrix
+
     directory = synthetic_dir(test.data)
     assert directory is not None  # checked in evaluate_model
+    queries = [parse_caption(c) for c in test.data.captions]
     # One pass over the distractors feeds both label sets: with the annotations every distractor
     # is a negative; with the ground truth one that satisfies the caption is a hit.
     by_annotations = DistractorRecall(len(test.cap_emb))
@@ -267,18 +300,75 @@ def _distractor_section(model: nn.Module, test: EmbeddedSplit, options: EvalOpti
     gallery = test.sim.T  # (N_cap, N_img)
     by_annotations.add(gallery, test.annotations.caption_rows(0, test.annotations.n_cap), distractor=False)
     by_truth.add(gallery, test.ground_truth.caption_rows(0, test.ground_truth.n_cap), distractor=False)
-    for emb, relevant in _synthetic_distractors(
-        model, directory, options.distractors, test.data.captions, options
-    ):
+    for emb, table in _synthetic_distractors(model, directory, options.distractors, options):
         scores = test.cap_emb @ emb.T  # (N_cap, b)
         by_annotations.add(scores)
-        by_truth.add(scores, relevant)
+        by_truth.add(scores, relevance_matrix(queries, table))  # (N_cap, b)
+        for side in sides:
+            side.top.add(emb)
+        scenes.append(table)
     return {
         "source": "synthetic generator",
         "count": options.distractors,
         "annotations": by_annotations.metrics(),
         "ground_truth": by_truth.metrics(),
     }
+
+
+def _relevance_section(
+    test: EmbeddedSplit,
+    held_out: EmbeddedSplit,
+    sides: dict[str, Any],
+    distractor_scenes: list[Any],
+    all_pairs: Calibration | None,
+    options: EvalOptions,
+) -> tuple[dict[str, Any], list[Path]]:
+    """Threshold honesty of the served maps (see :mod:`training.relevance_eval`) and its plots."""
+    from training.relevance_eval import ANNOTATION_NOTE, annotation_hits, fit_served_maps, honesty_report
+
+    synthetic = test.ground_truth is not None and held_out.ground_truth is not None
+    hits = {}
+    for name, split in (("test", test), ("fit", held_out)):
+        side = sides[name]
+        if synthetic:
+            from training.data.synthetic.generate import split_scene_table
+            from training.data.synthetic.scene import SceneTable
+            from training.relevance_eval import synthetic_hits
+
+            table = SceneTable.concat([split_scene_table(synthetic_dir(split.data), split.data.name),
+                                       *distractor_scenes])
+            # the test captions are judged on the distractors (when there are any), the fit on
+            # every image but the caption's own
+            hits[name] = synthetic_hits(side, table, split.data.num_images,
+                                        judge_distractors=name == "test" and bool(distractor_scenes))
+        else:
+            hits[name] = annotation_hits(side)
+    per_query, served = fit_served_maps(hits["fit"], held_out.cap_emb, held_out.data.captions)
+    maps = {"per_query": per_query, "isotonic_served": served, "isotonic_all_pairs": all_pairs}
+    section: dict[str, Any] = {
+        "depth": options.relevance_depth,
+        "labels": "ground_truth" if synthetic else "annotations",
+        "note": None if synthetic else ANNOTATION_NOTE,
+        "gallery": {
+            "images": test.data.num_images,
+            "distractors": sides["test"].top.ntotal - test.data.num_images,
+            "judged": "generated distractors" if synthetic and distractor_scenes
+            else "every image but the caption's own",
+        },
+        "fit": {"split": held_out.data.name, "queries": len(hits["fit"]),
+                "per_query": None if per_query is None else per_query.fit, "isotonic_served": served.fit},
+        "maps": honesty_report(hits["test"], test.cap_emb, test.data.captions, maps),
+    }
+    plots: list[Path] = []
+    if options.plots_dir is not None:
+        from training.analysis.plots import plot_reliability_by_kind
+
+        for name, figures in section["maps"].items():
+            plots.append(plot_reliability_by_kind(
+                figures, Path(options.plots_dir) / f"reliability-kinds-{name}.png",
+                f"{name}: held-out {test.data.name} captions, depth {options.relevance_depth}",
+            ))
+    return section, plots
 
 
 def cxc_section(test: EmbeddedSplit, cxc: Any, options: EvalOptions) -> dict[str, Any]:

@@ -106,6 +106,33 @@ def format_cxc_table(section: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_relevance_table(section: dict[str, Any]) -> str:
+    """Threshold honesty per map and query kind: what min_relevance 0.5 / 0.8 deliver."""
+    g = section["gallery"]
+    lines = [
+        f"threshold honesty: held-out captions, top {section['depth']} of {g['images']:,} images + "
+        f"{g['distractors']:,} distractors, judged on {g['judged']} ({section['labels']})"
+    ]
+    if section.get("note"):
+        lines.append(f"  note: {section['note']}")
+    for name, figures in section["maps"].items():
+        targets = list(figures["pooled"]["thresholds"])[:2]
+        head = "".join(f"{'prec@' + t:>9} {'pass':>8} {'recall':>7} {'<p-0.1':>7}" for t in targets)
+        lines.append(f"  map {name}")
+        lines.append(f"    {'queries':<16} {'n':>5} {'P@10':>6} {'R-prec':>7} {'ECE':>7}{head}")
+        for kind, group in [("pooled", figures["pooled"]), *sorted(figures["by_kind"].items())]:
+            cells = "".join(
+                f"{_fmt(t['precision'], 3):>9} {t['passing']:>8,} {_fmt(t['recall'], 3):>7} "
+                f"{_fmt(t['share_below'], 2):>7}"
+                for t in (group["thresholds"][x] for x in targets)
+            )
+            lines.append(
+                f"    {kind:<16} {group['queries']:>5} {_fmt(group['p_at_10'], 3):>6} "
+                f"{_fmt(group['r_precision'], 3):>7} {group['ece']:>7.4f}{cells}"
+            )
+    return "\n".join(lines)
+
+
 def format_report(report: dict[str, Any]) -> str:
     parts = []
     for label, title in (("annotations", "annotated pairs"), ("ground_truth", "ground-truth relevance")):
@@ -123,6 +150,8 @@ def format_report(report: dict[str, Any]) -> str:
                 parts.append(
                     f"t2i with distractors ({label}, gallery {int(section['gallery_size']):,}): {recalls}"
                 )
+    if "relevance" in report:
+        parts.append(format_relevance_table(report["relevance"]))
     if "cxc" in report:
         parts.append(format_cxc_table(report["cxc"]))
     return "\n".join(parts)
@@ -180,6 +209,12 @@ def evaluate_command(
         ),
     ] = None,
     cxc_intramodal: Annotated[bool, typer.Option(help="With --cxc: also t2t (STS) and i2i (SIS).")] = True,
+    relevance_depth: Annotated[
+        int,
+        typer.Option(
+            help="Threshold honesty: search held-out captions this deep, as the service does (0: skip)."
+        ),
+    ] = 1000,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
@@ -192,6 +227,9 @@ def evaluate_command(
       icr evaluate -m runs/coco/best -d ~/data/coco_precomp --split testall --protocol 1k
 
       icr evaluate -m runs/x/best -d icr-demo/data --distractors 100000 --threshold 0.5
+
+      # does min_relevance keep its promise per kind of query? (section "relevance", plots per kind)
+      icr evaluate -m icr-demo/model/best -d icr-demo/data --distractors 100000 --json eval.json
 
       icr evaluate -m runs/coco/best -d ~/data/coco_precomp --split testall --cxc ~/data/cxc/data
     """
@@ -226,7 +264,10 @@ def evaluate_command(
         cxc_threshold=cxc_threshold,
         cxc_karpathy=cxc_karpathy,
         cxc_intramodal=cxc_intramodal,
+        relevance_depth=relevance_depth,
     )
+    if relevance_depth < 0:
+        raise ValueError(f"--relevance-depth must be >= 0, got {relevance_depth}")
     report = evaluate_checkpoint(checkpoint, data, options)
     typer.echo(format_report(report))
     if json_out is not None:

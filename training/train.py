@@ -109,6 +109,7 @@ class Trainer:
             self.val_data = open_split(dcfg["path"], dcfg["val_split"], captions_per_image=per_image,
                                        preload=False).head(int(dcfg["val_images"]))
 
+        self.pair_truth = self._pair_truth(dcfg["positives"])
         model_cfg = normalize_model_config(config["model"])
         self.vocab = self._vocabulary(model_cfg)
         torch.manual_seed(self.seed)  # identical initial weights on every process and every run
@@ -128,6 +129,24 @@ class Trainer:
         from training.data.vocab import build_vocab_from_split
 
         return build_vocab_from_split(self.train_data)
+
+    def _pair_truth(self, positives: str) -> Any:
+        """``data.positives = "ground_truth"``: the generator's truth for any batch's pairs."""
+        if positives == "annotations":
+            return None
+        from training.data.synthetic.generate import SCENES_NAME, split_scene_table
+        from training.data.synthetic.parse import parse_caption
+        from training.data.synthetic.relevance import PairTruth
+
+        directory = self.train_data.source.parent
+        if self.train_data.kind != "karpathy" or not (directory / SCENES_NAME).is_file():
+            raise ValueError(
+                f"data.positives=ground_truth needs the embedded benchmark's scene structures "
+                f"({SCENES_NAME} beside the dataset, written by `icr data synth`); {self.train_data.source} "
+                "has none: use data.positives=annotations"
+            )
+        queries = [parse_caption(c) for c in self.train_data.captions]
+        return PairTruth(queries, split_scene_table(directory, self.train_data.name))
 
     def _decoding(self) -> nn.Module | None:
         from training.ltd import build_decoding
@@ -169,16 +188,17 @@ class Trainer:
     def _make_batch(self, plan: PlannedBatch, epoch: int, step: int) -> dict[str, Any]:
         data = self.train_data
         # one generator per sample from its position: augmentation is the same after a resume
-        images = torch.stack([
-            self.train_transform(data.get_image(int(i)), np.random.default_rng([self.seed, epoch, step, j]))
-            for j, i in enumerate(plan.img_idx)
-        ])  # (Ni, 3, H, W) or (Ni, R, F)
+        images = self.train_transform.stack(
+            [data.get_image(int(i)) for i in plan.img_idx],
+            lambda j: np.random.default_rng([self.seed, epoch, step, j]),
+        )  # (Ni, 3, H, W) or (Ni, R, F)
         captions = [data.captions[int(c)] for c in plan.cap_idx]
         batch = {
             "images": images,
             "text": self.model.tokenize(captions),
             "img_ids": torch.from_numpy(plan.img_idx.astype(np.int64)),
             "cap_img_ids": torch.from_numpy(data.img_of_cap[plan.cap_idx].astype(np.int64)),
+            "cap_ids": torch.from_numpy(plan.cap_idx.astype(np.int64)),
         }
         if self.decoding is not None:
             batch["target"] = (torch.from_numpy(self.targets[plan.cap_idx]) if self.decoding.kind == "ltd"
@@ -209,7 +229,11 @@ class Trainer:
         img_all, cap_all = dist.all_gather_with_grad(img), dist.all_gather_with_grad(cap)
         img_ids = dist.all_gather_nograd(batch["img_ids"].to(dev))
         cap_img_ids = dist.all_gather_nograd(batch["cap_img_ids"].to(dev))
-        terms = self.loss_fn(img_all, cap_all, img_ids, cap_img_ids)
+        relevant = None
+        if self.pair_truth is not None:  # the global batch's truth, the same on every process
+            cap_ids = dist.all_gather_nograd(batch["cap_ids"].to(dev))
+            relevant = torch.from_numpy(self.pair_truth(img_ids.cpu().numpy(), cap_ids.cpu().numpy())).to(dev)
+        terms = self.loss_fn(img_all, cap_all, img_ids, cap_img_ids, relevant)
         total = terms["loss"]
         logged = {f"loss/{k}": v for k, v in terms.items() if k != "loss"}
         if self.decoding is not None:
@@ -314,7 +338,8 @@ class Trainer:
             self.swa = None
         self.state.epoch, self.state.step_in_epoch = epoch + 1, 0
         val_every = int(self.config["train"]["val_every"])
-        if val_every > 0 and (epoch + 1) % val_every == 0 and dist.is_main():
+        last = epoch + 1 == int(self.config["train"]["epochs"])
+        if val_every > 0 and ((epoch + 1) % val_every == 0 or last) and dist.is_main():
             metrics = self.validate()
             self.state.history.append({"epoch": epoch + 1, **metrics})
             self._log({"event": "val", "epoch": epoch + 1, "step": self.state.global_step, **metrics})

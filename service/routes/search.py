@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from service.config import Settings
 from service.errors import ApiError, validation_message
+from service.quality import query_quality
 from service.retriever import LoadedIndex, NotServable, Page, Retriever
 from service.routes.deps import retriever_of, settings_of
 from service.schemas import (
@@ -19,6 +20,7 @@ from service.schemas import (
     ImageHit,
     ImageResults,
     ImageSearchResponse,
+    Quality,
     TextSearchRequest,
     TextSearchResponse,
     ThresholdFields,
@@ -52,9 +54,11 @@ def _search(
     settings: Settings,
     timings: dict[str, float],
     cross_modal: bool = True,
+    text: str | None = None,
 ) -> Page:
     """``cross_modal=False`` (image -> similar images): relevance is left out and only min_score
-    thresholds, as the calibration is of caption-image scores."""
+    thresholds, as the calibration is of caption-image scores. ``text``: the query's words (text
+    queries), which the per-query calibration reads."""
     try:
         return retriever.search(
             target,
@@ -65,6 +69,7 @@ def _search(
             min_score=fields.min_score,
             min_relevance=fields.min_relevance if cross_modal else None,
             calibrated=cross_modal,
+            text=text,
             timings=timings,
         )
     except NotServable as err:  # min_relevance without a calibration
@@ -116,6 +121,26 @@ def _page_info(page: Page) -> dict[str, Any]:
     }
 
 
+def _assessment(target: LoadedIndex, page: Page | None, text: str | None, benchmark: bool) -> dict[str, Any]:
+    """calibration, expected_precision, expected_relevant and quality of a text query (``text``) or
+    an image query (``text=None``); ``page=None``: nothing was searched with a calibration."""
+    calibration = target.calibration if page is not None and page.calibration is not None else None
+    quality = query_quality(
+        text,
+        benchmark=benchmark,
+        kinds=calibration.kinds if calibration is not None else {},
+        top_relevance=page.top_relevance if page is not None else None,
+        top_count=page.top_count if page is not None else 0,
+        labels_note=calibration.labels_note if calibration is not None else None,
+    )
+    return {
+        "calibration": page.calibration if page is not None else None,
+        "expected_precision": page.expected_precision if page is not None else None,
+        "expected_relevant": page.expected_relevant if page is not None else None,
+        "quality": Quality(**quality),
+    }
+
+
 def _timings(timings: dict[str, float], start: float) -> Timings:
     return Timings(
         encode_ms=timings.get("encode_ms", 0.0),
@@ -129,7 +154,13 @@ def _timings(timings: dict[str, float], start: float) -> Timings:
 @router.post("/text", response_model=TextSearchResponse, summary="Text -> images, thresholded, paginated")
 def search_text(body: TextSearchRequest, request: Request) -> TextSearchResponse:
     """Images for a caption. With ``min_relevance`` (calibrated probability) or ``min_score`` (cosine),
-    only hits meeting it are counted and paginated; the response says how many passed."""
+    only hits meeting it are counted and paginated; the response says how many passed.
+
+    With a calibration, the response also says which map produced ``relevance`` (``calibration``),
+    the share of this page expected to be relevant (``expected_precision``) and the expected number
+    of relevant results among all that passed (``expected_relevant``); ``quality`` gives the query's
+    kind on the embedded benchmark and plain-sentence warnings to show the user (a kind the model
+    handles poorly, words outside the benchmark's vocabulary, few likely relevant results)."""
     start = time.perf_counter()
     settings = settings_of(request)
     text = body.text.strip()
@@ -148,9 +179,13 @@ def search_text(body: TextSearchRequest, request: Request) -> TextSearchResponse
     t0 = time.perf_counter()
     query = retriever.encode_text(text)  # (1, D)
     timings["encode_ms"] = (time.perf_counter() - t0) * 1000
-    page = _search(retriever, retriever.images, query, body, settings, timings)
+    page = _search(retriever, retriever.images, query, body, settings, timings, text=text)
     response = TextSearchResponse(
-        query=text, hits=_image_hits(retriever, page), timings=_timings(timings, start), **_page_info(page)
+        query=text,
+        hits=_image_hits(retriever, page),
+        timings=_timings(timings, start),
+        **_page_info(page),
+        **_assessment(retriever.images, page, text, retriever.benchmark),
     )
     request.app.state.telemetry.observe_stages("text", response.timings.model_dump())
     return response
@@ -218,6 +253,12 @@ def search_image(
     min_relevance: Annotated[float | None, Form()] = None,
     include_images: Annotated[bool, Form(description="Also return similar gallery images.")] = False,
 ) -> ImageSearchResponse:
+    """Captions for an uploaded image, thresholded and paginated like text search (and, with
+    ``include_images``, similar gallery images, which carry no relevance).
+
+    With a calibration, ``calibration`` (always ``global`` here: the per-query map is fitted on text
+    queries), ``expected_precision``, ``expected_relevant`` and ``quality.warnings`` describe the
+    caption hits as for text search; ``quality.kind`` is null (an image has no query kind)."""
     start = time.perf_counter()
     settings = settings_of(request)
     try:
@@ -252,10 +293,12 @@ def search_image(
     if retriever.captions is not None:
         page = _search(retriever, retriever.captions, query, fields, settings, timings)
         info, hits = _page_info(page), _caption_hits(page)
+        assessment = _assessment(retriever.captions, page, None, retriever.benchmark)
     else:
         info, hits = similar.model_dump(exclude={"hits"}), []
+        assessment = _assessment(retriever.images, None, None, retriever.benchmark)
     response = ImageSearchResponse(
-        hits=hits, similar_images=similar, timings=_timings(timings, start), **info
+        hits=hits, similar_images=similar, timings=_timings(timings, start), **info, **assessment
     )
     request.app.state.telemetry.observe_stages("image", response.timings.model_dump())
     return response

@@ -15,6 +15,7 @@
     sliderValue: $("slider-value"),
     sliderHelp: $("slider-help"),
     summary: $("summary"),
+    notice: $("notice"),
     timings: $("timings"),
     results: $("results"),
     prev: $("prev"),
@@ -23,6 +24,7 @@
     upload: $("upload"),
     preview: $("upload-preview"),
     captionSummary: $("caption-summary"),
+    captionNotice: $("caption-notice"),
     imageTimings: $("image-timings"),
     captions: $("caption-results"),
     similarHeading: $("similar-heading"),
@@ -149,6 +151,40 @@
     return n;
   }
 
+  // What the calibration says about this query's results (expected precision, query kind) and the
+  // server's warnings, above the results: a warning style when there are warnings.
+  function renderNotice(box, r) {
+    const quality = r.quality || {};
+    const warnings = Array.isArray(quality.warnings) ? quality.warnings : [];
+    const facts = [];
+    if (typeof r.expected_precision === "number") {
+      facts.push(`Expected precision of these results: ${fmtPct(r.expected_precision)}`);
+    }
+    if (typeof r.expected_relevant === "number" && r.passed > 0) {
+      facts.push(`about ${r.expected_relevant.toFixed(1)} of the ${r.passed} that passed are likely relevant`);
+    }
+    if (quality.kind) {
+      const p10 = typeof quality.kind_p_at_10 === "number" ? ` (held-out P@10 ${quality.kind_p_at_10.toFixed(2)})` : "";
+      facts.push(`query kind: ${quality.kind.replace(/_/g, " ")}${p10}`);
+    }
+    box.replaceChildren();
+    box.dataset.level = warnings.length ? "warn" : "info";
+    box.dataset.warnings = String(warnings.length);
+    box.dataset.kind = quality.kind || "";
+    box.dataset.expectedPrecision = typeof r.expected_precision === "number" ? String(r.expected_precision) : "";
+    if (!facts.length && !warnings.length) {
+      box.hidden = true;
+      return;
+    }
+    if (facts.length) box.append(node("p", "notice-facts", facts.join(" · ")));
+    if (warnings.length) {
+      const list = node("ul", "notice-warnings");
+      for (const w of warnings) list.append(node("li", "notice-warning", w));
+      box.append(list);
+    }
+    box.hidden = false;
+  }
+
   // --- info -------------------------------------------------------------------------------------
   function objectiveName(objective) {
     if (!objective) return "unknown objective";
@@ -167,14 +203,19 @@
     parts.push(info.caption_index ? `${info.caption_index.ntotal} captions` : "no caption index");
     const cal = info.calibration;
     if (cal) {
-      // ECE per split: {"val": fit split, "test": held out}; the held-out one is the honest one.
+      // The held-out figure is the honest one: the evaluation's ECE of the served map, else (format 1
+      // files) the ECE per split, {"val": fit split, "test": held out}.
       let ece = "";
-      if (typeof cal.ece === "number") ece = `, ECE ${cal.ece.toFixed(3)}`;
+      const maps = cal.evaluation && cal.evaluation.maps;
+      const served = maps && maps[cal.method];
+      if (served && typeof served.ece === "number") ece = `, held-out ECE ${served.ece.toFixed(3)}`;
+      else if (typeof cal.ece === "number") ece = `, ECE ${cal.ece.toFixed(3)}`;
       else if (cal.ece && typeof cal.ece === "object") {
         const splits = Object.entries(cal.ece).filter(([, v]) => typeof v === "number");
         if (splits.length) ece = `, ECE ${splits.map(([k, v]) => `${k} ${v.toFixed(3)}`).join(" / ")}`;
       }
-      parts.push(`calibrated (${cal.method}${ece})`);
+      const method = cal.method === "per_query" ? "per-query" : cal.method;
+      parts.push(`calibrated (${method}${ece})`);
     } else {
       parts.push("no calibration: thresholds are raw cosine scores");
     }
@@ -321,6 +362,7 @@
       el.results.replaceChildren(...r.hits.map(card));
       el.summary.textContent = passedText(r);
       el.summary.dataset.passed = String(r.passed);
+      renderNotice(el.notice, r);
       el.timings.textContent = timingsText(r.timings);
       updatePager(r);
       el.results.dataset.threshold = String(Object.values(threshold)[0]);
@@ -378,6 +420,7 @@
       el.captions.replaceChildren(...r.hits.map(captionItem));
       el.captionSummary.textContent = `Captions: ${passedText(r)}`;
       el.captionSummary.dataset.passed = String(r.passed);
+      renderNotice(el.captionNotice, r);
       el.imageTimings.textContent = timingsText(r.timings);
       const similar = r.similar_images;
       el.similar.replaceChildren(...(similar ? similar.hits.map(card) : []));

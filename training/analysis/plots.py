@@ -90,6 +90,42 @@ def plot_reliability(bins: Sequence[Mapping[str, Any]], path: str | Path, title:
     return _save(plt, fig, path)
 
 
+def plot_reliability_by_kind(figures: Mapping[str, Any], path: str | Path, title: str) -> Path:
+    """Threshold honesty at a glance: reliability per query kind (left) and the precision each
+    ``min_relevance`` target delivers per kind (right; the dashed lines are the promises)."""
+    plt, fig, (left, right) = _figure(ncols=2, width=5.5)
+    groups = [("pooled", figures["pooled"]), *sorted(figures.get("by_kind", {}).items())]
+    left.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1)
+    for name, group in groups:
+        used = [b for b in group["reliability"] if b["pairs"]]
+        left.plot(
+            [b["mean_predicted"] for b in used],
+            [b["fraction_relevant"] for b in used],
+            marker="o",
+            markersize=3,
+            linewidth=2.5 if name == "pooled" else 1.2,
+            label=f"{name} ({group['queries']})",
+        )
+    left.set(xlabel="predicted relevance", ylabel="fraction truly relevant", xlim=(0, 1), ylim=(0, 1),
+             title=title)
+    left.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    targets = list(figures["pooled"]["thresholds"])
+    x = np.arange(len(groups))
+    width = 0.8 / max(len(targets), 1)
+    for k, target in enumerate(targets):
+        values = [g["thresholds"][target]["precision"] for _, g in groups]
+        bars = right.bar(x + k * width, [v if v is not None else 0.0 for v in values], width,
+                         label=f"min_relevance {target}")
+        right.axhline(float(target), color=bars.patches[0].get_facecolor(), linestyle="--", linewidth=1)
+    right.set_xticks(x + width * (len(targets) - 1) / 2, [n for n, _ in groups], rotation=30, ha="right",
+                     fontsize=8)
+    right.set(ylabel="delivered precision (no bar: nothing passed)", ylim=(0, 1),
+              title="precision of the hits passing each threshold")
+    right.legend(fontsize=7)
+    return _save(plt, fig, path)
+
+
 def plot_grouped_bars(
     values: Mapping[str, Mapping[str, tuple[float, float]]], path: str | Path, title: str, ylabel: str
 ) -> Path:

@@ -11,6 +11,7 @@ _MODULES = (
     "triplet",
     "triplet_hardest",
     "ntxent",
+    "ntxent_multi",
     "smoothap",
     "goal",
     "sampled_softmax",

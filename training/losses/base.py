@@ -56,17 +56,21 @@ class ContrastiveLoss(nn.Module):
         raise NotImplementedError
 
     # --- shared machinery -------------------------------------------------------------------
-    def forward(self, img: Tensor, cap: Tensor, img_ids: Tensor, cap_img_ids: Tensor) -> dict[str, Tensor]:
-        """``img``: (Ni, D), ``cap``: (Nc, D), ``img_ids``: (Ni,), ``cap_img_ids``: (Nc,) dataset image ids.
+    def forward(
+        self, img: Tensor, cap: Tensor, img_ids: Tensor, cap_img_ids: Tensor, relevant: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        """``img``: (Ni, D), ``cap``: (Nc, D), ``img_ids``: (Ni,), ``cap_img_ids``: (Nc,) dataset image ids;
+        ``relevant`` (Ni, Nc) bool: pairs known to be relevant beyond the annotations (e.g. the embedded
+        benchmark's ground truth), positives like a caption's own image.
 
         Returns the named terms plus ``"loss"``, their sum (the value to back-propagate).
         """
-        out = self.terms(*self.batch_similarity(img, cap, img_ids, cap_img_ids))
+        out = self.terms(*self.batch_similarity(img, cap, img_ids, cap_img_ids, relevant))
         out["loss"] = torch.stack(list(out.values())).sum()
         return out
 
     def batch_similarity(
-        self, img: Tensor, cap: Tensor, img_ids: Tensor, cap_img_ids: Tensor
+        self, img: Tensor, cap: Tensor, img_ids: Tensor, cap_img_ids: Tensor, relevant: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """``(sim, pos)``, (Ni, Nc) each, as :meth:`terms` receives them (checked layout, masks applied)."""
         if img.dim() != 2 or cap.dim() != 2 or img.shape[1] != cap.shape[1]:
@@ -88,6 +92,11 @@ class ContrastiveLoss(nn.Module):
                 pos = torch.eye(len(img_ids), dtype=torch.bool, device=sim.device)
         elif not bool(pos.any(dim=0).all()):
             raise ValueError(f"{self.name}: every caption's image must be in the batch")
+        if relevant is not None:
+            if relevant.shape != pos.shape or relevant.dtype != torch.bool:
+                raise ValueError(f"{self.name}: relevant must be a bool tensor of shape {tuple(pos.shape)}, "
+                                 f"got {relevant.dtype} {tuple(relevant.shape)}")
+            pos = pos | relevant
         return sim, pos
 
     def on_epoch_start(self, epoch: int) -> None:

@@ -20,9 +20,11 @@ class ConvImageEncoder(nn.Module):
     Channels double per stage up to ``4 * width`` (16, 32, 64, 64 by default); beyond that the
     flatten head's Linear (C * 4 * 4 -> D) dominates the CPU time.
 
-    GroupNorm, not BatchNorm: its statistics are per sample, so training on N processes with
-    per-process batches gives the same gradients as one process with the global batch (BatchNorm
-    would normalise with each process's own batch statistics).
+    ``norm="group"`` (default): GroupNorm, whose statistics are per sample, so training on N
+    processes with per-process batches gives the same gradients as one process with the global
+    batch. ``norm="batch"``: BatchNorm, which normalises with each process's own batch statistics
+    (so N processes no longer equal one) but learns faster: after the same 6 epochs, held-out P@10
+    on the demo index was 0.667 with it and 0.614 with GroupNorm (README, "The demo model").
 
     ``pool="flatten"`` (default) feeds the whole final feature map (e.g. 4x4 cells) to the Linear
     layer, so *where* a shape is survives into the embedding; the synthetic captions say "on the
@@ -36,8 +38,9 @@ class ConvImageEncoder(nn.Module):
         channels, size = 3, cfg["image_size"]
         for i in range(cfg["stages"]):
             out = cfg["width"] * 2 ** min(i, 2)  # 1x, 2x, 4x, 4x, ...: capped to keep the flatten head small
-            conv = nn.Conv2d(channels, out, 3, stride=2, padding=1, bias=False)  # GroupNorm has the bias
-            layers += [conv, nn.GroupNorm(_groups(out), out), nn.ReLU(inplace=True)]
+            conv = nn.Conv2d(channels, out, 3, stride=2, padding=1, bias=False)  # the norm has the bias
+            norm = nn.BatchNorm2d(out) if cfg.get("norm") == "batch" else nn.GroupNorm(_groups(out), out)
+            layers += [conv, norm, nn.ReLU(inplace=True)]
             channels, size = out, (size + 1) // 2  # conv3x3, stride 2, padding 1: ceil(size / 2)
         self.features = nn.Sequential(*layers)
         self.pool = cfg["pool"]

@@ -13,6 +13,7 @@ Train with ``augment="crop_flip"``: torchvision's ``RandomResizedCrop(image_size
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,9 +113,24 @@ class ImageTransform:
                 img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         else:
             img = _center_crop(_resize_shorter(img, self.resize or size), size)
-        arr = np.asarray(img, dtype=np.float32) / 255.0  # (S, S, 3)
+        return self._normalised(np.asarray(img)[None])[0]  # (3, S, S)
+
+    def stack(self, images: Sequence[Any], rng_of: Callable[[int], np.random.Generator]) -> Tensor:
+        """(N, 3, S, S): the images transformed one by one (``rng_of(j)`` the j-th image's generator)
+        and stacked; without augmentation, images already S x S RGB are normalised in one operation."""
+        size = self.image_size
+        if self.train and self.augment == "crop_flip":
+            return torch.stack([self(image, rng_of(j)) for j, image in enumerate(images)])
+        rgb = [_as_rgb(image) for image in images]
+        if any(im.size != (size, size) for im in rgb):
+            return torch.stack([self(im) for im in rgb])
+        return self._normalised(np.stack([np.asarray(im) for im in rgb]))
+
+    def _normalised(self, pixels: np.ndarray) -> Tensor:
+        """(N, S, S, 3) uint8 -> (N, 3, S, S) float32, scaled to [0, 1] and normalised per channel."""
+        arr = pixels.astype(np.float32) / 255.0  # (N, S, S, 3)
         arr = (arr - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
-        return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))  # (3, S, S)
+        return torch.from_numpy(np.ascontiguousarray(arr.transpose(0, 3, 1, 2)))  # (N, 3, S, S)
 
 
 @dataclass(frozen=True)
@@ -131,6 +147,10 @@ class FeatureTransform:
                 f"got shape {arr.shape}; set model.image.feature_dim to the dataset's feature size"
             )
         return torch.from_numpy(np.ascontiguousarray(arr))
+
+    def stack(self, features: Sequence[Any], rng_of: Callable[[int], np.random.Generator]) -> Tensor:
+        """(N, R, F) or (N, F): the samples' features stacked (no randomness)."""
+        return torch.stack([self(f) for f in features])
 
 
 def build_image_transform(image_cfg: dict[str, Any], train: bool) -> ImageTransform | FeatureTransform:

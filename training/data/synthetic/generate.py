@@ -200,6 +200,26 @@ def load_scenes(directory: str | os.PathLike[str]) -> SyntheticScenes:
     return SyntheticScenes(data["generator"], by_imgid)
 
 
+def render_workers() -> int:
+    """Processes that render generated distractors while the caller embeds them: one per core (at
+    most 4), since rendering (about 1,300 images/s per process) is the slow side of that pipeline."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+def _render_batch(seed: int, image_size: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, list[Scene]]:
+    ids = np.arange(lo, hi, dtype=np.int64)
+    pairs = [make_image(seed, "distractor", int(k), image_size) for k in ids]
+    return ids, np.stack([img for _, img in pairs]), [s for s, _ in pairs]
+
+
+def split_scene_table(directory: str | os.PathLike[str], split: str) -> SceneTable:
+    """The scenes of a split's images, in the split's image order, as a SceneTable."""
+    from training.data.karpathy import load_karpathy
+
+    records = load_karpathy(Path(directory) / JSON_NAME).split(split).images
+    return SceneTable.from_scenes(load_scenes(directory).for_imgids([r.imgid for r in records]))
+
+
 class DistractorStream:
     """`n` further images drawn lazily from `seed`; never more than one batch in memory.
 
@@ -240,15 +260,33 @@ class DistractorStream:
             yield k, scene, image
 
     def batches(
-        self, batch_size: int, start: int = 0
+        self, batch_size: int, start: int = 0, *, workers: int = 1
     ) -> Iterator[tuple[np.ndarray, np.ndarray, list[Scene]]]:
-        """Yields (ids (B,) int64, images (B, H, W, 3) uint8, scenes) from distractor `start` on."""
+        """Yields (ids (B,) int64, images (B, H, W, 3) uint8, scenes) from distractor `start` on.
+
+        ``workers`` > 1 renders batches in that many processes, at most ``2 * workers`` batches ahead
+        of the consumer; every image is a function of (seed, index) alone, so the output is the same.
+        """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        for lo in range(start, self.n, batch_size):
-            ids = np.arange(lo, min(lo + batch_size, self.n), dtype=np.int64)
-            pairs = [make_image(self.seed, "distractor", int(k), self.image_size) for k in ids]
-            yield ids, np.stack([img for _, img in pairs]), [s for s, _ in pairs]
+        starts = range(start, self.n, batch_size)
+        if workers <= 1 or len(starts) < 2:
+            for lo in starts:
+                yield _render_batch(self.seed, self.image_size, lo, min(lo + batch_size, self.n))
+            return
+        import multiprocessing
+        from collections import deque
+
+        # spawn, not fork: the parent may hold OpenMP/torch threads that a forked child would inherit
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            pending: deque = deque()
+            for lo in starts:
+                pending.append(pool.apply_async(_render_batch, (self.seed, self.image_size, lo,
+                                                                min(lo + batch_size, self.n))))
+                if len(pending) >= 2 * workers:
+                    yield pending.popleft().get()
+            while pending:
+                yield pending.popleft().get()
 
     def scene_table(self, start: int = 0, stop: int | None = None, chunk: int = 100_000) -> SceneTable:
         """Scene structures of distractors [start, stop) in column form (no rendering)."""

@@ -166,6 +166,13 @@ class SceneTable:
                 cols["col"][i, j] = o.col
         return cls(count=count, tone=tone, **cols)
 
+    def take(self, rows: np.ndarray) -> SceneTable:
+        """The scenes at ``rows`` (in that order, repeats allowed)."""
+        rows = np.asarray(rows)
+        return SceneTable(
+            **{n: getattr(self, n)[rows] for n in ("shape", "colour", "size", "row", "col", "count", "tone")}
+        )
+
     @classmethod
     def concat(cls, tables: list[SceneTable]) -> SceneTable:
         k = max((t.shape.shape[1] for t in tables), default=0)

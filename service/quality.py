@@ -1,0 +1,111 @@
+"""What a user should know about one query's results, in plain sentences.
+
+Relevance is a calibrated probability, but a calibration is only as good as what it was fitted
+and checked on. Each search response therefore carries a ``quality`` block: the query's kind on
+the embedded benchmark (read from its parse: microseconds) with the model's held-out P@10 for that
+kind, and warnings when
+
+* the query is of a kind the model handles poorly (``calibration.json``'s ``kinds`` table says
+  ``handled_well: false``): high relevance does not make its results right;
+* the query does not parse in the embedded benchmark's grammar: the model never saw such words,
+  so neither its ranking nor the relevance can be trusted;
+* few of the top 10 are likely relevant (their mean relevance is below one half);
+* the calibration's labels are known to bias it (``labels_note``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from training.data.synthetic.generate import SCENES_NAME
+from training.data.synthetic.kinds import query_kind
+from training.data.synthetic.parse import CaptionParseError, parse_caption
+
+# Below this mean relevance of the top 10 retrieved, the response says few results are likely relevant.
+LOW_TOP_RELEVANCE = 0.5
+TOP_N = 10
+
+# What each query kind of the embedded benchmark asks for, in words a user understands.
+KIND_WORDS = {
+    "count": "they state how many objects there are",
+    "relation": "they relate two objects, e.g. 'left of'",
+    "position": "they place an object, e.g. 'in the top left corner'",
+    "background": "they name the background",
+    "several_objects": "they name two or more objects",
+    "one_object": "they name one object",
+}
+_UNKNOWN_WORD = re.compile(r"unknown word '([^']*)'")
+
+
+def over_embedded_benchmark(data: dict[str, Any]) -> bool:
+    """Whether an index manifest's ``data`` is an embedded-benchmark dataset (it has scenes.json)."""
+    path = data.get("path")
+    return bool(path) and (Path(path) / SCENES_NAME).is_file()
+
+
+def benchmark_kind(text: str) -> tuple[str | None, str | None]:
+    """(kind, None) for a query inside the embedded benchmark's grammar, else (None, the warning)."""
+    try:
+        return query_kind(parse_caption(text)), None
+    except CaptionParseError as err:
+        why = str(err).removeprefix(f"cannot read caption {text!r}: ")
+        unknown = _UNKNOWN_WORD.fullmatch(why)
+        where = f"first unknown word: '{unknown.group(1)}'" if unknown else why
+        return None, (
+            f"the query uses words or phrasing outside the embedded benchmark's vocabulary ({where}): "
+            "the model never saw such queries, so its results and their relevance are unreliable"
+        )
+
+
+def _kind_warning(kind: str, row: dict[str, Any]) -> str | None:
+    if row.get("handled_well", True):
+        return None
+    words = KIND_WORDS.get(kind)
+    named = f"'{kind}' queries ({words})" if words else f"'{kind}' queries"
+    p10 = row.get("p_at_10")
+    if p10 is None:
+        return f"{named} were not measured on held-out captions: their relevance is unverified"
+    return (
+        f"{named} are handled poorly by this model: on held-out captions its P@10 for them is "
+        f"{p10:.2f}; expect wrong images even at high relevance"
+    )
+
+
+def query_quality(
+    text: str | None,
+    *,
+    benchmark: bool,
+    kinds: dict[str, Any],
+    top_relevance: float | None,
+    top_count: int = TOP_N,
+    labels_note: str | None,
+) -> dict[str, Any]:
+    """The response's ``quality`` block.
+
+    ``text``: the text query (None for an image query); ``benchmark``: the index is over the
+    embedded benchmark; ``kinds``: the calibration's per-kind table (may be empty);
+    ``top_relevance``: the mean relevance of the top ``top_count`` retrieved (``TOP_N``, fewer only in
+    a tiny index; None without calibration).
+    """
+    kind = p10 = None
+    warnings: list[str] = []
+    if text is not None and benchmark:
+        kind, problem = benchmark_kind(text)
+        if problem is not None:
+            warnings.append(problem)
+        elif kind in kinds:
+            row = kinds[kind]
+            p10 = row.get("p_at_10")
+            warning = _kind_warning(kind, row)
+            if warning is not None:
+                warnings.append(warning)
+    if top_relevance is not None and top_relevance < LOW_TOP_RELEVANCE:
+        warnings.append(
+            "few results are likely relevant: expected precision of the top "
+            f"{top_count} is {top_relevance:.2f}"
+        )
+    if labels_note:
+        warnings.append(labels_note)
+    return {"kind": kind, "kind_p_at_10": p10, "warnings": warnings}

@@ -1,0 +1,93 @@
+"""The per-query calibration map: monotone per query, JSON round trip, what its inputs teach it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from training.metrics.query_calibration import (
+    QueryCalibration,
+    fit_query_calibration,
+    query_features,
+    text_features,
+)
+
+
+def _lists(rng: np.random.Generator, q: int, depth: int) -> np.ndarray:
+    return -np.sort(-rng.uniform(-0.2, 0.9, (q, depth)), axis=1)  # (Q, depth) best first
+
+
+def test_features_by_hand() -> None:
+    scores = np.linspace(1.0, 0.0, 200)[None, :]  # one list, best first
+    f = query_features(scores)[0]
+    assert f[:7] == pytest.approx(scores[0, [0, 1, 4, 9, 19, 49, 99]])
+    assert f[7] == pytest.approx(scores[0, :100].mean()) and f[8] == pytest.approx(scores[0, :100].std())
+    short = query_features(np.array([[0.9, 0.5, 0.4]]))[0]  # a 3-item gallery: the last score repeats
+    assert short[2:7] == pytest.approx([0.4] * 5)
+    t = text_features(["A red circle", "a RED circle.", "a blue circle"], buckets=64)
+    assert np.array_equal(t[0], t[1]) and not np.array_equal(t[0], t[2]) and t.sum(1).min() >= 3
+
+
+def test_two_kinds_of_query_with_the_same_scores_are_told_apart_by_their_words() -> None:
+    """'broad' queries stay relevant to rank 40, 'narrow' ones only at rank 1; their score lists are
+    drawn from one distribution, so only the words (and the per-query rank decay) can separate them."""
+    rng = np.random.default_rng(0)
+    q, depth = 400, 150
+    scores = _lists(rng, q, depth)
+    texts = ["a broad query" if i % 2 == 0 else "three narrow things" for i in range(q)]
+    relevant = np.zeros((q, depth), bool)
+    relevant[0::2, :40] = True
+    relevant[1::2, 0] = True
+    fitted = fit_query_calibration(scores, relevant, texts=texts, steps=300, sampled=40)
+    test = np.repeat(_lists(np.random.default_rng(1), 1, depth), 2, axis=0)  # one list, two texts
+    p = fitted(test, texts=["a broad query", "three narrow things"])
+    assert p[0, 20] > 0.8 and p[1, 20] < 0.2  # deep in the list: relevant for one, not the other
+    assert p[0, 80] < 0.3  # past rank 40 the broad query's hits are not relevant either
+    # without the words the map cannot separate them: on new lists it rates both kinds alike
+    fresh = _lists(np.random.default_rng(2), 200, depth)
+    blind = fit_query_calibration(scores, relevant, steps=300, sampled=40)(fresh)
+    assert abs(blind[0::2, 20].mean() - blind[1::2, 20].mean()) < 0.1
+
+
+def test_monotone_round_trip_and_inputs_checked() -> None:
+    rng = np.random.default_rng(3)
+    q, depth, dim = 60, 120, 8
+    scores, emb = _lists(rng, q, depth), rng.standard_normal((q, dim))
+    texts = [f"query {i % 7}" for i in range(q)]
+    relevant = rng.random((q, depth)) < np.linspace(0.9, 0.05, depth)
+    fitted = fit_query_calibration(scores, relevant, emb, texts, steps=50, sampled=10)
+    p = fitted(scores, emb, texts)
+    assert p.shape == (q, depth) and np.all(np.diff(p, axis=1) <= 1e-12) and p.min() >= 0 and p.max() <= 1
+    again = QueryCalibration.from_dict(json.loads(json.dumps(fitted.to_dict())))
+    np.testing.assert_allclose(again(scores, emb, texts), p, rtol=1e-12)
+    assert fitted.fit["inputs"] == ["score list", "embedding", "text"] and fitted.fit["queries"] == q
+    # a word no fitting query had changes nothing (its input was constant in the fit: no weight)
+    seen = fitted(scores[:1], emb[:1], ["query 3"])
+    unseen = fitted(scores[:1], emb[:1], ["query 3 unicorn"])
+    np.testing.assert_allclose(unseen, seen, atol=0.05)
+    with pytest.raises(ValueError, match="pass embeddings="):
+        fitted(scores, None, texts)
+    with pytest.raises(ValueError, match="pass texts="):
+        fitted(scores, emb, None)
+    broken = {**fitted.to_dict(), "w2": [[0.0, 0.0]]}
+    with pytest.raises(ValueError, match="inconsistent shapes"):
+        QueryCalibration.from_dict(broken)
+    with pytest.raises(ValueError, match="this code reads format 2"):
+        QueryCalibration.from_dict({**fitted.to_dict(), "format_version": 1})
+
+
+def test_zero_weight_hits_teach_nothing() -> None:
+    rng = np.random.default_rng(4)
+    scores = _lists(rng, 50, 130)
+    relevant = rng.random((50, 130)) < 0.3
+    weights = np.ones((50, 130))
+    weights[:, 0] = 0.0  # e.g. each caption's own image at rank 1
+    a = fit_query_calibration(scores, relevant, weights=weights, steps=30, sampled=10)
+    flipped = relevant.copy()
+    flipped[:, 0] = ~flipped[:, 0]
+    b = fit_query_calibration(scores, flipped, weights=weights, steps=30, sampled=10)
+    np.testing.assert_allclose(a(scores), b(scores), rtol=1e-6)
+    with pytest.raises(ValueError, match="weights must have the scores' shape"):
+        fit_query_calibration(scores, relevant, weights=weights[:, :5])

@@ -1,0 +1,138 @@
+"""The ``relevance`` section of ``icr evaluate``: do calibrated thresholds keep their promise?
+
+Held-out captions (the evaluated split) are searched, as the service searches, to ``depth`` over a
+gallery they were not written for: on the embedded benchmark the split's images plus the
+generated distractors, judged on the distractors only, with the generator's ground truth; on
+Flickr30k/COCO the split's images, judged on every image but the caption's own, with the
+annotations (or CxC positives), which *underestimate* relevance (an unannotated relevant image
+counts as a negative).
+
+The maps under test are fitted on the validation split's captions against the same kind of gallery
+(its own images plus the same distractors; a caption's own image stays in its list, as in the
+service, but never enters the fit) and compared side by side:
+
+* ``per_query`` (:mod:`training.metrics.query_calibration`): the score and the query's own
+  results (and embedding), what ``icr index calibrate`` now writes for the service;
+* ``isotonic_served``: one score -> relevance map fitted on the same held-out hits;
+* ``isotonic_all_pairs``: one map fitted on every pair of the validation split (the calibration
+  before this section existed; kept as the baseline).
+
+Figures per map, pooled and per query kind (:mod:`training.data.synthetic.kinds`): see
+:mod:`training.metrics.threshold_honesty`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from training.metrics.calibration import Calibration, fit_calibration
+from training.metrics.query_calibration import QueryCalibration, fit_query_calibration
+from training.metrics.threshold_honesty import HitLists, TopDepth, threshold_honesty
+
+DEFAULT_DEPTH = 1000  # the service's search depth (ICR_SEARCH_DEPTH)
+ANNOTATION_NOTE = (
+    "labels are the annotations: relevance is underestimated, since an image relevant to a caption "
+    "but not annotated with it counts as a negative"
+)
+
+
+@dataclass
+class QuerySide:
+    """One split's captions as queries over its gallery (the split's images, then any distractors)."""
+
+    captions: list[str]
+    embeddings: np.ndarray  # (Q, D)
+    own_image: np.ndarray  # (Q,) the gallery row each caption was written for
+    top: TopDepth
+
+    @classmethod
+    def start(
+        cls, captions: list[str], cap_emb: np.ndarray, img_of_cap: np.ndarray, img_emb: np.ndarray, depth: int
+    ) -> QuerySide:
+        top = TopDepth(cap_emb, depth)
+        top.add(img_emb)
+        return cls(list(captions), cap_emb, np.asarray(img_of_cap, dtype=np.int64), top)
+
+
+def synthetic_hits(side: QuerySide, table: Any, num_images: int, *, judge_distractors: bool) -> HitLists:
+    """Ground-truth hit lists; judged = distractors (rows >= num_images) or every row but the own image."""
+    from training.data.synthetic.kinds import query_kind
+    from training.data.synthetic.parse import parse_caption
+    from training.data.synthetic.relevance import relevance_of_hits
+
+    queries = [parse_caption(c) for c in side.captions]
+    ids = side.top.ids
+    judged_from = num_images if judge_distractors else 0
+    relevant, n_relevant, n_judged = relevance_of_hits(queries, ids, table, judged_from=judged_from)
+    if judge_distractors:
+        judged = ids >= num_images
+    else:
+        judged = ids != side.own_image[:, None]
+        n_judged = n_judged - 1  # the own image is relevant (every caption is true of its image)
+    return HitLists(
+        side.top.scores, relevant, judged, n_relevant, n_judged, np.array([query_kind(q) for q in queries])
+    )
+
+
+def annotation_hits(side: QuerySide, positives: Callable[[int], np.ndarray] | None = None) -> HitLists:
+    """Hit lists labelled by the annotations (or ``positives(q)``: the gallery rows relevant to q);
+    judged = every row but the caption's own image."""
+    ids = side.top.ids
+    if positives is None:
+        relevant = ids == side.own_image[:, None]
+        n_relevant = np.ones(len(ids), dtype=np.int64)
+    else:
+        rows = [positives(q) for q in range(len(ids))]
+        relevant = np.stack([np.isin(ids[q], rows[q]) for q in range(len(ids))])
+        n_relevant = np.array([len(r) for r in rows], dtype=np.int64)
+    judged = ids != side.own_image[:, None]
+    n_judged = n_relevant - (relevant & ~judged).sum(1)
+    return HitLists(side.top.scores, relevant, judged, n_relevant, n_judged, None)
+
+
+def _histogram_calibration(scores: np.ndarray, relevant: np.ndarray, method: str) -> Calibration:
+    from training.metrics.calibration import ScoreHistogram
+
+    bins = 2000
+    lo, hi = float(scores.min()), float(scores.max())
+    hi = hi if hi > lo else lo + 1e-6
+    idx = np.clip(((scores - lo) * (bins / (hi - lo))).astype(np.int64), 0, bins - 1)
+    hist = ScoreHistogram(
+        np.linspace(lo, hi, bins + 1),
+        np.bincount(idx[relevant], minlength=bins),
+        np.bincount(idx[~relevant], minlength=bins),
+    )
+    return fit_calibration(hist, method)
+
+
+def fit_served_maps(
+    fit_hits: HitLists, embeddings: np.ndarray, texts: list[str], method: str = "isotonic"
+) -> tuple[QueryCalibration, Calibration]:
+    """The per-query map (reading each query's score list, embedding and words) and the global map
+    (``method``: isotonic or platt), both fitted on the judged hits of held-out queries (unjudged
+    hits: weight 0)."""
+    judged = fit_hits.judged
+    served = _histogram_calibration(fit_hits.scores[judged], fit_hits.relevant[judged], method)
+    served.fit.update(kind="served hits", queries=len(fit_hits), depth=int(fit_hits.scores.shape[1]))
+    per_query = fit_query_calibration(fit_hits.scores, fit_hits.relevant, embeddings, texts, weights=judged)
+    return per_query, served
+
+
+def honesty_report(
+    test_hits: HitLists, test_embeddings: np.ndarray, test_texts: list[str], maps: dict[str, Any]
+) -> dict[str, Any]:
+    """Threshold honesty of each map (name -> Calibration or QueryCalibration) on the test hits."""
+    out = {}
+    for name, relevance_map in maps.items():
+        if relevance_map is None:
+            continue
+        if isinstance(relevance_map, QueryCalibration):
+            predicted = relevance_map(test_hits.scores, test_embeddings, test_texts)
+        else:
+            predicted = relevance_map(test_hits.scores)
+        out[name] = threshold_honesty(test_hits, predicted)
+    return out
