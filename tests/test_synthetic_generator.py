@@ -181,6 +181,23 @@ def test_distractor_batches_rendered_in_processes_are_the_same() -> None:
         next(stream.batches(0, workers=2))
 
 
+def test_dataset_rendered_in_processes_is_byte_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training.data.synthetic import generate
+
+    monkeypatch.setattr(generate, "SYNTH_CHUNK", 7)  # 40 images: 6 chunks over 3 splits, some short
+    monkeypatch.setattr(generate, "render_workers", lambda: 2)
+    generate.write_dataset(tmp_path / "parallel", train=20, val=13, test=7, image_size=32, seed=2)
+    monkeypatch.setattr(generate, "render_workers", lambda: 1)
+    generate.write_dataset(tmp_path / "serial", train=20, val=13, test=7, image_size=32, seed=2)
+    serial = tmp_path / "serial"
+    files = sorted(p.relative_to(serial) for p in serial.rglob("*") if p.is_file())
+    assert len(files) == 40 + 2  # images, Karpathy JSON, scenes
+    for f in files:
+        assert (tmp_path / "parallel" / f).read_bytes() == (serial / f).read_bytes(), f
+
+
 def test_distractor_scene_table_serves_relevance() -> None:
     stream = DistractorStream(300, seed=4)
     table = stream.scene_table(chunk=128)  # several chunks, concatenated

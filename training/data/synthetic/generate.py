@@ -12,9 +12,10 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -102,14 +103,15 @@ def write_dataset(
     try:
         images, scenes = [], []
         imgid = 0
+        chunks = [(seed, split, lo, min(lo + SYNTH_CHUNK, counts[split]), image_size)
+                  for split in SPLITS for lo in range(0, counts[split], SYNTH_CHUNK)]
+        workers = render_workers() if sum(counts.values()) >= 4 * SYNTH_CHUNK else 1
         with _progress(sum(counts.values()), progress, "synthesising") as bar:
-            for split in SPLITS:
-                for i in range(counts[split]):
-                    scene_rng, pixel_rng, caption_rng = _rngs(seed, split, i)
-                    scene = sample_scene(scene_rng)
+            rendered = _ordered_map(_synth_items, chunks, workers)
+            for (_, split, lo, _, _), items in zip(chunks, rendered, strict=True):
+                for i, (png, captions, scene) in enumerate(items, start=lo):
                     filename = f"synth_{split}_{i:06d}.png"
-                    (tmp / IMAGE_DIR / filename).write_bytes(_png_bytes(render(scene, image_size, pixel_rng)))
-                    captions = [text for text, _ in write_captions(scene, caption_rng)]
+                    (tmp / IMAGE_DIR / filename).write_bytes(png)
                     sentids = list(range(5 * imgid, 5 * imgid + len(captions)))
                     images.append(
                         {
@@ -149,6 +151,43 @@ def write_dataset(
         "seconds": time.perf_counter() - start,
         **generator,
     }
+
+
+SYNTH_CHUNK = 500  # images per task when the benchmark is rendered in several processes
+
+
+def _synth_items(
+    seed: int, split: str, lo: int, hi: int, image_size: int
+) -> list[tuple[bytes, list[str], Scene]]:
+    """(PNG bytes, captions, scene) of images [lo, hi) of ``split``: a function of the seed alone."""
+    out = []
+    for i in range(lo, hi):
+        scene_rng, pixel_rng, caption_rng = _rngs(seed, split, i)
+        scene = sample_scene(scene_rng)
+        png = _png_bytes(render(scene, image_size, pixel_rng))
+        out.append((png, [text for text, _ in write_captions(scene, caption_rng)], scene))
+    return out
+
+
+def _ordered_map(fn: Callable[..., Any], args: Sequence[tuple], workers: int) -> Iterator[Any]:
+    """``fn(*a)`` for each ``a`` of ``args``, in order; ``workers`` > 1 runs them in that many
+    processes, at most ``2 * workers`` ahead of the consumer."""
+    if workers <= 1 or len(args) < 2:
+        for a in args:
+            yield fn(*a)
+        return
+    import multiprocessing
+    from collections import deque
+
+    # spawn, not fork: the parent may hold OpenMP/torch threads that a forked child would inherit
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        pending: deque = deque()
+        for a in args:
+            pending.append(pool.apply_async(fn, a))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
 
 
 def _write_json(path: Path, payload: dict) -> None:
@@ -269,24 +308,9 @@ class DistractorStream:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        starts = range(start, self.n, batch_size)
-        if workers <= 1 or len(starts) < 2:
-            for lo in starts:
-                yield _render_batch(self.seed, self.image_size, lo, min(lo + batch_size, self.n))
-            return
-        import multiprocessing
-        from collections import deque
-
-        # spawn, not fork: the parent may hold OpenMP/torch threads that a forked child would inherit
-        with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            pending: deque = deque()
-            for lo in starts:
-                pending.append(pool.apply_async(_render_batch, (self.seed, self.image_size, lo,
-                                                                min(lo + batch_size, self.n))))
-                if len(pending) >= 2 * workers:
-                    yield pending.popleft().get()
-            while pending:
-                yield pending.popleft().get()
+        args = [(self.seed, self.image_size, lo, min(lo + batch_size, self.n))
+                for lo in range(start, self.n, batch_size)]
+        yield from _ordered_map(_render_batch, args, workers)
 
     def scene_table(self, start: int = 0, stop: int | None = None, chunk: int = 100_000) -> SceneTable:
         """Scene structures of distractors [start, stop) in column form (no rendering)."""
