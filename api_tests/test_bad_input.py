@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import io
+import json
 import zlib
+from pathlib import Path
 
 import httpx
 import pytest
 from conftest import MAX_UPLOAD_BYTES
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 
@@ -37,12 +41,19 @@ TEXT_CASES = [
     ({"text": "a", "min_relevance": 1.5}, 422, "min_relevance"),
     ({"text": "a", "min_score": -2}, 422, "min_score"),
     ({"text": "a", "k": "ten"}, 422, "k:"),
+    ({"text": "a \ud800 circle"}, 422, "text: character 2 is a lone surrogate (U+D800)"),
+    ({"text": "a red\x00circle"}, 422, "text: character 5 is the control character U+0000"),
 ]
+
+
+def _post_json(client: httpx.Client, path: str, body: dict) -> httpx.Response:
+    # ASCII JSON: a lone surrogate travels as its \u escape, as any JSON client may send it
+    return client.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
 
 
 @pytest.mark.parametrize(("body", "status", "says"), TEXT_CASES)
 def test_bad_text_queries(client: httpx.Client, body: dict, status: int, says: str) -> None:
-    r = client.post("/v1/search/text", json=body)
+    r = _post_json(client, "/v1/search/text", body)
     assert r.status_code == status, r.text
     error = r.json()
     assert error["error"] == "invalid_request" and says in error["message"]
@@ -83,6 +94,47 @@ def test_bad_uploads(client: httpx.Client) -> None:
     ):
         r = _upload(client, _png(), **data)
         assert r.status_code == 422 and says in r.json()["message"], r.text
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.characters(codec=None, exclude_categories=()), max_size=40))
+def test_any_string_gets_results_or_a_4xx_naming_the_field(client: httpx.Client, text: str) -> None:
+    r = _post_json(client, "/v1/search/text", {"text": text, "k": 2})
+    assert r.status_code in (200, 422), r.text
+    body = r.json()
+    if r.status_code == 422:
+        assert body["error"] == "invalid_request" and body["message"].startswith("text: ")
+    else:
+        assert len(body["hits"]) == 2
+    r = _post_json(client, "/v1/benchmarks", {"dataset": text})
+    assert r.status_code in (202, 404, 422), r.text
+    if r.status_code == 202:  # the one configured name: leave no job behind for other tests
+        pytest.fail("a random string named the configured dataset")
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+def test_a_thin_image_is_refused_on_its_header_with_bounded_memory(client: httpx.Client, server) -> None:
+    """200,000 x 1 pixels in under 2 KB: within the pixel limit, but scaling its shorter side to the
+    model's size would make it 12.8 M x 64 (gigabytes). Refused before decoding; the server's peak
+    RSS does not move."""
+    thin = _png((200_000, 1), mode="1")
+    assert len(thin) < 2000
+    before = _peak_rss_kib(server.process.pid)
+    for _ in range(3):
+        r = _upload(client, thin, name="strip.png")
+        assert r.status_code == 422, r.text
+        assert "strip.png: 200000 x 1 pixels: aspect ratio 200000:1" in r.json()["message"]
+        assert "ICR_MAX_ASPECT_RATIO" in r.json()["message"]
+    assert _peak_rss_kib(server.process.pid) - before < 32 * 1024
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n"
+    r = _upload(client, eps, name="page.eps")
+    assert r.status_code == 415 and "JPEG, PNG, WEBP, GIF, BMP" in r.json()["message"]
 
 
 def test_a_bomb_that_compresses_below_the_size_limit_is_refused_before_decoding(client: httpx.Client) -> None:

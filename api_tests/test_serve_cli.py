@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import time
 
+import httpx
 from conftest import ICR, ROOT
 
 
@@ -33,3 +36,55 @@ def test_missing_or_wrong_kind_of_index_is_refused(artifacts, tmp_path) -> None:
     assert r.returncode != 0 and "--caption-index" in r.stderr
     r = _serve()
     assert r.returncode != 0 and "index" in r.stderr and "ICR_" in r.stderr
+
+
+def test_a_bad_jobs_database_is_one_line_and_exit_status_2(artifacts, tmp_path) -> None:
+    not_sqlite = tmp_path / "jobs.sqlite"
+    not_sqlite.write_text("these are not the jobs you are looking for\n" * 100)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("x")
+    for path, says in ((not_sqlite, "not a job database"), (blocked / "jobs.sqlite", "writable folder")):
+        r = subprocess.run(
+            [str(ICR), "serve", "--index", str(artifacts.images), "--port", "9"],
+            capture_output=True, text=True, cwd=ROOT, timeout=120,
+            env={**os.environ, "ICR_JOBS_DB": str(path)},
+        )
+        assert r.returncode == 2, r.stderr
+        assert says in r.stderr and "ICR_JOBS_DB" in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_failed_load_is_reported_by_readyz_and_retried(artifacts, make_server, tmp_path) -> None:
+    """A truncated index.faiss (a copy being replaced): /readyz says why and when it retries; once
+    the file is whole again the server comes up without a restart."""
+    index = tmp_path / "images"
+    shutil.copytree(artifacts.images, index)
+    whole = (index / "index.faiss").read_bytes()
+    (index / "index.faiss").write_bytes(whole[: len(whole) // 3])
+    server = make_server(index=index, ICR_LOAD_RETRY_SECONDS="0.3")
+    # started by hand: Server.start() waits for a readiness that cannot come yet
+    with open(server.log, "ab") as out:
+        server.process = subprocess.Popen(server.args, stdout=out, stderr=subprocess.STDOUT, env=server.env,
+                                          cwd=ROOT)
+    seen: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any("attempt 2" in m for m in seen):
+        try:
+            r = httpx.get(server.url + "/readyz", timeout=2)
+            assert r.status_code == 503, r.text
+            seen.append(r.json()["message"])
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    failed = [m for m in seen if "failed to load" in m]
+    assert failed and "retrying in" in failed[-1] and "attempt 2" in failed[-1], seen
+    (index / "index.faiss").write_bytes(whole)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if httpx.get(server.url + "/readyz", timeout=2).status_code == 200:
+            break
+        time.sleep(0.2)
+    r = httpx.post(server.url + "/v1/search/text", json={"text": "a red circle", "k": 2}, timeout=30)
+    assert r.status_code == 200 and len(r.json()["hits"]) == 2
+    server.stop()
+    assert server.log_text().count("Traceback") == 1  # the first failure only; later ones one line each

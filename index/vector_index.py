@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import faiss
@@ -271,6 +271,47 @@ def search(
         [s[m] for s, m in zip(scores, keep, strict=True)],
         [i[m] for i, m in zip(ids, keep, strict=True)],
     )
+
+
+Rescorer = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def batch_independent_rescorer(index: faiss.Index) -> Rescorer | None:
+    """``rescore(query (D,), ids (n,)) -> (n,) float32``: the hits' scores recomputed from the stored
+    vectors in float64 and rounded once, so a query gets the same scores whichever batch it was
+    searched in (FAISS picks a BLAS kernel by batch size, and its float32 sums then differ by ~1e-7,
+    enough to move a hit across a threshold). None when this index cannot reconstruct its vectors
+    (e.g. an IVF index on a GPU): FAISS's scores are used as they are."""
+    if index.ntotal == 0:
+        return None
+    try:
+        ivf = _ivf(index)
+        if ivf is not None:
+            ivf.make_direct_map()  # id -> list position, 8 bytes per vector
+        index.reconstruct_batch(np.zeros(1, np.int64))
+    except RuntimeError:
+        return None
+
+    def rescore(query: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        if len(ids) == 0:
+            return np.zeros(0, np.float32)
+        vectors = index.reconstruct_batch(np.ascontiguousarray(ids, dtype=np.int64))  # (n, D)
+        return (vectors.astype(np.float64) @ np.asarray(query, np.float64)).astype(np.float32)  # (n,)
+
+    return rescore
+
+
+def rescored(
+    rescore: Rescorer, queries: np.ndarray, scores: list[np.ndarray], ids: list[np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every row of a :func:`search` result rescored, best first, ties by id (deterministic)."""
+    out_s, out_i = [], []
+    for query, row in zip(queries, ids, strict=True):
+        exact = rescore(query, row)  # (n,)
+        order = np.lexsort((row, -exact))
+        out_s.append(exact[order])
+        out_i.append(row[order])
+    return out_s, out_i
 
 
 class ExactTopK:

@@ -50,6 +50,20 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(
         40_000_000, ge=1, description="Larger uploads are refused (decompression bombs)."
     )
+    max_aspect_ratio: float = Field(
+        20.0,
+        ge=1.0,
+        le=1000.0,
+        description="Uploads whose longer side exceeds this many times the shorter are refused: scaling "
+        "the shorter side to the model's size would make them huge.",
+    )
+    load_retry_seconds: float = Field(
+        2.0,
+        gt=0.0,
+        le=600.0,
+        description="When loading the model or an index fails, retry after this many seconds, doubling "
+        "up to 60; /readyz says why it is not ready meanwhile.",
+    )
     thumbnail_size: int = Field(160, ge=16, le=1024)
     api_key: str | None = Field(
         None,

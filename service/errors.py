@@ -7,6 +7,7 @@ unexpected exception is logged with its traceback and answered with a 500 that s
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -29,10 +30,18 @@ class ApiError(Exception):
         self.detail = detail
 
 
+class _AsciiJSONResponse(JSONResponse):
+    """JSON with non-ASCII escaped: an error can always be sent, even when a message quotes client
+    input that is not valid Unicode (a lone surrogate cannot be encoded as UTF-8)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def error_response(
     status: int, code: str, message: str, detail: Any = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    return JSONResponse(
+    return _AsciiJSONResponse(
         {"error": code, "message": message, "detail": detail}, status_code=status, headers=headers
     )
 

@@ -97,7 +97,13 @@ class JobStore:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(
+                f"{self.path}: cannot create the job database's folder ({err.strerror}); point ICR_JOBS_DB "
+                "at a file in a writable folder"
+            ) from None
         try:
             with self._connect() as db:
                 version = db.execute("PRAGMA user_version").fetchone()[0]

@@ -2,7 +2,9 @@
 
 Loading runs in a background thread so the process answers /healthz at once and /readyz turns from
 503 to 200 when search can run; the cheap agreement check of checkpoint and indices runs first, in
-the foreground, so a mismatch stops the server with one message instead of serving nothing.
+the foreground, so a mismatch stops the server with one message instead of serving nothing. A load
+that fails is retried with backoff (``ICR_LOAD_RETRY_SECONDS``, doubling up to 60 s), and /readyz
+answers 503 with the reason and the next attempt meanwhile.
 """
 
 from __future__ import annotations
@@ -28,21 +30,36 @@ VERSION = "1"
 _MULTIPART_SLACK = 64 << 10
 
 
-def _load(app: FastAPI, settings: Settings) -> None:
-    try:
-        app.state.retriever = Retriever.load(
-            settings.index,
-            settings.checkpoint,
-            settings.caption_index,
-            device=settings.device,
-            gpu=settings.gpu,
-            faiss_threads=settings.faiss_threads,
-            micro_batch=settings.micro_batch,
-        )
-        log.info("ready: %s", settings.index)
-    except Exception as err:  # reported by /readyz and every search, and logged with its traceback
-        log.exception("loading failed")
-        app.state.load_error = f"{type(err).__name__}: {err}"
+# Loading that fails (a file being replaced, a disk not yet mounted) is retried after 1x, 2x, 4x...
+# ICR_LOAD_RETRY_SECONDS, at most this long apart.
+_MAX_RETRY_SECONDS = 60.0
+
+
+def _load(app: FastAPI, settings: Settings, stop: threading.Event) -> None:
+    delay = settings.load_retry_seconds
+    attempt = 1
+    while not stop.is_set():
+        try:
+            app.state.retriever = Retriever.load(
+                settings.index,
+                settings.checkpoint,
+                settings.caption_index,
+                device=settings.device,
+                gpu=settings.gpu,
+                faiss_threads=settings.faiss_threads,
+                micro_batch=settings.micro_batch,
+            )
+            app.state.load_error = None
+            log.info("ready: %s", settings.index)
+            return
+        except Exception as err:  # reported by /readyz and every search; the first with its traceback
+            reason = f"{type(err).__name__}: {err}"
+            log.error("loading failed (attempt %d, retrying in %.1f s): %s", attempt, delay, reason,
+                      exc_info=attempt == 1)
+            app.state.load_error = f"{reason} (attempt {attempt}; retrying in {delay:.1f} s)"
+        stop.wait(delay)
+        delay = min(2 * delay, _MAX_RETRY_SECONDS)
+        attempt += 1
 
 
 @asynccontextmanager
@@ -51,7 +68,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
     settings: Settings = app.state.settings
     checkpoint, _ = preflight(settings.index, settings.checkpoint, settings.caption_index)
-    loader = threading.Thread(target=_load, args=(app, settings), name="icr-load", daemon=True)
+    stop = threading.Event()
+    loader = threading.Thread(target=_load, args=(app, settings, stop), name="icr-load", daemon=True)
     loader.start()
     app.state.jobs = JobStore(settings.jobs_path)
     app.state.runner = JobRunner(app.state.jobs, checkpoint, dict(settings.datasets), device=settings.device)
@@ -59,6 +77,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        stop.set()
         app.state.runner.stop()
 
 

@@ -152,13 +152,18 @@ def _load_calibration(directory: Path, sha256: str) -> ServedCalibration | None:
 
 
 def _batcher(index: Any, max_batch: int, faiss_threads: int) -> MicroBatcher:
-    from index.vector_index import search
+    from index.vector_index import batch_independent_rescorer, rescored, search
 
     # FAISS's own choice of kernel by batch size is kept: writing faiss.cvar.distance_compute_blas_*
     # from Python made later one-thread single queries 2-2.5x slower in faiss-cpu 1.15 (icr bench).
-    return MicroBatcher(
-        lambda queries, k: search(index, queries, k), max_batch=max_batch, single_threads=faiss_threads
-    )
+    # Its scores then depend on the batch a query lands in; the hits are rescored so they do not.
+    rescore = batch_independent_rescorer(index)
+
+    def run(queries: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        scores, ids = search(index, queries, k)
+        return (scores, ids) if rescore is None else rescored(rescore, queries, scores, ids)
+
+    return MicroBatcher(run, max_batch=max_batch, single_threads=faiss_threads)
 
 
 def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -> LoadedIndex:

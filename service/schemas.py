@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import unicodedata
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AfterValidator, BaseModel, Field, model_validator
 
 # Hard bounds of the schema; the server's settings may set tighter ones (checked in the handlers,
 # so the message can name the setting).
 K_MAX = 1000
 OFFSET_MAX = 100_000
+
+
+# Whitespace controls a pasted caption may carry; every other control character is refused.
+_ALLOWED_CONTROLS = frozenset("\t\n\r")
+
+
+def check_text(value: str) -> str:
+    """``value`` when it is text the encoder and a JSON response can carry; ValueError saying
+    what to send instead (the message names the character by code point, never repeats it)."""
+    for i, ch in enumerate(value):
+        code = ord(ch)
+        if 0xD800 <= code <= 0xDFFF:
+            raise ValueError(
+                f"character {i} is a lone surrogate (U+{code:04X}), not Unicode text; send UTF-8 text "
+                "(a JSON \\u escape of a character beyond U+FFFF must be a high + low surrogate pair)"
+            )
+        if unicodedata.category(ch) == "Cc" and ch not in _ALLOWED_CONTROLS:
+            raise ValueError(f"character {i} is the control character U+{code:04X}; remove it")
+    return value
+
+
+Text = Annotated[str, AfterValidator(check_text)]
 
 
 class Threshold(BaseModel):
@@ -42,7 +65,11 @@ class ThresholdFields(BaseModel):
 
 
 class TextSearchRequest(ThresholdFields):
-    text: str = Field(..., description="The query caption.", examples=["a red circle left of a blue square"])
+    text: Text = Field(
+        ...,
+        description="The query caption: Unicode text without control characters other than tab and newline.",
+        examples=["a red circle left of a blue square"],
+    )
 
 
 class Timings(BaseModel):
@@ -152,8 +179,8 @@ class ImageSearchResponse(Assessment, PageInfo):
 
 
 class BenchmarkRequest(BaseModel):
-    dataset: str = Field(..., description="A dataset name configured on the server (GET /v1/info).")
-    split: str = "test"
+    dataset: Text = Field(..., description="A dataset name configured on the server (GET /v1/info).")
+    split: Text = "test"
     protocol: Literal["full", "1k", "5k"] = "full"
     distractors: int = Field(0, ge=0, description="Embedded benchmark only: generated distractor images.")
 

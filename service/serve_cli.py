@@ -35,10 +35,13 @@ def serve(settings: Any, log_level: str = "info") -> None:
     """Check the artifacts agree, then serve until interrupted (Ctrl-C)."""
     import uvicorn
 
+    from service.jobs import JobStore
     from service.main import create_app
     from service.retriever import preflight
 
-    preflight(settings.index, settings.checkpoint, settings.caption_index)  # one clear message, no traceback
+    # Configuration errors stop here with one line and exit status 2, not as a traceback from the app.
+    preflight(settings.index, settings.checkpoint, settings.caption_index)
+    JobStore(settings.jobs_path)
     app = create_app(settings)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     typer.echo(

@@ -260,3 +260,35 @@ def test_tune_nprobe_reaches_the_target(base, queries):
     assert nprobe == 1 or recall_at_k(index, base, queries, 10, nprobe=nprobe // 2) < 0.99
     with pytest.raises(ValueError, match="IVF"):
         tune_nprobe(build_index(base[:10], DIM, "Flat", gpu="off"), base[:10], queries)
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF16,Flat", "IVF8,PQ8"])
+def test_rescored_scores_do_not_depend_on_the_batch(factory: str) -> None:
+    from index.vector_index import batch_independent_rescorer, rescored
+
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((3000, 32)).astype(np.float32)
+    base /= np.linalg.norm(base, axis=1, keepdims=True)
+    index = build_index(base, 32, factory, gpu="off")
+    if nprobe_of(index) is not None:
+        set_nprobe(index, 16)
+    rescore = batch_independent_rescorer(index)
+    assert rescore is not None
+    query = base[:1] + 0.1 * rng.standard_normal((1, 32)).astype(np.float32)
+    results = []
+    for batch in (1, 19, 21, 64):  # FAISS switches to BLAS at 20 queries
+        queries = np.concatenate([query, rng.standard_normal((batch - 1, 32)).astype(np.float32)])
+        scores, ids = rescored(rescore, queries, *search(index, queries, 100))
+        results.append((scores[0], ids[0]))
+    for scores, ids in results[1:]:
+        assert np.array_equal(scores, results[0][0]) and np.array_equal(ids, results[0][1])
+    scores, ids = results[0]
+    # oracle: the stored (or decoded) vectors' dot product in float64, rounded once; best first, ties by id
+    stored = np.stack([index.reconstruct(int(i)) for i in ids])
+    expected = (stored.astype(np.float64) @ query[0].astype(np.float64)).astype(np.float32)
+    assert np.array_equal(scores, expected)
+    pairs = zip(scores[:-1], scores[1:], ids[:-1], ids[1:], strict=True)
+    assert all((a > b) or (a == b and i < j) for a, b, i, j in pairs)
+    if factory == "Flat":  # nothing approximate: the same hits as exact search
+        exact = np.argsort(-(base @ query[0]), kind="stable")[:100]
+        assert set(ids.tolist()) == set(exact.tolist())

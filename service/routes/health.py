@@ -36,6 +36,7 @@ def info(request: Request) -> dict[str, Any]:
             "max_text_chars": settings.max_text_chars,
             "max_upload_bytes": settings.max_upload_bytes,
             "max_image_pixels": settings.max_image_pixels,
+            "max_aspect_ratio": settings.max_aspect_ratio,
         },
         "datasets": sorted(settings.datasets),
         "benchmarks_need_api_key": settings.api_key is not None,

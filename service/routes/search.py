@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import time
-import warnings
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
@@ -192,8 +190,9 @@ def search_text(body: TextSearchRequest, request: Request) -> TextSearchResponse
 
 
 def _read_image(upload: UploadFile, settings: Settings) -> Any:
-    """The uploaded file as an RGB PIL image; 4xx naming the problem for anything else."""
-    from PIL import Image, UnidentifiedImageError
+    """The uploaded file as an RGB PIL image; 4xx naming the problem for anything else. Every limit
+    is checked on the header, before decoding (see :mod:`training.models.image_input`)."""
+    from training.models.image_input import ImageLimits, ImageRefused, open_image
 
     data = upload.file.read(settings.max_upload_bytes + 1)
     name = upload.filename or "file"
@@ -205,38 +204,17 @@ def _read_image(upload: UploadFile, settings: Settings) -> Any:
         )
     if not data:
         raise ApiError(422, "invalid_image", f"{name}: empty file; upload a JPEG, PNG or WebP image")
-    too_large = ApiError(
-        413,
-        "image_too_large",
-        f"{name}: more than {settings.max_image_pixels} pixels (ICR_MAX_IMAGE_PIXELS); downscale the image",
-    )
+    limits = ImageLimits(max_pixels=settings.max_image_pixels, max_aspect_ratio=settings.max_aspect_ratio)
     try:
-        image = Image.open(io.BytesIO(data))  # reads the header only
-    except Image.DecompressionBombError:  # beyond PIL's own limit, found while opening
-        raise too_large from None
-    except (UnidentifiedImageError, OSError, ValueError):
-        raise ApiError(
-            415,
-            "unsupported_media_type",
-            f"{name}: not an image PIL can read; upload a JPEG, PNG, WebP, GIF or BMP file",
-        ) from None
-    width, height = image.size
-    if width * height > settings.max_image_pixels:
-        # Checked on the header, before decoding: a small file can declare a huge canvas.
-        raise too_large
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image.load()
-            return image.convert("RGB")
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError):
-        raise too_large from None
-    except (OSError, ValueError, SyntaxError) as err:
-        raise ApiError(
-            422,
-            "invalid_image",
-            f"{name}: corrupt or truncated image ({err}); upload it again or re-encode it",
-        ) from None
+        return open_image(data, limits)
+    except ImageRefused as err:
+        status, code, setting = {
+            "format": (415, "unsupported_media_type", ""),
+            "pixels": (413, "image_too_large", " (ICR_MAX_IMAGE_PIXELS)"),
+            "aspect_ratio": (422, "invalid_image", " (ICR_MAX_ASPECT_RATIO)"),
+        }.get(err.reason, (422, "invalid_image", ""))
+        fix = "; upload it again or re-encode it" if err.reason == "corrupt" else ""
+        raise ApiError(status, code, f"{name}: {err}{setting}{fix}") from None
 
 
 @router.post(

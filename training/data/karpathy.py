@@ -174,23 +174,21 @@ def load_karpathy(
 
 def load_image(path: str | os.PathLike[str]) -> Image.Image:
     """Decode an image file as RGB; DatasetError naming the file if it is missing or undecodable."""
+    from training.models.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
+
     path = Path(path)
     try:
-        with Image.open(path) as image:
-            image.load()  # PIL decodes lazily: force it so truncated files fail here, not later
-            return image.convert("RGB")  # convert returns a copy detached from the closed file
+        # the same bounds as uploads: a gallery folder is input nobody checked either
+        return open_image(path, ImageLimits(formats=GALLERY_FORMATS))
     except FileNotFoundError:
         raise DatasetError(
             "image file not found.", path=path, hint="Check the image folder (image_root) for this dataset."
         ) from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        # PIL reports bad files as UnidentifiedImageError/OSError ("truncated"), SyntaxError
-        # (some broken headers) or ValueError; all mean the same thing for the user.
-        raise DatasetError(
-            f"cannot decode image ({type(err).__name__}: {err}).",
-            path=path,
-            hint="The file is corrupt or not an image; re-download it or remove it from the dataset.",
-        ) from None
+    except (ImageRefused, OSError) as err:
+        hint = ("The file is corrupt or not an image; re-download it or remove it from the dataset."
+                if getattr(err, "reason", "corrupt") in ("corrupt", "format")
+                else "Crop or downscale it, or remove it from the dataset.")
+        raise DatasetError(f"cannot decode image ({err}).", path=path, hint=hint) from None
 
 
 def verify_images(split_or_records: CaptionSplit | Iterable[ImageRecord], progress: bool = False) -> int:
