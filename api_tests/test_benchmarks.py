@@ -1,4 +1,5 @@
-"""Benchmark jobs over HTTP: submission checks, lifecycle, API key, and a restart mid-job."""
+"""Benchmark jobs over HTTP: submission checks, lifecycle, API key, a restart mid-job, two servers on
+one database, cancel and the queue limit."""
 
 from __future__ import annotations
 
@@ -130,3 +131,72 @@ def test_a_killed_server_leaves_no_job_running(make_server, tmp_path) -> None:
         time.sleep(2)  # the orphaned worker died with its parent, or can no longer write
         assert c.get(f"/v1/benchmarks/{job['id']}").json()["status"] == "interrupted"
     second.stop()
+
+
+def _running_pid(jobs_db, job_id: str) -> int:
+    import sqlite3
+
+    with sqlite3.connect(jobs_db) as db:
+        return db.execute("SELECT pid FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+
+
+def test_two_servers_share_one_job_database(make_server, tmp_path) -> None:
+    """Replicas: a full queue answers 429; a second server leaves the first one's running job alone
+    (its lease is renewed) and runs the queued one; DELETE through one server cancels the other's
+    job and stops its worker; a killed server's job is marked interrupted by the other."""
+    import os
+    import signal
+
+    jobs_db = tmp_path / "jobs.sqlite"
+    env = {"ICR_JOB_LEASE_SECONDS": "1.5", "ICR_MAX_QUEUED_JOBS": "1"}
+    first = make_server(jobs_db=jobs_db, **env).start()
+    a = httpx.Client(base_url=first.url, timeout=30)
+    long_job = a.post("/v1/benchmarks", json={"dataset": "synthetic", "distractors": 50000}).json()
+    _wait(a, long_job["id"], {"running"})
+    queued = a.post("/v1/benchmarks", json={"dataset": "synthetic", "distractors": 50000}).json()
+    assert queued["status"] == "queued"  # the only server is busy
+    full = a.post("/v1/benchmarks", json={"dataset": "synthetic"})
+    assert full.status_code == 429 and full.headers["retry-after"] == "60", full.text
+    assert "ICR_MAX_QUEUED_JOBS" in full.json()["message"]
+
+    second = make_server(jobs_db=jobs_db, **env).start()
+    b = httpx.Client(base_url=second.url, timeout=30)
+    _wait(b, queued["id"], {"running"})  # the free server takes the queued job
+    assert _owner_pid(jobs_db, queued["id"]) == second.process.pid
+    time.sleep(4)  # more than two lease periods: renewed by the first server, never taken away
+    assert b.get(f"/v1/benchmarks/{long_job['id']}").json()["status"] == "running"
+    assert _owner_pid(jobs_db, long_job["id"]) == first.process.pid
+
+    # cancel the first server's job through the second: its worker stops within a lease period
+    worker = _running_pid(jobs_db, long_job["id"])
+    r = b.delete(f"/v1/benchmarks/{long_job['id']}")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the cancelled job's worker is still running")
+    assert a.get(f"/v1/benchmarks/{long_job['id']}").json()["status"] == "cancelled"
+    assert a.delete(f"/v1/benchmarks/{long_job['id']}").status_code == 409  # already ended
+    assert a.delete("/v1/benchmarks/no-such-job").status_code == 404
+
+    # kill the second server: the first marks its job interrupted (its owner's process is gone)
+    second.process.send_signal(signal.SIGKILL)
+    second.process.wait()
+    cut = _wait(a, queued["id"], {"interrupted"}, timeout=30)
+    assert "restart" in cut["error"], cut
+    a.close()
+    b.close()
+    first.stop()
+
+
+def _owner_pid(jobs_db, job_id: str) -> int:
+    import sqlite3
+
+    with sqlite3.connect(jobs_db) as db:
+        owner = db.execute("SELECT lease_owner FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+    return int(owner.split(":")[1])

@@ -71,10 +71,24 @@ class Settings(BaseSettings):
         "clients on this machine may submit.",
     )
     datasets: dict[str, Path] = Field(default_factory=dict, description="Benchmark datasets by name.")
+    state_dir: Path | None = Field(
+        None,
+        description="Where the server keeps its own state (the job database); default "
+        "$XDG_STATE_HOME/icr or ~/.local/state/icr, never inside an index folder that a rebuild replaces.",
+    )
     jobs_db: Path | None = Field(
-        None, description="SQLite file of benchmark jobs; default: beside the index."
+        None, description="SQLite file of benchmark jobs, shared by replicas; default: STATE_DIR/jobs.sqlite."
     )
     max_benchmark_distractors: int = Field(100_000, ge=0)
+    max_queued_jobs: int = Field(20, ge=1, description="More queued benchmark jobs are refused with 429.")
+    job_lease_seconds: float = Field(
+        60.0,
+        ge=1.0,
+        le=3600.0,
+        description="A running job's lease, renewed by its server every third of it; another server marks "
+        "the job interrupted only after it expired.",
+    )
+    job_retention_days: float = Field(30.0, gt=0.0, description="Finished jobs older than this are deleted.")
 
     @field_validator("datasets")
     @classmethod
@@ -88,7 +102,15 @@ class Settings(BaseSettings):
 
     @property
     def jobs_path(self) -> Path:
-        return self.jobs_db if self.jobs_db is not None else self.index.parent / "jobs.sqlite"
+        if self.jobs_db is not None:
+            return self.jobs_db
+        return (self.state_dir or default_state_dir()) / "jobs.sqlite"
+
+
+def default_state_dir() -> Path:
+    """$XDG_STATE_HOME/icr, or ~/.local/state/icr."""
+    base = os.environ.get("XDG_STATE_HOME")
+    return (Path(base) if base else Path.home() / ".local" / "state") / "icr"
 
 
 @lru_cache(maxsize=1)

@@ -22,12 +22,15 @@ log = logging.getLogger("icr.service")
 class ApiError(Exception):
     """An error a client can fix (or wait out): status, short code, and a message saying how."""
 
-    def __init__(self, status: int, code: str, message: str, detail: Any = None):
+    def __init__(
+        self, status: int, code: str, message: str, detail: Any = None, headers: dict[str, str] | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.detail = detail
+        self.headers = headers
 
 
 class _AsciiJSONResponse(JSONResponse):
@@ -77,7 +80,7 @@ _STATUS_CODES = {
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, err: ApiError) -> JSONResponse:
-        return error_response(err.status, err.code, err.message, err.detail)
+        return error_response(err.status, err.code, err.message, err.detail, err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:

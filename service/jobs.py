@@ -6,6 +6,13 @@ need, and a crash in it must not take the server down. The worker writes progres
 into the same SQLite file; every worker write names the job's ``attempt`` and only applies while
 the job is still ``running`` under that attempt, so a worker orphaned by a server crash can never
 overwrite the ``interrupted`` mark the restarted server gave its job.
+
+Several servers may share one database (replicas). A claimed job carries a *lease*: its owner
+(host, pid, a per-runner id) and an expiry that the owner renews while the worker runs. A server
+marks a running job ``interrupted`` only when its lease has expired, or when its owner ran on this
+host and that process is gone (a restart on the same machine need not wait for the expiry); claims
+are atomic, so every job runs once. ``DELETE`` cancels a queued or running job (the owner sees its
+renewal refused and stops the worker); finished jobs older than the retention are deleted.
 """
 
 from __future__ import annotations
@@ -15,19 +22,22 @@ import logging
 import math
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("icr.service")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
@@ -45,10 +55,15 @@ CREATE TABLE IF NOT EXISTS jobs (
     metrics TEXT,
     report TEXT,
     attempt INTEGER NOT NULL DEFAULT 0,
-    pid INTEGER
+    pid INTEGER,
+    lease_owner TEXT,
+    lease_until REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);
 """
+# version 1 -> 2: the lease columns (a v1 job still running has no lease: it is interrupted)
+_MIGRATE_1 = "ALTER TABLE jobs ADD COLUMN lease_owner TEXT; ALTER TABLE jobs ADD COLUMN lease_until REAL;"
+FINISHED = ("succeeded", "failed", "interrupted", "cancelled")
 _PUBLIC = (
     "id",
     "status",
@@ -108,8 +123,10 @@ class JobStore:
             with self._connect() as db:
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-                if version not in (0, SCHEMA_VERSION) or (version == 0 and tables - {"jobs"}):
+                if version not in (0, 1, SCHEMA_VERSION) or (version == 0 and tables - {"jobs"}):
                     raise ValueError(f"schema version {version} with tables {sorted(tables)}")
+                if version == 1:
+                    db.executescript(_MIGRATE_1)
                 db.executescript(_SCHEMA)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except (sqlite3.DatabaseError, ValueError) as err:
@@ -162,8 +179,13 @@ class JobStore:
             rows = db.execute("SELECT * FROM jobs ORDER BY created_at DESC, rowid DESC LIMIT ?", (limit,))
             return [self._row(r, with_report=False) for r in rows]
 
-    def claim_next(self) -> dict[str, Any] | None:
-        """The oldest queued job, now running under a new attempt number (atomic)."""
+    def count_queued(self) -> int:
+        with self._connect() as db:
+            return int(db.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()[0])
+
+    def claim_next(self, owner: str = "", lease_s: float = 60.0) -> dict[str, Any] | None:
+        """The oldest queued job, now running under a new attempt number and ``owner``'s lease of
+        ``lease_s`` seconds (atomic: of several servers polling one database, one gets it)."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
             row = db.execute(
@@ -174,8 +196,8 @@ class JobStore:
                 return None
             db.execute(
                 "UPDATE jobs SET status = 'running', attempt = attempt + 1, started_at = ?, progress = 0, "
-                "stage = 'starting' WHERE id = ?",
-                (_now(), row["id"]),
+                "stage = 'starting', lease_owner = ?, lease_until = ? WHERE id = ?",
+                (_now(), owner, time.time() + lease_s, row["id"]),
             )
             db.execute("COMMIT")
             job = self._row(db.execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone(), False)
@@ -219,14 +241,87 @@ class JobStore:
             (_now(), RESTART_MESSAGE.format(reason=reason)),
         )
 
+    def renew(self, job_id: str, attempt: int, owner: str, lease_s: float) -> bool:
+        """Extend ``owner``'s lease; False when the job is no longer running under it (cancelled,
+        or interrupted by another server after the lease ran out)."""
+        with self._connect() as db:
+            cursor = db.execute(
+                "UPDATE jobs SET lease_until = ? WHERE id = ? AND attempt = ? AND status = 'running' "
+                "AND lease_owner = ?",
+                (time.time() + lease_s, job_id, attempt, owner),
+            )
+            return cursor.rowcount == 1
+
+    def reap(self, alive: Callable[[str], bool] = lambda owner: True) -> int:
+        """Mark interrupted every running job whose lease has expired, has no lease (a job of an older
+        server), or whose owner ``alive`` says is gone; the number marked."""
+        now = time.time()
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            rows = db.execute("SELECT id, lease_owner, lease_until FROM jobs WHERE status = 'running'")
+            cut = [
+                r["id"]
+                for r in rows.fetchall()
+                if r["lease_until"] is None or r["lease_until"] < now or not alive(r["lease_owner"] or "")
+            ]
+            message = RESTART_MESSAGE.format(reason="its server was stopped or restarted: no lease renewal")
+            for job_id in cut:
+                db.execute(
+                    "UPDATE jobs SET status = 'interrupted', finished_at = ?, error = ? WHERE id = ?",
+                    (_now(), message, job_id),
+                )
+            db.execute("COMMIT")
+            return len(cut)
+
     def interrupt_running(self, reason: str) -> int:
-        """Mark every running job interrupted (at start-up: they were cut off by the last stop)."""
+        """Mark every running job interrupted (whatever its lease: for a database no server uses)."""
         with self._connect() as db:
             cursor = db.execute(
                 "UPDATE jobs SET status = 'interrupted', finished_at = ?, error = ? WHERE status = 'running'",
                 (_now(), RESTART_MESSAGE.format(reason=reason)),
             )
             return cursor.rowcount
+
+    def cancel(self, job_id: str) -> dict[str, Any] | None:
+        """Cancel a queued or running job (a running one's owner stops its worker at its next
+        renewal); the job as it is now, or None when there is no such job. A finished job is
+        left as it is."""
+        with self._connect() as db:
+            db.execute(
+                "UPDATE jobs SET status = 'cancelled', finished_at = ?, error = 'cancelled by a client' "
+                "WHERE id = ? AND status IN ('queued', 'running')",
+                (_now(), job_id),
+            )
+        return self.get(job_id, with_report=False)
+
+    def purge(self, older_than_days: float) -> int:
+        """Delete finished jobs that finished more than ``older_than_days`` ago; the number deleted."""
+        cutoff = datetime.fromtimestamp(time.time() - older_than_days * 86400, UTC)
+        cutoff_text = cutoff.isoformat(timespec="seconds")
+        marks = ",".join("?" * len(FINISHED))
+        with self._connect() as db:
+            cursor = db.execute(
+                f"DELETE FROM jobs WHERE status IN ({marks}) AND finished_at < ?", (*FINISHED, cutoff_text)
+            )
+            return cursor.rowcount
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether a lease's owner (``host:pid:runner``) may still be running: a process on this host is
+    checked; one elsewhere is trusted until its lease expires. An owner without that form is gone."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if not host or not pid_text.isdigit():
+        return False
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process of that number: alive
+        return True
+    return True
 
 
 def _worker_env() -> dict[str, str]:
@@ -254,8 +349,13 @@ class JobRunner:
         device: str = "cpu",
         nice: int = 10,
         poll_s: float = 5.0,
+        lease_s: float = 60.0,
+        retention_days: float = 30.0,
     ):
         self.store = store
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease_s = lease_s  # renewed every lease_s / 3 while a worker runs
+        self.retention_days = retention_days
         self.checkpoint = Path(checkpoint)
         self.datasets = {name: Path(path) for name, path in datasets.items()}
         self.device = device
@@ -269,9 +369,7 @@ class JobRunner:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        cut_off = self.store.interrupt_running("restart")
-        if cut_off:
-            log.warning("%d benchmark job(s) were cut off by the last stop; marked interrupted", cut_off)
+        self._housekeeping()
         self._thread = threading.Thread(target=self._loop, name="icr-jobs", daemon=True)
         self._thread.start()
 
@@ -298,10 +396,18 @@ class JobRunner:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def _housekeeping(self) -> None:
+        """Interrupt the jobs whose server is gone; delete finished jobs past the retention."""
+        cut_off = self.store.reap(owner_alive)
+        if cut_off:
+            log.warning("%d benchmark job(s) lost their server; marked interrupted", cut_off)
+        self.store.purge(self.retention_days)
+
     def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                job = self.store.claim_next()
+                self._housekeeping()
+                job = self.store.claim_next(self.owner, self.lease_s)
             except Exception:  # e.g. the database is locked for longer than busy_timeout
                 log.exception("claiming a benchmark job")
                 self._stopping.wait(self.poll_s)
@@ -351,23 +457,40 @@ class JobRunner:
             if self._stopping.is_set():
                 self.store.interrupt(job_id, attempt, reason="server shut down")
                 return
-            # No preexec_fn (unsafe in a threaded server): the worker renices itself.
+            # No preexec_fn (unsafe in a threaded server): the worker renices itself. Its stderr goes
+            # to a file: a pipe nobody reads while the lease is renewed could fill and block it.
+            errors = tempfile.TemporaryFile()
             self._process = subprocess.Popen(
                 self.command(job_id, attempt, data),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
+                stderr=errors,
                 start_new_session=True,
                 env=_worker_env(),
             )
             self._current = (job_id, attempt)
-        self.store.set_pid(job_id, attempt, self._process.pid)
-        _, stderr = self._process.communicate()
-        code = self._process.returncode
+        process = self._process
+        self.store.set_pid(job_id, attempt, process.pid)
+        cancelled = False
+        while True:
+            try:
+                process.wait(self.lease_s / 3)
+                break
+            except subprocess.TimeoutExpired:
+                if cancelled:
+                    process.kill()  # it did not stop within a third of the lease after SIGTERM
+                elif not self.store.renew(job_id, attempt, self.owner, self.lease_s):
+                    cancelled = True  # cancelled by a client (or interrupted by a server that saw it expire)
+                    log.info("benchmark job %s is no longer ours; stopping its worker", job_id)
+                    process.terminate()
+        code = process.returncode
+        errors.seek(0)
+        stderr = errors.read()
+        errors.close()
         with self._lock:
             self._process, self._current = None, None
-        if self._stopping.is_set():
-            return  # stop() marked the job interrupted
+        if self._stopping.is_set() or cancelled:
+            return  # stop() marked the job interrupted; a cancelled job keeps its mark
         if code == 0:
             reason = "without writing a result"
         elif code < 0:

@@ -72,7 +72,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     loader = threading.Thread(target=_load, args=(app, settings, stop), name="icr-load", daemon=True)
     loader.start()
     app.state.jobs = JobStore(settings.jobs_path)
-    app.state.runner = JobRunner(app.state.jobs, checkpoint, dict(settings.datasets), device=settings.device)
+    app.state.runner = JobRunner(
+        app.state.jobs,
+        checkpoint,
+        dict(settings.datasets),
+        device=settings.device,
+        lease_s=settings.job_lease_seconds,
+        retention_days=settings.job_retention_days,
+    )
     app.state.runner.start()
     try:
         yield

@@ -187,7 +187,7 @@ class BenchmarkRequest(BaseModel):
 
 class BenchmarkJob(BaseModel):
     id: str
-    status: Literal["queued", "running", "succeeded", "failed", "interrupted"]
+    status: Literal["queued", "running", "succeeded", "failed", "interrupted", "cancelled"]
     dataset: str
     split: str
     protocol: str

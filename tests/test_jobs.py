@@ -68,7 +68,7 @@ def _wait(store: JobStore, job_id: str, until, timeout: float = 60.0) -> dict:
 
 
 def _finished(job: dict) -> bool:
-    return job["status"] in ("succeeded", "failed", "interrupted")
+    return job["status"] in ("succeeded", "failed", "interrupted", "cancelled")
 
 
 # --- the store -------------------------------------------------------------------------------
@@ -177,6 +177,83 @@ def test_a_file_that_is_not_the_job_database_is_refused(tmp_path):
     kept = tmp_path / "kept.sqlite"
     job = JobStore(kept).submit("synthetic", "test", "full", 0)
     assert JobStore(kept).get(job["id"])["status"] == "queued"
+
+
+def test_a_running_job_is_interrupted_only_when_its_lease_is_gone(store, monkeypatch):
+    import socket
+
+    from service.jobs import owner_alive
+
+    here = socket.gethostname()
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    owners = {
+        "elsewhere": "another-host:1:a",  # another machine: trusted until its lease expires
+        "alive": f"{here}:{os.getpid()}:b",  # this process: alive
+        "dead": f"{here}:{dead_pid}:c",  # a process of this host that has exited: gone at once
+        "legacy": "",  # no owner (a server of schema 1): gone
+    }
+    ids = {}
+    for name, owner in owners.items():
+        ids[name] = store.submit("synthetic", "test", "full", 0)["id"]
+        assert store.claim_next(owner, lease_s=60)["id"] == ids[name]
+    assert store.reap(owner_alive) == 2
+    status = {name: store.get(i)["status"] for name, i in ids.items()}
+    assert status == {
+        "elsewhere": "running", "alive": "running", "dead": "interrupted", "legacy": "interrupted"
+    }
+    assert "no lease renewal" in store.get(ids["dead"])["error"]
+    # the owner renews; nobody else can; once the lease has run out another server takes it away
+    assert store.renew(ids["elsewhere"], 1, owners["elsewhere"], 60)
+    assert not store.renew(ids["elsewhere"], 1, owners["alive"], 60)
+    assert store.renew(ids["elsewhere"], 1, owners["elsewhere"], -1)  # expired a second ago
+    assert store.reap(owner_alive) == 1 and store.get(ids["elsewhere"])["status"] == "interrupted"
+    assert not store.renew(ids["elsewhere"], 1, owners["elsewhere"], 60)  # its owner learns it lost it
+    assert store.get(ids["alive"])["status"] == "running"
+
+
+def test_cancel_queue_count_and_retention(store):
+    queued = store.submit("synthetic", "test", "full", 0)
+    running = store.submit("synthetic", "test", "full", 0)
+    assert store.count_queued() == 2
+    assert store.claim_next("me", 60)["id"] == queued["id"]
+    assert store.cancel(queued["id"])["status"] == "cancelled"  # running: its owner's renewal now fails
+    assert not store.renew(queued["id"], 1, "me", 60)
+    assert not store.set_progress(queued["id"], 1, 0.5, "x")  # the worker's writes are ignored
+    assert store.cancel(running["id"])["status"] == "cancelled"  # queued: never claimed
+    assert store.claim_next("me", 60) is None and store.count_queued() == 0
+    done = store.submit("synthetic", "test", "full", 0)
+    store.claim_next("me", 60)
+    assert store.succeed(done["id"], 1, {}, {})
+    assert store.cancel(done["id"])["status"] == "succeeded"  # finished: left as it is
+    assert store.cancel("nope") is None
+    fresh = store.submit("synthetic", "test", "full", 0)
+    with sqlite3.connect(store.path) as db:  # two jobs finished 40 days ago
+        db.execute("UPDATE jobs SET finished_at = '2000-01-01T00:00:00+00:00' WHERE id IN (?, ?)",
+                   (queued["id"], done["id"]))
+    assert store.purge(30) == 2
+    assert [store.get(i) is None for i in (queued["id"], done["id"], running["id"], fresh["id"])] == [
+        True, True, False, False]
+
+
+def test_a_schema_1_database_is_migrated_and_its_running_job_interrupted(tmp_path):
+    path = tmp_path / "v1.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript("""
+            CREATE TABLE jobs (id TEXT PRIMARY KEY, status TEXT NOT NULL, dataset TEXT NOT NULL,
+                split TEXT NOT NULL, protocol TEXT NOT NULL, distractors INTEGER NOT NULL,
+                progress REAL NOT NULL DEFAULT 0, stage TEXT, created_at TEXT NOT NULL, started_at TEXT,
+                finished_at TEXT, error TEXT, metrics TEXT, report TEXT, attempt INTEGER NOT NULL DEFAULT 0,
+                pid INTEGER);
+            INSERT INTO jobs (id, status, dataset, split, protocol, distractors, created_at, attempt)
+                VALUES ('old', 'running', 'synthetic', 'test', 'full', 0, '2026-01-01T00:00:00+00:00', 1);
+            PRAGMA user_version = 1;
+        """)
+    store = JobStore(path)
+    assert store.get("old")["status"] == "running"
+    assert store.reap() == 1 and store.get("old")["status"] == "interrupted"
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
 
 
 # --- the runner and its worker processes ------------------------------------------------------

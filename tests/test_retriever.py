@@ -184,7 +184,10 @@ def test_settings_come_from_the_environment_and_name_known_datasets(monkeypatch,
         7,
         {"coco": Path("/data/coco")},
     )
-    assert settings.jobs_path == Path("/jobs.sqlite")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert settings.jobs_path == tmp_path / "state" / "icr" / "jobs.sqlite"  # never inside the index folder
+    monkeypatch.setenv("ICR_STATE_DIR", "/srv/icr")
+    assert Settings().jobs_path == Path("/srv/icr/jobs.sqlite")
     env_file = tmp_path / "icr.env"
     env_file.write_text("ICR_PORT=9001\nICR_API_KEY=k\n")
     from_file = Settings(_env_file=env_file)

@@ -1,4 +1,4 @@
-"""POST /v1/benchmarks (202 + job), GET /v1/benchmarks, GET /v1/benchmarks/{id}."""
+"""POST /v1/benchmarks (202 + job), GET /v1/benchmarks, GET and DELETE /v1/benchmarks/{id}."""
 
 from __future__ import annotations
 
@@ -95,6 +95,15 @@ def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
             "invalid_request",
             f"distractors: at most {settings.max_benchmark_distractors} (ICR_MAX_BENCHMARK_DISTRACTORS)",
         )
+    queued = request.app.state.jobs.count_queued()
+    if queued >= settings.max_queued_jobs:
+        raise ApiError(
+            429,
+            "queue_full",
+            f"{queued} benchmark jobs are queued, the most this server takes (ICR_MAX_QUEUED_JOBS); retry "
+            "later or cancel one with DELETE /v1/benchmarks/{id}",
+            headers={"Retry-After": "60"},
+        )
     job = request.app.state.jobs.submit(body.dataset, body.split, body.protocol, body.distractors)
     request.app.state.runner.wake()
     return BenchmarkJob(**job)
@@ -112,4 +121,20 @@ def get_job(job_id: str, request: Request) -> BenchmarkJob:
     job = request.app.state.jobs.get(job_id)
     if job is None:
         raise ApiError(404, "not_found", f"no benchmark job {job_id!r}; GET /v1/benchmarks lists them")
+    return BenchmarkJob(**job)
+
+
+@router.delete("/{job_id}", response_model=BenchmarkJob, summary="Cancel a queued or running job")
+def cancel_job(job_id: str, request: Request) -> BenchmarkJob:
+    """Cancel a job (same key rule as submission). A queued job never runs; a running one's worker
+    is stopped by the server that runs it within a third of the job lease. A finished job: 409."""
+    _check_key(request)
+    before = request.app.state.jobs.get(job_id, with_report=False)
+    if before is None:
+        raise ApiError(404, "not_found", f"no benchmark job {job_id!r}; GET /v1/benchmarks lists them")
+    job = request.app.state.jobs.cancel(job_id)
+    if job["status"] != "cancelled" or before["status"] not in ("queued", "running"):
+        raise ApiError(
+            409, "job_finished", f"job {job_id} already ended ({job['status']}); nothing to cancel"
+        )
     return BenchmarkJob(**job)
