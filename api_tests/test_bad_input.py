@@ -36,11 +36,16 @@ TEXT_CASES = [
     ({"text": "a", "k": 101}, 422, "ICR_MAX_K"),
     ({"text": "a", "k": -3}, 422, "k:"),
     ({"text": "a", "offset": -1}, 422, "offset:"),
-    ({"text": "a", "k": 100, "offset": 901}, 422, "search depth"),
+    ({"text": "a", "k": 100, "offset": 901}, 422, "offset: at most 900"),
+    ({"text": "a", "k": 1, "offset": 901}, 422, "search depth"),  # one bound per field, whatever k
     ({"text": "a", "min_score": 0.2, "min_relevance": 0.5}, 422, "either min_score or min_relevance"),
     ({"text": "a", "min_relevance": 1.5}, 422, "min_relevance"),
     ({"text": "a", "min_score": -2}, 422, "min_score"),
     ({"text": "a", "k": "ten"}, 422, "k:"),
+    ({"text": "a", "k": "10"}, 422, "k: Input should be a valid integer"),  # no coercion from strings
+    ({"text": "a", "k": True}, 422, "k: Input should be a valid integer"),
+    ({"text": "a", "k": 5.5}, 422, "k:"),
+    ({"text": "a", "min_relevance": "0.5"}, 422, "min_relevance: Input should be a valid number"),
     ({"text": "a \ud800 circle"}, 422, "text: character 2 is a lone surrogate (U+D800)"),
     ({"text": "a red\x00circle"}, 422, "text: character 5 is the control character U+0000"),
 ]
@@ -90,7 +95,7 @@ def test_bad_uploads(client: httpx.Client) -> None:
         ({"k": "0"}, "k:"),
         ({"min_score": "0.1", "min_relevance": "0.1"}, "not both"),
         ({"k": "many"}, "k:"),
-        ({"k": "90", "offset": "950"}, "search depth"),
+        ({"k": "5", "offset": "950"}, "search depth"),
     ):
         r = _upload(client, _png(), **data)
         assert r.status_code == 422 and says in r.json()["message"], r.text

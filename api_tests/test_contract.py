@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import httpx
 from conftest import N_DISTRACTORS
@@ -78,6 +79,35 @@ def test_openapi_schema_is_valid_and_lists_every_endpoint(client: httpx.Client) 
         "/metrics",
     } <= paths
     assert client.get("/docs").status_code == 200
+
+
+def test_the_schema_states_this_servers_bounds_and_error_body(client: httpx.Client) -> None:
+    schema = client.get("/openapi.json").json()
+    info = client.get("/v1/info").json()["limits"]
+    components = schema["components"]["schemas"]
+    for name in ("TextSearchRequest", "Body_search_image_v1_search_image_post"):
+        props = components[name]["properties"]
+        assert (props["k"]["minimum"], props["k"]["maximum"]) == (1, info["max_k"]), name
+        assert props["offset"]["maximum"] == info["search_depth"] - info["max_k"], name
+    assert props["k"]["type"] == "integer"
+    text = json.dumps(schema)
+    assert "HTTPValidationError" not in text  # FastAPI's default 422 body is not what the server sends
+    documented = {
+        ("/v1/search/text", "post"): {413, 422, 503},
+        ("/v1/search/image", "post"): {409, 413, 415, 422, 503},
+        ("/v1/benchmarks", "post"): {401, 403, 404, 409, 413, 422, 429},
+        ("/v1/benchmarks/{job_id}", "delete"): {401, 403, 404, 409},
+        ("/v1/images/{image_id}", "get"): {404, 422, 503},
+        ("/readyz", "get"): {503},
+    }
+    for (path, method), codes in documented.items():
+        responses = schema["paths"][path][method]["responses"]
+        assert codes <= {int(c) for c in responses}, (path, method, sorted(responses))
+        for code, response in responses.items():
+            if code[0] in "45":
+                assert response["content"]["application/json"]["schema"] == {
+                    "$ref": "#/components/schemas/ErrorBody"
+                }, (path, method, code)
 
 
 def test_text_search_response(client: httpx.Client) -> None:

@@ -10,7 +10,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DATASET_NAMES = ("flickr30k", "coco", "synthetic")
@@ -43,7 +43,9 @@ class Settings(BaseSettings):
     )
     max_k: int = Field(100, ge=1, le=1000)
     search_depth: int = Field(
-        1000, ge=1, description="Neighbours retrieved per query before thresholding (bounds offset + k)."
+        1000,
+        ge=1,
+        description="Neighbours retrieved per query before thresholding; offset is at most this minus max_k.",
     )
     max_text_chars: int = Field(1000, ge=1)
     max_upload_bytes: int = Field(10 << 20, ge=1024)
@@ -89,6 +91,12 @@ class Settings(BaseSettings):
         "the job interrupted only after it expired.",
     )
     job_retention_days: float = Field(30.0, gt=0.0, description="Finished jobs older than this are deleted.")
+
+    @model_validator(mode="after")
+    def _depth_holds_a_page(self) -> Settings:
+        if self.max_k > self.search_depth:
+            raise ValueError(f"max_k ({self.max_k}) must not exceed search_depth ({self.search_depth})")
+        return self
 
     @field_validator("datasets")
     @classmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -77,6 +78,22 @@ _STATUS_CODES = {
 }
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods of every route whose path matches the request's (routers included, walked)."""
+
+    def routes(items: list[Any]) -> Iterator[Any]:
+        for route in items:
+            inner = getattr(route, "original_router", None)  # FastAPI's wrapper of an included router
+            yield from routes(inner.routes) if inner is not None else (route,)
+
+    methods: set[str] = set()
+    for route in routes(request.app.router.routes):
+        pattern = getattr(route, "path_regex", None)
+        if pattern is not None and pattern.match(request.url.path):
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, err: ApiError) -> JSONResponse:
@@ -88,16 +105,22 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(422, "invalid_request", validation_message(errors) + " (see /docs)", errors)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, err: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, err: StarletteHTTPException) -> JSONResponse:
         message = err.detail if isinstance(err.detail, str) else str(err.detail)
+        headers = getattr(err, "headers", None)
         if err.status_code == 404 and message == "Not Found":
             message = "no such endpoint; the API is listed at /docs"
-        return error_response(
-            err.status_code,
-            _STATUS_CODES.get(err.status_code, "http_error"),
-            message,
-            headers=getattr(err, "headers", None),
-        )
+        if err.status_code == 400 and message == "There was an error parsing the body":
+            # undecodable bytes: the same answer as any other body that is not JSON (422, documented)
+            return error_response(422, "invalid_request", 'the body is not valid JSON (UTF-8); send e.g. '
+                                  '{"text": "a red circle", "k": 10}')
+        if err.status_code == 405:
+            # Starlette names the first matching route's methods only; a path may have several routes
+            allowed = _allowed_methods(request)
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+            message = f"{request.method} is not supported here; use {' or '.join(allowed)}"
+        return error_response(err.status_code, _STATUS_CODES.get(err.status_code, "http_error"), message,
+                              headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:

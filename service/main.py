@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
@@ -22,6 +23,7 @@ from service.config import Settings, get_settings
 from service.errors import install_error_handlers
 from service.retriever import Retriever, preflight
 from service.routes import benchmarks, health, images, page, search
+from service.schemas import NONBLANK_TEXT_PATTERN
 from service.telemetry import MetricsMiddleware, Telemetry
 
 log = logging.getLogger("icr.service")
@@ -88,6 +90,50 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.runner.stop()
 
 
+def _openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
+    """FastAPI's schema, made to tell the truth about this server: the paging bounds its settings
+    set (ICR_MAX_K, ICR_SEARCH_DEPTH) and the error body every 4xx/5xx really has."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    schema = FastAPI.openapi(app)
+    components = schema["components"]["schemas"]
+    for name in ("TextSearchRequest", "Body_search_image_v1_search_image_post"):
+        model = components[name]
+        props = model["properties"]  # the JSON body, and the image upload's form
+        props["k"].update(minimum=1, maximum=settings.max_k)
+        props["offset"].update(minimum=0, maximum=settings.search_depth - settings.max_k)
+        # never both thresholds; a form cannot send null: there a threshold is a number or absent
+        form = name.startswith("Body_")
+        for field, lo in (("min_score", -1.0), ("min_relevance", 0.0)):
+            props[field] = _bounded_number(props[field], lo, 1.0, nullable=not form)
+        numbers = {"min_score": {"type": "number"}, "min_relevance": {"type": "number"}}
+        model["not"] = {"required": ["min_score", "min_relevance"], "properties": numbers}
+    distractors = components["BenchmarkRequest"]["properties"]["distractors"]
+    distractors["maximum"] = settings.max_benchmark_distractors
+    # an upload must have content
+    components["Body_search_image_v1_search_image_post"]["properties"]["file"]["minLength"] = 1
+    text = components["TextSearchRequest"]["properties"]["text"]
+    # not blank (the server strips it), and at most ICR_MAX_TEXT_CHARS as sent
+    text["pattern"] = NONBLANK_TEXT_PATTERN
+    text["maxLength"] = settings.max_text_chars
+    error_ref = {"$ref": "#/components/schemas/ErrorBody"}
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            for status, response in operation.get("responses", {}).items():
+                if status.startswith(("4", "5")):  # FastAPI's default 422 body is not what we send
+                    response["content"] = {"application/json": {"schema": error_ref}}
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
+    return schema
+
+
+def _bounded_number(prop: dict[str, Any], lo: float, hi: float, nullable: bool) -> dict[str, Any]:
+    """A pydantic ``float | None`` property as a number in [lo, hi], or null when ``nullable``."""
+    out = {k: v for k, v in prop.items() if k not in ("anyOf", "default", "type", "minimum", "maximum")}
+    number = {"type": "number", "minimum": lo, "maximum": hi}
+    return {**out, "anyOf": [number, {"type": "null"}]} if nullable else {**out, **number}
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings if settings is not None else get_settings()
     app = FastAPI(
@@ -105,6 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (health, search, images, benchmarks, page):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=page.STATIC_DIR), name="static")
+    app.openapi = lambda: _openapi_with_limits(app, settings)  # type: ignore[method-assign]
     app.add_middleware(MetricsMiddleware, telemetry=app.state.telemetry)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + _MULTIPART_SLACK)
     return app

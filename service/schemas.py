@@ -5,7 +5,15 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    StrictFloat,
+    WithJsonSchema,
+    model_validator,
+)
 
 # Hard bounds of the schema; the server's settings may set tighter ones (checked in the handlers,
 # so the message can name the setting).
@@ -32,7 +40,24 @@ def check_text(value: str) -> str:
     return value
 
 
-Text = Annotated[str, AfterValidator(check_text)]
+# What check_text accepts, for the OpenAPI schema only (pydantic's regex engine has no surrogates).
+# (Lone surrogates are refused too, but JSON Schema cannot name them.)
+_REFUSED = "\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f-\\x9f"
+TEXT_PATTERN = f"^[^{_REFUSED}]*$"
+NONBLANK_TEXT_PATTERN = f"^[^{_REFUSED}]*[^\\s{_REFUSED}][^{_REFUSED}]*$"  # and not only whitespace
+Text = Annotated[str, AfterValidator(check_text), WithJsonSchema({"type": "string", "pattern": TEXT_PATTERN})]
+
+
+def _json_integer(value: Any) -> Any:
+    """A JSON integer, also written 5.0 or 5e0 (JSON Schema's "integer"); never "5" or true."""
+    if isinstance(value, bool | str):
+        raise ValueError("Input should be a valid integer (a JSON number, not a string or boolean)")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
 
 
 class Threshold(BaseModel):
@@ -50,10 +75,18 @@ class Threshold(BaseModel):
 
 
 class ThresholdFields(BaseModel):
-    k: int = Field(10, ge=1, le=K_MAX, description="Results per page.")
-    offset: int = Field(0, ge=0, le=OFFSET_MAX, description="Results to skip (after thresholding).")
-    min_score: float | None = Field(None, ge=-1.0, le=1.0, description="Keep hits with cosine >= this.")
-    min_relevance: float | None = Field(
+    # Strict: "10" and true are not numbers (a JSON client that sends them has a bug to hear about).
+    k: JsonInt = Field(10, ge=1, le=K_MAX, description="Results per page (at most ICR_MAX_K).")
+    offset: JsonInt = Field(
+        0,
+        ge=0,
+        le=OFFSET_MAX,
+        description="Results to skip (after thresholding); offset + k at most ICR_SEARCH_DEPTH.",
+    )
+    min_score: StrictFloat | None = Field(
+        None, ge=-1.0, le=1.0, description="Keep hits with cosine >= this."
+    )
+    min_relevance: StrictFloat | None = Field(
         None, ge=0.0, le=1.0, description="Keep hits whose calibrated probability of relevance is >= this."
     )
 
@@ -182,7 +215,9 @@ class BenchmarkRequest(BaseModel):
     dataset: Text = Field(..., description="A dataset name configured on the server (GET /v1/info).")
     split: Text = "test"
     protocol: Literal["full", "1k", "5k"] = "full"
-    distractors: int = Field(0, ge=0, description="Embedded benchmark only: generated distractor images.")
+    distractors: JsonInt = Field(
+        0, ge=0, description="Embedded benchmark only: generated distractor images."
+    )
 
 
 class BenchmarkJob(BaseModel):
@@ -210,3 +245,21 @@ class ErrorBody(BaseModel):
     error: str = Field(..., description="A short machine-readable code.")
     message: str = Field(..., description="What went wrong and how to fix it.")
     detail: Any = None
+
+
+_ERROR_MEANINGS = {
+    401: "An API key is required (X-API-Key).",
+    403: "Wrong API key, or a client not allowed without one.",
+    404: "No such resource (the message names it).",
+    409: "The loaded artifacts or the resource's state do not allow this.",
+    413: "Body, upload or image too large (the message names the limit).",
+    415: "Not an image in an accepted format.",
+    422: "Invalid field (the message names it and the fix).",
+    429: "Too many queued jobs; retry after Retry-After seconds.",
+    503: "The model and index are loading, or failed to load (the message says why).",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the error statuses a route returns, all with the ErrorBody shape."""
+    return {code: {"model": ErrorBody, "description": _ERROR_MEANINGS[code]} for code in codes}

@@ -5,13 +5,14 @@ from __future__ import annotations
 import hmac
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
 from service.config import LOCAL_HOSTS
 from service.errors import ApiError
 from service.routes.deps import settings_of
-from service.schemas import BenchmarkJob, BenchmarkList, BenchmarkRequest
+from service.schemas import BenchmarkJob, BenchmarkList, BenchmarkRequest, error_responses
 
 router = APIRouter(prefix="/v1/benchmarks", tags=["benchmarks"])
 
@@ -58,7 +59,13 @@ def _karpathy_splits(json_path: Path, mtime_ns: int, size: int) -> tuple[str, ..
     return tuple(sorted(load_karpathy(json_path, check_images=False).splits))
 
 
-@router.post("", status_code=202, response_model=BenchmarkJob, summary="Queue an evaluation job")
+@router.post(
+    "",
+    status_code=202,
+    response_model=BenchmarkJob,
+    summary="Queue an evaluation job",
+    responses=error_responses(401, 403, 404, 409, 413, 422, 429),
+)
 def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
     """Evaluate the served checkpoint on a dataset configured on the server (never a client path).
     The job runs in the background; poll GET /v1/benchmarks/{id} for progress and metrics."""
@@ -109,14 +116,24 @@ def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
     return BenchmarkJob(**job)
 
 
-@router.get("", response_model=BenchmarkList, summary="Recent jobs, newest first (without reports)")
-def list_jobs(request: Request, limit: int = 50) -> BenchmarkList:
-    if not 1 <= limit <= 500:
-        raise ApiError(422, "invalid_request", "limit: between 1 and 500")
+@router.get(
+    "",
+    response_model=BenchmarkList,
+    summary="Recent jobs, newest first (without reports)",
+    responses=error_responses(422),
+)
+def list_jobs(
+    request: Request, limit: Annotated[int, Query(ge=1, le=500, description="How many jobs.")] = 50
+) -> BenchmarkList:
     return BenchmarkList(jobs=[BenchmarkJob(**j) for j in request.app.state.jobs.list(limit)])
 
 
-@router.get("/{job_id}", response_model=BenchmarkJob, summary="A job: status, progress, metrics, report")
+@router.get(
+    "/{job_id}",
+    response_model=BenchmarkJob,
+    summary="A job: status, progress, metrics, report",
+    responses=error_responses(404),
+)
 def get_job(job_id: str, request: Request) -> BenchmarkJob:
     job = request.app.state.jobs.get(job_id)
     if job is None:
@@ -124,7 +141,12 @@ def get_job(job_id: str, request: Request) -> BenchmarkJob:
     return BenchmarkJob(**job)
 
 
-@router.delete("/{job_id}", response_model=BenchmarkJob, summary="Cancel a queued or running job")
+@router.delete(
+    "/{job_id}",
+    response_model=BenchmarkJob,
+    summary="Cancel a queued or running job",
+    responses=error_responses(401, 403, 404, 409),
+)
 def cancel_job(job_id: str, request: Request) -> BenchmarkJob:
     """Cancel a job (same key rule as submission). A queued job never runs; a running one's worker
     is stopped by the server that runs it within a third of the job lease. A finished job: 409."""

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from service.routes.deps import retriever_of, settings_of
+from service.schemas import error_responses
 
 router = APIRouter(tags=["health"])
 
@@ -16,13 +17,19 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: model and index loaded (503 until then)")
+@router.get(
+    "/readyz", summary="Readiness: model and index loaded (503 until then)", responses=error_responses(503)
+)
 def readyz(request: Request) -> dict[str, str]:
     retriever_of(request)
     return {"status": "ready"}
 
 
-@router.get("/v1/info", summary="Checkpoint, indices, calibration, limits and benchmark datasets")
+@router.get(
+    "/v1/info",
+    summary="Checkpoint, indices, calibration, limits and benchmark datasets",
+    responses=error_responses(503),
+)
 def info(request: Request) -> dict[str, Any]:
     settings = settings_of(request)
     retriever = retriever_of(request)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request, Response
 
 from service.errors import ApiError
 from service.routes.deps import retriever_of, settings_of
+from service.schemas import error_responses
 
 router = APIRouter(prefix="/v1/images", tags=["images"])
 
@@ -16,7 +17,7 @@ router = APIRouter(prefix="/v1/images", tags=["images"])
     "/{image_id}",
     response_class=Response,
     summary="An indexed image as PNG",
-    responses={200: {"content": {"image/png": {}}}},
+    responses={200: {"content": {"image/png": {}}}, **error_responses(404, 422, 503)},
 )
 def get_image(image_id: int, request: Request, size: Literal["full", "thumb"] = "full") -> Response:
     retriever = retriever_of(request)

@@ -23,6 +23,7 @@ from service.schemas import (
     TextSearchResponse,
     ThresholdFields,
     Timings,
+    error_responses,
 )
 
 router = APIRouter(prefix="/v1/search", tags=["search"])
@@ -35,12 +36,15 @@ def _check_paging(settings: Settings, k: int, offset: int) -> None:
             "invalid_request",
             f"k: at most {settings.max_k} results per page (ICR_MAX_K); page with offset for more",
         )
-    if offset + k > settings.search_depth:
+    # One bound per field (the schema can state it): any k then fits within the search depth.
+    deepest = settings.search_depth - settings.max_k
+    if offset > deepest:
         raise ApiError(
             422,
             "invalid_request",
-            f"offset + k = {offset + k} reaches past the search depth {settings.search_depth} "
-            "(ICR_SEARCH_DEPTH); raise the threshold to narrow the results instead of paging that deep",
+            f"offset: at most {deepest} (ICR_SEARCH_DEPTH {settings.search_depth} - ICR_MAX_K "
+            f"{settings.max_k}): results beyond the search depth are never retrieved; raise the "
+            "threshold to narrow the results instead of paging that deep",
         )
 
 
@@ -149,7 +153,12 @@ def _timings(timings: dict[str, float], start: float) -> Timings:
     )
 
 
-@router.post("/text", response_model=TextSearchResponse, summary="Text -> images, thresholded, paginated")
+@router.post(
+    "/text",
+    response_model=TextSearchResponse,
+    summary="Text -> images, thresholded, paginated",
+    responses=error_responses(413, 422, 503),
+)
 def search_text(body: TextSearchRequest, request: Request) -> TextSearchResponse:
     """Images for a caption. With ``min_relevance`` (calibrated probability) or ``min_score`` (cosine),
     only hits meeting it are counted and paginated; the response says how many passed.
@@ -164,11 +173,11 @@ def search_text(body: TextSearchRequest, request: Request) -> TextSearchResponse
     text = body.text.strip()
     if not text:
         raise ApiError(422, "invalid_request", "text: empty; send the caption to search for")
-    if len(text) > settings.max_text_chars:
+    if len(body.text) > settings.max_text_chars:  # as sent: the limit the schema states (maxLength)
         raise ApiError(
             422,
             "invalid_request",
-            f"text: {len(text)} characters, at most {settings.max_text_chars} "
+            f"text: {len(body.text)} characters, at most {settings.max_text_chars} "
             "(ICR_MAX_TEXT_CHARS); shorten the query",
         )
     _check_paging(settings, body.k, body.offset)
@@ -221,6 +230,7 @@ def _read_image(upload: UploadFile, settings: Settings) -> Any:
     "/image",
     response_model=ImageSearchResponse,
     summary="Uploaded image -> captions (and optionally similar images)",
+    responses=error_responses(409, 413, 415, 422, 503),
 )
 def search_image(
     request: Request,

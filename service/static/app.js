@@ -335,8 +335,8 @@
     const last = r.offset + r.hits.length;
     el.pageLabel.textContent = `${first}–${last} of ${r.passed}${r.passed_is_exact ? "" : "+"}`;
     el.prev.disabled = r.offset === 0;
-    // The server serves offset + k <= search depth; beyond that, a higher threshold narrows instead.
-    el.next.disabled = last >= r.passed || r.offset + 2 * k > state.depth;
+    // The server serves offset <= search depth - max k; beyond that, a higher threshold narrows instead.
+    el.next.disabled = last >= r.passed || r.offset + k > state.depth - state.maxK;
   }
 
   async function runText() {
