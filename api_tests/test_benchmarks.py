@@ -70,17 +70,38 @@ def test_submissions_are_checked(client: httpx.Client) -> None:
     assert client.get("/v1/benchmarks", params={"limit": 0}).status_code == 422
 
 
-def test_an_api_key_guards_submission_when_set(make_server) -> None:
-    server = make_server(ICR_API_KEY="s3cret").start()
+def test_keys_guard_reading_and_jobs_before_the_body_is_read(make_server) -> None:
+    server = make_server(ICR_API_KEY="reader", ICR_ADMIN_KEY="s3cret").start()
+    read, admin = {"X-API-Key": "reader"}, {"X-API-Key": "s3cret"}
     with httpx.Client(base_url=server.url, timeout=30) as c:
-        assert c.get("/v1/info").json()["benchmarks_need_api_key"] is True
+        for path in ("/healthz", "/readyz", "/", "/openapi.json", "/metrics", "/docs"):
+            assert c.get(path).status_code == 200, path  # open: probes, the page, the docs
+        r = c.get("/v1/info")
+        assert r.status_code == 401 and "ICR_API_KEY" in r.json()["message"]
+        info = c.get("/v1/info", headers=read).json()
+        assert info["search_needs_api_key"] is True and info["benchmarks_need_api_key"] is True
+        assert c.get("/v1/images/0", headers={"X-API-Key": "nope"}).status_code == 403
+        junk = {"content": b"{not json", "headers": {"content-type": "application/json"}}
+        assert c.post("/v1/search/text", **junk).status_code == 401  # the key first, then the body
+        assert c.post("/v1/search/text", json={"text": "a star"}, headers=read).status_code == 200
+        assert c.post("/v1/search/text", json={"text": "a star"}, headers=admin).status_code == 200
         body = {"dataset": "synthetic"}
         assert c.post("/v1/benchmarks", json=body).status_code == 401
-        assert c.post("/v1/benchmarks", json=body, headers={"X-API-Key": "wrong"}).status_code == 403
-        r = c.post("/v1/benchmarks", json=body, headers={"X-API-Key": "s3cret"})
+        r = c.post("/v1/benchmarks", json=body, headers=read)  # reading does not run jobs
+        assert r.status_code == 403 and "ICR_ADMIN_KEY" in r.json()["message"]
+        r = c.post("/v1/benchmarks", json=body, headers=admin)
         assert r.status_code == 202
-        assert c.get("/v1/benchmarks").status_code == 200  # reading needs no key
-        assert c.post("/v1/search/text", json={"text": "a star"}).status_code == 200
+        assert c.get("/v1/benchmarks", headers=read).status_code == 200
+        assert c.delete(f"/v1/benchmarks/{r.json()['id']}", headers=read).status_code == 403
+        assert c.delete(f"/v1/benchmarks/{r.json()['id']}", headers=admin).status_code == 200
+        schema = c.get("/openapi.json").json()
+        assert schema["components"]["securitySchemes"]["ApiKey"] == {
+            "type": "apiKey", "in": "header", "name": "X-API-Key"
+        }
+        for path, method in (("/v1/search/text", "post"), ("/v1/benchmarks", "post"), ("/v1/info", "get")):
+            operation = schema["paths"][path][method]
+            assert operation["security"] == [{"ApiKey": []}] and {"401", "403"} <= set(operation["responses"])
+        assert "security" not in schema["paths"]["/healthz"]["get"]
     server.stop()
 
 

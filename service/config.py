@@ -69,9 +69,14 @@ class Settings(BaseSettings):
     thumbnail_size: int = Field(160, ge=16, le=1024)
     api_key: str | None = Field(
         None,
-        description="Required (X-API-Key header) to submit benchmarks when set; when unset, only "
-        "clients on this machine may submit.",
+        description="When set, search, images, info and job listings need it (X-API-Key header).",
     )
+    admin_key: str | None = Field(
+        None,
+        description="Submitting and cancelling benchmark jobs needs it (X-API-Key); when unset, only "
+        "clients on this machine may.",
+    )
+    metrics_need_key: bool = Field(False, description="/metrics needs the API key too.")
     datasets: dict[str, Path] = Field(default_factory=dict, description="Benchmark datasets by name.")
     state_dir: Path | None = Field(
         None,

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from service.access import KEY_HEADER, AccessMiddleware, access_of
 from service.body_limit import BodyLimitMiddleware
 from service.config import Settings, get_settings
 from service.errors import install_error_handlers
@@ -122,6 +123,18 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
             for status, response in operation.get("responses", {}).items():
                 if status.startswith(("4", "5")):  # FastAPI's default 422 body is not what we send
                     response["content"] = {"application/json": {"schema": error_ref}}
+    schema["components"]["securitySchemes"] = {
+        "ApiKey": {"type": "apiKey", "in": "header", "name": KEY_HEADER}
+    }
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            need = access_of(method.upper(), path, settings)
+            key = {"read": settings.api_key, "admin": settings.admin_key}.get(need)
+            if key is not None:  # declared where this server really asks for it
+                operation["security"] = [{"ApiKey": []}]
+                for code, meaning in ((401, "The X-API-Key header is missing."), (403, "Wrong X-API-Key.")):
+                    body = {"application/json": {"schema": error_ref}}
+                    operation["responses"].setdefault(str(code), {"description": meaning, "content": body})
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
     return schema
@@ -154,4 +167,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.openapi = lambda: _openapi_with_limits(app, settings)  # type: ignore[method-assign]
     app.add_middleware(MetricsMiddleware, telemetry=app.state.telemetry)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + _MULTIPART_SLACK)
+    app.add_middleware(AccessMiddleware)  # added last: runs first, before any body is read
     return app

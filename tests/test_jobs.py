@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from tiny_model import TINY_MODEL
 
+from service.access import AccessMiddleware
 from service.benchmark_worker import headline
 from service.config import Settings
 from service.errors import install_error_handlers
@@ -461,6 +462,7 @@ def app(tiny, tmp_path) -> FastAPI:
     app = FastAPI()
     install_error_handlers(app)
     app.include_router(benchmarks.router)
+    app.add_middleware(AccessMiddleware)
     app.state.settings = Settings(
         index=tmp_path / "index",
         datasets={"synthetic": data, "coco": precomp},
@@ -508,17 +510,25 @@ def test_routes_api_key_rule(app):
     remote = TestClient(app, client=("203.0.113.9", 40000))
     body = {"dataset": "synthetic"}
     r = remote.post("/v1/benchmarks", json=body)
-    assert r.status_code == 403 and "set ICR_API_KEY" in r.json()["message"]
+    assert r.status_code == 403 and "set ICR_ADMIN_KEY" in r.json()["message"]
     assert (
         TestClient(app, client=("::ffff:127.0.0.1", 1)).post("/v1/benchmarks", json=body).status_code == 202
     )
-    app.state.settings = app.state.settings.model_copy(update={"api_key": "s3cret"})
+    app.state.settings = app.state.settings.model_copy(update={"admin_key": "s3cret"})
     assert remote.post("/v1/benchmarks", json=body).status_code == 401
     assert remote.post("/v1/benchmarks", json=body, headers={"X-API-Key": "s3cre"}).status_code == 403
     assert remote.post("/v1/benchmarks", json=body, headers={"X-API-Key": "s3cret"}).status_code == 202
     # with a key, the loopback exemption is gone too
     assert TestClient(app, client=("127.0.0.1", 1)).post("/v1/benchmarks", json=body).status_code == 401
-    assert remote.get("/v1/benchmarks").status_code == 200  # reading needs no key
+    assert remote.get("/v1/benchmarks").status_code == 200  # reading needs no key (no ICR_API_KEY)
+    # the key is checked before the body is read: no validation detail for a client without it
+    r = remote.post("/v1/benchmarks", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 401 and "ICR_ADMIN_KEY" in r.json()["message"]
+    app.state.settings = app.state.settings.model_copy(update={"api_key": "reader"})
+    assert remote.get("/v1/benchmarks").status_code == 401
+    assert remote.get("/v1/benchmarks", headers={"X-API-Key": "reader"}).status_code == 200
+    assert remote.get("/v1/benchmarks", headers={"X-API-Key": "s3cret"}).status_code == 200  # admin reads too
+    assert remote.post("/v1/benchmarks", json=body, headers={"X-API-Key": "reader"}).status_code == 403
     assert len(app.state.jobs.list()) == 2
 
 

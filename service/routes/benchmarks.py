@@ -2,37 +2,17 @@
 
 from __future__ import annotations
 
-import hmac
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from service.config import LOCAL_HOSTS
 from service.errors import ApiError
 from service.routes.deps import settings_of
 from service.schemas import BenchmarkJob, BenchmarkList, BenchmarkRequest, error_responses
 
 router = APIRouter(prefix="/v1/benchmarks", tags=["benchmarks"])
-
-
-def _check_key(request: Request) -> None:
-    """With ICR_API_KEY set: the X-API-Key header must match; unset: loopback clients only."""
-    key = settings_of(request).api_key
-    given = request.headers.get("x-api-key")
-    if key is not None:
-        if given is None:
-            raise ApiError(401, "unauthorized", "benchmark submission needs the X-API-Key header")
-        if not hmac.compare_digest(given.encode(), key.encode()):
-            raise ApiError(403, "forbidden", "wrong X-API-Key")
-    elif request.client is None or request.client.host.removeprefix("::ffff:") not in LOCAL_HOSTS:
-        raise ApiError(
-            403,
-            "forbidden",
-            "benchmarks are accepted from this machine only; set ICR_API_KEY on the "
-            "server to accept them from other hosts with an X-API-Key header",
-        )
 
 
 def _splits(data: Path) -> list[str]:
@@ -69,7 +49,6 @@ def _karpathy_splits(json_path: Path, mtime_ns: int, size: int) -> tuple[str, ..
 def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
     """Evaluate the served checkpoint on a dataset configured on the server (never a client path).
     The job runs in the background; poll GET /v1/benchmarks/{id} for progress and metrics."""
-    _check_key(request)
     settings = settings_of(request)
     data = settings.datasets.get(body.dataset)
     if data is None:
@@ -148,9 +127,9 @@ def get_job(job_id: str, request: Request) -> BenchmarkJob:
     responses=error_responses(401, 403, 404, 409),
 )
 def cancel_job(job_id: str, request: Request) -> BenchmarkJob:
-    """Cancel a job (same key rule as submission). A queued job never runs; a running one's worker
-    is stopped by the server that runs it within a third of the job lease. A finished job: 409."""
-    _check_key(request)
+    """Cancel a job (the admin key, as for submission: service.access). A queued job never runs; a
+    running one's worker is stopped by the server that runs it within a third of the job lease. A
+    finished job: 409."""
     before = request.app.state.jobs.get(job_id, with_report=False)
     if before is None:
         raise ApiError(404, "not_found", f"no benchmark job {job_id!r}; GET /v1/benchmarks lists them")

@@ -46,5 +46,6 @@ def info(request: Request) -> dict[str, Any]:
             "max_aspect_ratio": settings.max_aspect_ratio,
         },
         "datasets": sorted(settings.datasets),
-        "benchmarks_need_api_key": settings.api_key is not None,
+        "benchmarks_need_api_key": settings.admin_key is not None,
+        "search_needs_api_key": settings.api_key is not None,
     }

@@ -1,0 +1,83 @@
+"""Who may call what: API keys checked on the request line and headers, before any body is read.
+
+* **read** (search, images, info, listing jobs): open, or with ``ICR_API_KEY`` set, the
+  ``X-API-Key`` header must carry it (or the admin key);
+* **admin** (submitting and cancelling benchmark jobs): with ``ICR_ADMIN_KEY`` set, that key; unset,
+  clients on this machine only (a job costs minutes of CPU);
+* **open**: liveness and readiness, the search page and its files, the API docs, and ``/metrics``
+  (unless ``ICR_METRICS_NEED_KEY``, then it is a read route).
+
+Keys are compared in constant time. Being an ASGI middleware, the check runs before routing and
+before the body is read, so a client without a key learns nothing from validation errors.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.config import LOCAL_HOSTS, Settings
+from service.errors import error_response
+
+_OPEN = re.compile(r"^/($|healthz$|readyz$|static/|docs|redoc|openapi\.json$)")
+_ADMIN = {("POST", re.compile(r"^/v1/benchmarks/?$")), ("DELETE", re.compile(r"^/v1/benchmarks/[^/]+$"))}
+KEY_HEADER = "X-API-Key"
+
+
+def access_of(method: str, path: str, settings: Settings) -> str:
+    """``open``, ``read`` or ``admin``: what a request to ``path`` needs."""
+    if any(m == method and p.match(path) for m, p in _ADMIN):
+        return "admin"
+    if _OPEN.match(path) or (path == "/metrics" and not settings.metrics_need_key):
+        return "open"
+    return "read"
+
+
+def _same(given: str, key: str | None) -> bool:
+    return key is not None and hmac.compare_digest(given.encode(), key.encode())
+
+
+class AccessMiddleware:
+    """Reads the settings from the app's state at each request (``app.state.settings``)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope, scope["app"].state.settings)
+        if refusal is None:
+            await self.app(scope, receive, send)
+        else:
+            await error_response(*refusal)(scope, receive, send)
+
+    def _refusal(self, scope: Scope, settings: Settings) -> tuple[int, str, str] | None:
+        need = access_of(scope["method"], scope["path"], settings)
+        if need == "open":
+            return None
+        headers = dict(scope["headers"])
+        given = headers.get(KEY_HEADER.lower().encode())
+        given_text = given.decode("latin-1") if given is not None else None
+        admin_ok = given_text is not None and _same(given_text, settings.admin_key)
+        if need == "read":
+            read_ok = given_text is not None and _same(given_text, settings.api_key)
+            if settings.api_key is None or admin_ok or read_ok:
+                return None
+        elif settings.admin_key is None:
+            client = scope.get("client")
+            host = client[0].removeprefix("::ffff:") if client else None
+            if host in LOCAL_HOSTS:
+                return None
+            return (403, "forbidden", "benchmark jobs are accepted from this machine only; set ICR_ADMIN_KEY "
+                    f"on the server to accept them from other hosts with an {KEY_HEADER} header")
+        elif admin_ok:
+            return None
+        setting = "ICR_API_KEY" if need == "read" else "ICR_ADMIN_KEY"
+        what = "this endpoint" if need == "read" else "submitting or cancelling benchmark jobs"
+        if given_text is None:
+            return (401, "unauthorized", f"{what} needs the {KEY_HEADER} header (the server's {setting})")
+        return (403, "forbidden", f"wrong {KEY_HEADER} for {what} (the server's {setting})")
