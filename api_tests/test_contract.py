@@ -198,3 +198,27 @@ def test_search_page_and_unknown_routes(client: httpx.Client) -> None:
     assert unknown.status_code == 404 and unknown.json()["error"] == "not_found"
     wrong_method = client.get("/v1/search/text")
     assert wrong_method.status_code == 405 and wrong_method.json()["message"]
+
+
+def test_no_response_spells_out_a_server_path(client: httpx.Client, artifacts) -> None:
+    """Clients see folder names and dataset-relative sources, never where the server keeps files."""
+    png = io.BytesIO()
+    Image.new("RGB", (40, 40), (200, 30, 30)).save(png, format="PNG")
+    responses = [
+        client.get("/v1/info"),
+        client.post("/v1/search/text", json={"text": "a red circle", "k": 20}),
+        client.post("/v1/search/image", files={"file": ("q.png", png.getvalue(), "image/png")},
+                    data={"k": "20", "include_images": "true"}),
+        client.post("/v1/benchmarks", json={"dataset": "synthetic", "split": "nope"}),
+    ]
+    for r in responses:
+        assert r.status_code in (200, 422), r.text
+        for root in (str(artifacts.root), str(artifacts.root.resolve())):
+            at = r.text.find(root)
+            assert at < 0, (r.request.url, r.text[max(0, at - 200) : at + 200])
+    info = responses[0].json()
+    assert info["index"]["name"] == artifacts.images.name
+    assert info["checkpoint"]["name"] == artifacts.checkpoint.name
+    gallery = [h for h in responses[1].json()["hits"] if not h["is_distractor"]]
+    assert gallery and all(h["metadata"]["source"].startswith("images/") for h in gallery), gallery[:2]
+    assert all(h["source"].startswith("images/") for h in responses[2].json()["hits"])

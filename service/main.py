@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -38,6 +39,16 @@ _MULTIPART_SLACK = 64 << 10
 _MAX_RETRY_SECONDS = 60.0
 
 
+def _without_paths(text: str, settings: Settings) -> str:
+    """``text`` with the server's artifact folders named, not spelled out (clients see /readyz)."""
+    given = (settings.index, settings.caption_index, settings.checkpoint)
+    folders = [Path(p) for p in given if p is not None]
+    spelled = {str(f.resolve()): f.name for f in folders} | {str(f): f.name for f in folders}
+    for path in sorted(spelled, key=len, reverse=True):
+        text = text.replace(path, spelled[path])
+    return text
+
+
 def _load(app: FastAPI, settings: Settings, stop: threading.Event) -> None:
     delay = settings.load_retry_seconds
     attempt = 1
@@ -56,7 +67,7 @@ def _load(app: FastAPI, settings: Settings, stop: threading.Event) -> None:
             log.info("ready: %s", settings.index)
             return
         except Exception as err:  # reported by /readyz and every search; the first with its traceback
-            reason = f"{type(err).__name__}: {err}"
+            reason = _without_paths(f"{type(err).__name__}: {err}", settings)
             log.error("loading failed (attempt %d, retrying in %.1f s): %s", attempt, delay, reason,
                       exc_info=attempt == 1)
             app.state.load_error = f"{reason} (attempt {attempt}; retrying in {delay:.1f} s)"

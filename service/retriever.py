@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,8 +53,9 @@ class LoadedIndex:
 
     def summary(self) -> dict[str, Any]:
         m = self.manifest
+        data = {k: v for k, v in m.data.items() if k != "path"}
         return {
-            "path": str(self.directory),
+            "name": self.directory.name,  # a name, never the server's absolute path
             "modality": m.modality,
             "factory": m.factory,
             "ntotal": m.ntotal,
@@ -62,7 +64,8 @@ class LoadedIndex:
             "recall_check": m.recall_check,
             "nprobe": m.recall_check.get("nprobe"),
             "on_gpu": self.on_gpu,
-            "data": m.data,
+            # the dataset by its folder's name (the manifest keeps the full path for the server)
+            "data": {**data, "name": Path(m.data.get("path", "")).name},
         }
 
 
@@ -289,7 +292,8 @@ class Retriever:
         calibration = target.calibration if calibrated else None
         if min_relevance is not None and calibration is None:
             raise NotServable(
-                f"min_relevance needs a calibration: run `icr index calibrate {target.directory}` and "
+                f"min_relevance needs a calibration: run `icr index calibrate` on the index folder "
+                f"{target.directory.name!r} and "
                 "restart, or threshold by min_score"
             )
         depth = max(1, min(depth, target.manifest.ntotal))
@@ -399,7 +403,7 @@ class Retriever:
         c = self.config
         return {
             "checkpoint": {
-                "path": str(self.checkpoint),
+                "name": self.checkpoint.name,
                 "sha256": c.get("weights_sha256"),
                 "objective": c.get("objective"),
                 "decoding": c.get("decoding"),
@@ -412,6 +416,20 @@ class Retriever:
             "calibration": calibration_summary(self.images.calibration),
             "device": self.device,
         }
+
+
+def public_source(source: str, root: str | None) -> str:
+    """A hit's source as clients see it: a gallery file relative to the dataset folder the index was
+    built from (or its file name), never the server's absolute path; other sources as they are."""
+    path, sep, row = source.partition("#")  # precomp: features.npy#row
+    if not os.path.isabs(path):
+        return source
+    if root:
+        try:
+            return str(Path(path).relative_to(Path(root).resolve())) + sep + row
+        except ValueError:
+            pass
+    return Path(path).name + sep + row
 
 
 def calibration_summary(calibration: ServedCalibration | None) -> dict[str, Any] | None:

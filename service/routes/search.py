@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from service.config import Settings
 from service.errors import ApiError, validation_message
 from service.quality import query_quality
-from service.retriever import LoadedIndex, NotServable, Page, Retriever
+from service.retriever import LoadedIndex, NotServable, Page, Retriever, public_source
 from service.routes.deps import retriever_of, settings_of
 from service.schemas import (
     CaptionHit,
@@ -82,7 +82,8 @@ def _image_hits(retriever: Retriever, page: Page) -> list[ImageHit]:
     hits = []
     for i, row in enumerate(page.rows):
         image_id = int(page.ids[i])
-        metadata = {key: row[key] for key in ("source", "captions", "image_id", "scene")}
+        metadata = {key: row[key] for key in ("captions", "image_id", "scene")}
+        metadata["source"] = public_source(row["source"], retriever.images.manifest.data.get("path"))
         hits.append(
             ImageHit(
                 id=image_id,
@@ -97,7 +98,7 @@ def _image_hits(retriever: Retriever, page: Page) -> list[ImageHit]:
     return hits
 
 
-def _caption_hits(page: Page) -> list[CaptionHit]:
+def _caption_hits(page: Page, root: str | None) -> list[CaptionHit]:
     return [
         CaptionHit(
             id=int(page.ids[i]),
@@ -106,7 +107,7 @@ def _caption_hits(page: Page) -> list[CaptionHit]:
             relevance=None if page.relevance is None else float(page.relevance[i]),
             caption=(row["captions"] or [""])[0],
             image_id=row["image_id"],
-            source=row["source"],
+            source=public_source(row["source"], root),
         )
         for i, row in enumerate(page.rows)
     ]
@@ -280,7 +281,7 @@ def search_image(
         similar = ImageResults(hits=_image_hits(retriever, page), **_page_info(page))
     if retriever.captions is not None:
         page = _search(retriever, retriever.captions, query, fields, settings, timings)
-        info, hits = _page_info(page), _caption_hits(page)
+        info, hits = _page_info(page), _caption_hits(page, retriever.captions.manifest.data.get("path"))
         assessment = _assessment(retriever.captions, page, None, retriever.benchmark)
     else:
         info, hits = similar.model_dump(exclude={"hits"}), []
