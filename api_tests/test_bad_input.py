@@ -165,3 +165,22 @@ def test_the_server_keeps_serving_and_never_answered_5xx(client: httpx.Client, s
     statuses = [line for line in metrics.splitlines() if line.startswith("icr_http_requests_total{")]
     assert statuses and not [line for line in statuses if 'status="5' in line]
     assert "Traceback" not in server.log_text()
+
+
+def test_a_body_that_stops_arriving_gets_408(make_server) -> None:
+    """Headers, then 10 of 100 promised bytes, then silence: answered within the body timeout,
+    and the server keeps serving."""
+    import socket
+    import time as clock
+
+    server = make_server(ICR_BODY_TIMEOUT_SECONDS="1").start()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as s:
+        s.sendall(b"POST /v1/search/text HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n" + b'{"text": "')
+        t0 = clock.monotonic()
+        answer = s.recv(4096).decode(errors="replace")
+        waited = clock.monotonic() - t0
+    assert answer.startswith("HTTP/1.1 408"), answer
+    assert "ICR_BODY_TIMEOUT_SECONDS" in answer and waited < 10
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        assert c.post("/v1/search/text", json={"text": "a red circle"}).status_code == 200

@@ -222,3 +222,26 @@ def test_no_response_spells_out_a_server_path(client: httpx.Client, artifacts) -
     gallery = [h for h in responses[1].json()["hits"] if not h["is_distractor"]]
     assert gallery and all(h["metadata"]["source"].startswith("images/") for h in gallery), gallery[:2]
     assert all(h["source"].startswith("images/") for h in responses[2].json()["hits"])
+
+
+def test_security_headers_and_cors(client: httpx.Client, make_server) -> None:
+    page = client.get("/")
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY" and page.headers["x-content-type-options"] == "nosniff"
+    api = client.get("/v1/info")
+    assert api.headers["x-content-type-options"] == "nosniff" and "content-security-policy" not in api.headers
+    assert "content-security-policy" not in client.get("/docs").headers  # Swagger UI loads from a CDN
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type,x-api-key"}
+    assert "access-control-allow-origin" not in client.options("/v1/search/text", headers=preflight).headers
+    server = make_server(ICR_CORS_ORIGINS='["https://app.example"]', ICR_API_KEY="k").start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        r = c.options("/v1/search/text", headers=preflight)  # a preflight carries no key
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+        assert "x-api-key" in r.headers["access-control-allow-headers"].lower()
+        other = c.options("/v1/search/text", headers={**preflight, "Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+        headers = {"Origin": "https://app.example", "X-API-Key": "k"}
+        r = c.post("/v1/search/text", json={"text": "a star"}, headers=headers)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+    server.stop()

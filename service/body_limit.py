@@ -1,6 +1,9 @@
-"""Refuse request bodies above the configured size before they are read into memory."""
+"""Refuse request bodies above the configured size before they are read into memory, and bodies
+that stop arriving (a client that sends its headers and then trickles or stalls holds a worker)."""
 
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -11,9 +14,10 @@ from service.errors import error_response
 class BodyLimitMiddleware:
     """413 for a declared Content-Length over the limit, or for a chunked body that grows past it."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, read_timeout_s: float = 30.0):
         self.app = app
         self.max_bytes = max_bytes
+        self.read_timeout_s = read_timeout_s  # for each chunk of the body
 
     def _message(self) -> str:
         return (
@@ -33,7 +37,14 @@ class BodyLimitMiddleware:
 
         async def limited_receive() -> Message:
             nonlocal received
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.read_timeout_s)
+            except TimeoutError:
+                raise HTTPException(
+                    408,
+                    f"the request body stopped arriving for {self.read_timeout_s:g} s "
+                    "(ICR_BODY_TIMEOUT_SECONDS); send it at once",
+                ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:

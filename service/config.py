@@ -77,6 +77,14 @@ class Settings(BaseSettings):
         "clients on this machine may.",
     )
     metrics_need_key: bool = Field(False, description="/metrics needs the API key too.")
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins allowed to call the API from other sites (a JSON list such as "
+        '["https://app.example"]); none by default.',
+    )
+    body_timeout_seconds: float = Field(
+        30.0, gt=0.0, le=600.0, description="A request body that stops arriving this long is refused (408)."
+    )
     datasets: dict[str, Path] = Field(default_factory=dict, description="Benchmark datasets by name.")
     state_dir: Path | None = Field(
         None,

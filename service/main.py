@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
 from service.access import KEY_HEADER, AccessMiddleware, access_of
 from service.body_limit import BodyLimitMiddleware
 from service.config import Settings, get_settings
 from service.errors import install_error_handlers
+from service.headers import SecurityHeadersMiddleware
 from service.retriever import Retriever, preflight
 from service.routes import benchmarks, health, images, page, search
 from service.schemas import NONBLANK_TEXT_PATTERN
@@ -177,6 +179,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/static", StaticFiles(directory=page.STATIC_DIR), name="static")
     app.openapi = lambda: _openapi_with_limits(app, settings)  # type: ignore[method-assign]
     app.add_middleware(MetricsMiddleware, telemetry=app.state.telemetry)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + _MULTIPART_SLACK)
-    app.add_middleware(AccessMiddleware)  # added last: runs first, before any body is read
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_upload_bytes + _MULTIPART_SLACK,
+        read_timeout_s=settings.body_timeout_seconds,
+    )
+    app.add_middleware(AccessMiddleware)  # before any body is read
+    app.add_middleware(SecurityHeadersMiddleware)
+    if settings.cors_origins:  # outermost: a browser's preflight carries no key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Content-Type", KEY_HEADER],
+        )
     return app

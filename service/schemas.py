@@ -251,6 +251,7 @@ _ERROR_MEANINGS = {
     401: "An API key is required (X-API-Key).",
     403: "Wrong API key, or a client not allowed without one.",
     404: "No such resource (the message names it).",
+    408: "The request body stopped arriving (ICR_BODY_TIMEOUT_SECONDS).",
     409: "The loaded artifacts or the resource's state do not allow this.",
     413: "Body, upload or image too large (the message names the limit).",
     415: "Not an image in an accepted format.",

@@ -44,7 +44,7 @@ def _karpathy_splits(json_path: Path, mtime_ns: int, size: int) -> tuple[str, ..
     status_code=202,
     response_model=BenchmarkJob,
     summary="Queue an evaluation job",
-    responses=error_responses(401, 403, 404, 409, 413, 422, 429),
+    responses=error_responses(401, 403, 404, 408, 409, 413, 422, 429),
 )
 def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
     """Evaluate the served checkpoint on a dataset configured on the server (never a client path).

@@ -158,7 +158,7 @@ def _timings(timings: dict[str, float], start: float) -> Timings:
     "/text",
     response_model=TextSearchResponse,
     summary="Text -> images, thresholded, paginated",
-    responses=error_responses(413, 422, 503),
+    responses=error_responses(408, 413, 422, 503),
 )
 def search_text(body: TextSearchRequest, request: Request) -> TextSearchResponse:
     """Images for a caption. With ``min_relevance`` (calibrated probability) or ``min_score`` (cosine),
@@ -231,7 +231,7 @@ def _read_image(upload: UploadFile, settings: Settings) -> Any:
     "/image",
     response_model=ImageSearchResponse,
     summary="Uploaded image -> captions (and optionally similar images)",
-    responses=error_responses(409, 413, 415, 422, 503),
+    responses=error_responses(408, 409, 413, 415, 422, 503),
 )
 def search_image(
     request: Request,
