@@ -2,8 +2,8 @@
 
 * **read** (search, images, info, listing jobs): open, or with ``ICR_API_KEY`` set, the
   ``X-API-Key`` header must carry it (or the admin key);
-* **admin** (submitting and cancelling benchmark jobs): with ``ICR_ADMIN_KEY`` set, that key; unset,
-  clients on this machine only (a job costs minutes of CPU);
+* **admin** (submitting and cancelling benchmark jobs, reloading artifacts): with ``ICR_ADMIN_KEY``
+  set, that key; unset, clients on this machine only (a job costs minutes of CPU);
 * **open**: liveness and readiness, the search page and its files, the API docs, and ``/metrics``
   (unless ``ICR_METRICS_NEED_KEY``, then it is a read route).
 
@@ -22,7 +22,11 @@ from service.config import LOCAL_HOSTS, Settings
 from service.errors import error_response
 
 _OPEN = re.compile(r"^/($|healthz$|readyz$|static/|docs|redoc|openapi\.json$)")
-_ADMIN = {("POST", re.compile(r"^/v1/benchmarks/?$")), ("DELETE", re.compile(r"^/v1/benchmarks/[^/]+$"))}
+_ADMIN = {
+    ("POST", re.compile(r"^/v1/benchmarks/?$")),
+    ("DELETE", re.compile(r"^/v1/benchmarks/[^/]+$")),
+    ("POST", re.compile(r"^/v1/admin/")),
+}
 KEY_HEADER = "X-API-Key"
 
 

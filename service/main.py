@@ -26,7 +26,7 @@ from service.config import Settings, get_settings
 from service.errors import install_error_handlers
 from service.headers import SecurityHeadersMiddleware
 from service.retriever import Retriever, preflight
-from service.routes import benchmarks, health, images, page, search
+from service.routes import admin, benchmarks, health, images, page, search
 from service.schemas import NONBLANK_TEXT_PATTERN
 from service.telemetry import MetricsMiddleware, Telemetry
 
@@ -41,7 +41,7 @@ _MULTIPART_SLACK = 64 << 10
 _MAX_RETRY_SECONDS = 60.0
 
 
-def _without_paths(text: str, settings: Settings) -> str:
+def without_paths(text: str, settings: Settings) -> str:
     """``text`` with the server's artifact folders named, not spelled out (clients see /readyz)."""
     given = (settings.index, settings.caption_index, settings.checkpoint)
     folders = [Path(p) for p in given if p is not None]
@@ -51,25 +51,30 @@ def _without_paths(text: str, settings: Settings) -> str:
     return text
 
 
+def load_retriever(settings: Settings) -> Retriever:
+    """The model and indices at the configured paths (at start-up, and on POST /v1/admin/reload)."""
+    return Retriever.load(
+        settings.index,
+        settings.checkpoint,
+        settings.caption_index,
+        device=settings.device,
+        gpu=settings.gpu,
+        faiss_threads=settings.faiss_threads,
+        micro_batch=settings.micro_batch,
+    )
+
+
 def _load(app: FastAPI, settings: Settings, stop: threading.Event) -> None:
     delay = settings.load_retry_seconds
     attempt = 1
     while not stop.is_set():
         try:
-            app.state.retriever = Retriever.load(
-                settings.index,
-                settings.checkpoint,
-                settings.caption_index,
-                device=settings.device,
-                gpu=settings.gpu,
-                faiss_threads=settings.faiss_threads,
-                micro_batch=settings.micro_batch,
-            )
+            app.state.retriever = load_retriever(settings)
             app.state.load_error = None
             log.info("ready: %s", settings.index)
             return
         except Exception as err:  # reported by /readyz and every search; the first with its traceback
-            reason = _without_paths(f"{type(err).__name__}: {err}", settings)
+            reason = without_paths(f"{type(err).__name__}: {err}", settings)
             log.error("loading failed (attempt %d, retrying in %.1f s): %s", attempt, delay, reason,
                       exc_info=attempt == 1)
             app.state.load_error = f"{reason} (attempt {attempt}; retrying in {delay:.1f} s)"
@@ -174,7 +179,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.load_error = None
     app.state.telemetry = Telemetry()
     install_error_handlers(app)
-    for module in (health, search, images, benchmarks, page):
+    for module in (health, search, images, benchmarks, admin, page):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=page.STATIC_DIR), name="static")
     app.openapi = lambda: _openapi_with_limits(app, settings)  # type: ignore[method-assign]

@@ -1,0 +1,57 @@
+"""POST /v1/admin/reload: swap in rebuilt artifacts without a restart and without a failed request."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from service.errors import ApiError
+from service.routes.deps import settings_of
+from service.schemas import error_responses
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+_reloading = threading.Lock()
+
+
+@router.post(
+    "/reload",
+    summary="Load the configured index folders and checkpoint again, then switch to them",
+    responses=error_responses(401, 403, 409),
+)
+def reload(request: Request) -> dict[str, Any]:
+    """Loads the artifacts at the configured paths (e.g. an index folder rebuilt and renamed into
+    place) beside the served ones, checks that they belong together, and switches new requests to
+    them in one step; requests already running finish on the previous ones, so none fails. If the
+    new artifacts do not load, nothing changes: 409 with the reason. Needs the admin key
+    (ICR_ADMIN_KEY; unset: clients on this machine only)."""
+    from service.main import load_retriever, without_paths
+    from service.retriever import preflight
+
+    settings = settings_of(request)
+    if not _reloading.acquire(blocking=False):
+        raise ApiError(409, "reload_in_progress", "a reload is already running; retry when it has finished")
+    try:
+        started = time.perf_counter()
+        try:
+            preflight(settings.index, settings.checkpoint, settings.caption_index)
+            fresh = load_retriever(settings)
+        except Exception as err:  # anything the new artifacts do: the served ones stay
+            reason = without_paths(f"{type(err).__name__}: {err}", settings)
+            raise ApiError(
+                409,
+                "reload_failed",
+                f"the new artifacts did not load ({reason}); still serving the previous ones",
+            ) from None
+        request.app.state.retriever = fresh  # one assignment: each request sees the old or the new one
+        request.app.state.load_error = None
+        return {
+            "status": "reloaded",
+            "seconds": round(time.perf_counter() - started, 3),
+            "index": fresh.images.summary(),
+            "caption_index": fresh.captions.summary() if fresh.captions is not None else None,
+        }
+    finally:
+        _reloading.release()
