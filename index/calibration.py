@@ -143,14 +143,11 @@ def _calibrate_in_index(
     from index.build import load_index_dir
     from index.vector_index import nprobe_of, set_nprobe
     from training.data.synthetic.generate import DistractorStream, split_scene_table
-    from training.data.synthetic.kinds import query_kind
-    from training.data.synthetic.parse import parse_caption
-    from training.data.synthetic.relevance import relevance_of_hits
     from training.data.synthetic.scene import SceneTable
     from training.data.training_data import open_split
     from training.embedding import embed_captions
     from training.metrics.threshold_honesty import HitLists
-    from training.relevance_eval import fit_served_maps, honesty_report
+    from training.relevance_eval import fit_served_maps, honesty_report, synthetic_hits
 
     index, _, metadata = load_index_dir(index_dir)
     metadata.close()
@@ -169,15 +166,12 @@ def _calibrate_in_index(
         captions = split_data.captions
         emb = embed_captions(model, captions, device=device, progress=progress)  # (Q, D)
         scores, ids = _search_hits(index, emb, depth)
-        queries = [parse_caption(c) for c in captions]
-        relevant, n_relevant, n_judged = relevance_of_hits(queries, ids, table, judged_from=g)
-        judged = ids >= 0
-        if judge_distractors:
-            judged &= ids >= g
-        elif split == gallery_split:  # a caption's own image is not a hit on an unseen image
-            judged &= ids != split_data.img_of_cap[:, None]
-        kinds = np.array([query_kind(q) for q in queries])
-        return HitLists(scores, relevant, judged, n_relevant, n_judged, kinds), emb, captions
+        # a caption's own image (when it is in this gallery) is not a hit on an unseen image
+        own = split_data.img_of_cap if split == gallery_split else None
+        hits = synthetic_hits(
+            captions, scores, ids, table, g, judge_distractors=judge_distractors, own_image=own
+        )
+        return hits, emb, captions
 
     fit_hits, fit_emb, fit_texts = hits_of(fit_split, judge_distractors=False)
     per_query, global_map = fit_served_maps(fit_hits, fit_emb, fit_texts, method)

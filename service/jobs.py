@@ -273,15 +273,6 @@ class JobStore:
             db.execute("COMMIT")
             return len(cut)
 
-    def interrupt_running(self, reason: str) -> int:
-        """Mark every running job interrupted (whatever its lease: for a database no server uses)."""
-        with self._connect() as db:
-            cursor = db.execute(
-                "UPDATE jobs SET status = 'interrupted', finished_at = ?, error = ? WHERE status = 'running'",
-                (_now(), RESTART_MESSAGE.format(reason=reason)),
-            )
-            return cursor.rowcount
-
     def cancel(self, job_id: str) -> dict[str, Any] | None:
         """Cancel a queued or running job (a running one's owner stops its worker at its next
         renewal); the job as it is now, or None when there is no such job. A finished job is

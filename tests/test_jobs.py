@@ -29,7 +29,7 @@ from service.access import AccessMiddleware
 from service.benchmark_worker import headline
 from service.config import Settings
 from service.errors import install_error_handlers
-from service.jobs import JobRunner, JobStore
+from service.jobs import JobRunner, JobStore, owner_alive
 from service.routes import benchmarks
 from service.schemas import BenchmarkJob
 from training.config import load_config
@@ -119,16 +119,17 @@ def test_a_stale_attempt_cannot_write(store):
     job = store.submit("synthetic", "test", "full", 0)
     attempt = store.claim_next()["attempt"]
     assert not store.set_progress(job["id"], attempt + 1, 0.5, "metrics")  # someone else's attempt
-    assert store.interrupt_running("restart") == 1
+    assert store.reap(owner_alive) == 1  # its owner ("": no server) is gone
     cut = store.get(job["id"])
     assert cut["status"] == "interrupted" and cut["finished_at"]
-    assert "(restart)" in cut["error"] and "submit it again with POST /v1/benchmarks" in cut["error"]
+    assert "(its server was stopped or restarted: no lease renewal)" in cut["error"]
+    assert "submit it again with POST /v1/benchmarks" in cut["error"]
     # the orphaned worker of that attempt goes on writing: all ignored
     assert not store.set_progress(job["id"], attempt, 0.9, "distractors")
     assert not store.succeed(job["id"], attempt, {"rsum": 1.0}, {})
     assert not store.fail(job["id"], attempt, "boom")
     assert store.get(job["id"]) == cut
-    assert store.interrupt_running("restart") == 0
+    assert store.reap(owner_alive) == 0
 
 
 def test_claims_are_atomic_and_oldest_first(tmp_path):
@@ -182,8 +183,6 @@ def test_a_file_that_is_not_the_job_database_is_refused(tmp_path):
 
 def test_a_running_job_is_interrupted_only_when_its_lease_is_gone(store, monkeypatch):
     import socket
-
-    from service.jobs import owner_alive
 
     here = socket.gethostname()
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
@@ -412,8 +411,8 @@ def test_a_killed_server_takes_its_worker_along(store, tiny):
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)
-    assert store.get(job["id"])["status"] == "running"  # until the next start marks it interrupted
-    assert store.interrupt_running("restart") == 1
+    assert store.get(job["id"])["status"] == "running"  # until a server sees its owner is gone
+    assert store.reap(owner_alive) == 1
 
 
 def test_a_worker_whose_server_is_gone_does_nothing(store):

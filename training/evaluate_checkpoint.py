@@ -339,7 +339,8 @@ def _relevance_section(
                                        *distractor_scenes])
             # the test captions are judged on the distractors (when there are any), the fit on
             # every image but the caption's own
-            hits[name] = synthetic_hits(side, table, split.data.num_images,
+            hits[name] = synthetic_hits(side.captions, side.top.scores, side.top.ids, table,
+                                        split.data.num_images, own_image=side.own_image,
                                         judge_distractors=name == "test" and bool(distractor_scenes))
         else:
             hits[name] = annotation_hits(side)
@@ -356,7 +357,7 @@ def _relevance_section(
             else "every image but the caption's own",
         },
         "fit": {"split": held_out.data.name, "queries": len(hits["fit"]),
-                "per_query": None if per_query is None else per_query.fit, "isotonic_served": served.fit},
+                "per_query": per_query.fit, "isotonic_served": served.fit},
         "maps": honesty_report(hits["test"], test.cap_emb, test.data.captions, maps),
     }
     plots: list[Path] = []

@@ -23,14 +23,15 @@ Figures per map, pooled and per query kind (:mod:`training.data.synthetic.kinds`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from training.metrics.calibration import Calibration, fit_calibration
+from training.metrics.calibration import Calibration, fit_calibration, score_histogram
 from training.metrics.query_calibration import QueryCalibration, fit_query_calibration
+from training.metrics.relevance import Relevance
 from training.metrics.threshold_honesty import HitLists, TopDepth, threshold_honesty
 
 DEFAULT_DEPTH = 1000  # the service's search depth (ICR_SEARCH_DEPTH)
@@ -58,24 +59,34 @@ class QuerySide:
         return cls(list(captions), cap_emb, np.asarray(img_of_cap, dtype=np.int64), top)
 
 
-def synthetic_hits(side: QuerySide, table: Any, num_images: int, *, judge_distractors: bool) -> HitLists:
-    """Ground-truth hit lists; judged = distractors (rows >= num_images) or every row but the own image."""
+def synthetic_hits(
+    captions: Sequence[str],
+    scores: np.ndarray,
+    ids: np.ndarray,
+    table: Any,
+    num_images: int,
+    *,
+    judge_distractors: bool,
+    own_image: np.ndarray | None = None,
+) -> HitLists:
+    """Ground-truth hit lists of ``captions``' (Q, depth) ``scores`` / gallery ``ids`` (-1: no hit)
+    over the gallery whose scenes are ``table`` (its first ``num_images`` rows a split's images).
+
+    Judged: the distractors (rows >= num_images) with ``judge_distractors``, else every hit but the
+    caption's ``own_image`` (None: the captions' own images are not in this gallery)."""
     from training.data.synthetic.kinds import query_kind
     from training.data.synthetic.parse import parse_caption
     from training.data.synthetic.relevance import relevance_of_hits
 
-    queries = [parse_caption(c) for c in side.captions]
-    ids = side.top.ids
+    queries = [parse_caption(c) for c in captions]
     judged_from = num_images if judge_distractors else 0
     relevant, n_relevant, n_judged = relevance_of_hits(queries, ids, table, judged_from=judged_from)
-    if judge_distractors:
-        judged = ids >= num_images
-    else:
-        judged = ids != side.own_image[:, None]
+    judged = ids >= judged_from  # also leaves out the -1 of a short list
+    if own_image is not None and not judge_distractors:
+        judged &= ids != own_image[:, None]
         n_judged = n_judged - 1  # the own image is relevant (every caption is true of its image)
-    return HitLists(
-        side.top.scores, relevant, judged, n_relevant, n_judged, np.array([query_kind(q) for q in queries])
-    )
+    kinds = np.array([query_kind(q) for q in queries])
+    return HitLists(scores, relevant, judged, n_relevant, n_judged, kinds)
 
 
 def annotation_hits(side: QuerySide, positives: Callable[[int], np.ndarray] | None = None) -> HitLists:
@@ -94,21 +105,6 @@ def annotation_hits(side: QuerySide, positives: Callable[[int], np.ndarray] | No
     return HitLists(side.top.scores, relevant, judged, n_relevant, n_judged, None)
 
 
-def _histogram_calibration(scores: np.ndarray, relevant: np.ndarray, method: str) -> Calibration:
-    from training.metrics.calibration import ScoreHistogram
-
-    bins = 2000
-    lo, hi = float(scores.min()), float(scores.max())
-    hi = hi if hi > lo else lo + 1e-6
-    idx = np.clip(((scores - lo) * (bins / (hi - lo))).astype(np.int64), 0, bins - 1)
-    hist = ScoreHistogram(
-        np.linspace(lo, hi, bins + 1),
-        np.bincount(idx[relevant], minlength=bins),
-        np.bincount(idx[~relevant], minlength=bins),
-    )
-    return fit_calibration(hist, method)
-
-
 def fit_served_maps(
     fit_hits: HitLists, embeddings: np.ndarray, texts: list[str], method: str = "isotonic"
 ) -> tuple[QueryCalibration, Calibration]:
@@ -116,7 +112,9 @@ def fit_served_maps(
     (``method``: isotonic or platt), both fitted on the judged hits of held-out queries (unjudged
     hits: weight 0)."""
     judged = fit_hits.judged
-    served = _histogram_calibration(fit_hits.scores[judged], fit_hits.relevant[judged], method)
+    # the judged hits as one row of pairs, so the all-pairs histogram serves them too
+    pairs = Relevance.matrix(fit_hits.relevant[judged][None, :])
+    served = fit_calibration(score_histogram(fit_hits.scores[judged][None, :], pairs), method)
     served.fit.update(kind="served hits", queries=len(fit_hits), depth=int(fit_hits.scores.shape[1]))
     per_query = fit_query_calibration(fit_hits.scores, fit_hits.relevant, embeddings, texts, weights=judged)
     return per_query, served

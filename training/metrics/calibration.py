@@ -222,6 +222,13 @@ def calibration_error(
         count += np.bincount(idx.ravel(), minlength=bins)
         predicted += np.bincount(idx.ravel(), weights=p.ravel(), minlength=bins)
         relevant += np.bincount(idx[rel], minlength=bins)
+    return reliability_table(count, predicted, relevant)
+
+
+def reliability_table(count: np.ndarray, predicted: np.ndarray, relevant: np.ndarray) -> dict[str, Any]:
+    """ECE and the per-bin table from equal-width probability bins' pair counts, summed predicted
+    probabilities and relevant pair counts, each (bins,)."""
+    bins = len(count)
     total = max(int(count.sum()), 1)
     safe = np.maximum(count, 1)
     ece = float(np.sum(count / total * np.abs(predicted / safe - relevant / safe)))

@@ -111,27 +111,16 @@ class TopDepth:
 
 def reliability(predicted: np.ndarray, relevant: np.ndarray, bins: int = ECE_BINS) -> dict[str, Any]:
     """ECE and the reliability table of predicted probabilities against 0/1 outcomes (any shapes)."""
+    from training.metrics.calibration import reliability_table
+
     p = np.asarray(predicted, dtype=np.float64).ravel()
     rel = np.asarray(relevant, dtype=bool).ravel()
     idx = np.minimum((p * bins).astype(np.int64), bins - 1)
-    count = np.bincount(idx, minlength=bins)
-    mean_p = np.bincount(idx, weights=p, minlength=bins)
-    hits = np.bincount(idx[rel], minlength=bins)
-    safe = np.maximum(count, 1)
-    total = max(int(count.sum()), 1)
-    return {
-        "ece": float(np.sum(count / total * np.abs(mean_p / safe - hits / safe))),
-        "bins": [
-            {
-                "low": i / bins,
-                "high": (i + 1) / bins,
-                "pairs": int(count[i]),
-                "mean_predicted": float(mean_p[i] / count[i]) if count[i] else None,
-                "fraction_relevant": float(hits[i] / count[i]) if count[i] else None,
-            }
-            for i in range(bins)
-        ],
-    }
+    return reliability_table(
+        np.bincount(idx, minlength=bins),
+        np.bincount(idx, weights=p, minlength=bins),
+        np.bincount(idx[rel], minlength=bins),
+    )
 
 
 def rank_figures(hits: HitLists) -> dict[str, float | None]:
