@@ -165,13 +165,14 @@ def bench_command(
         ok, why = gpu_mod.available()
         sections["gpu"] = {"ran": ok, "device": why}
         if ok:
-            import numpy as np
-
             from index.build import load_index_dir
 
             ann, _, meta = load_index_dir(ann_dirs[largest])
             meta.close()
-            vectors = np.load(embeddings)
+            flat, _, meta = load_index_dir(exact_dirs[largest])
+            meta.close()
+            # the exact twin's vectors: the test images, then the distractors, in the ANN index's id order
+            vectors = flat.reconstruct_n(0, flat.ntotal)  # (N, D)
             sections["gpu"]["search"] = gpu_mod.search(vectors, vectors[:1024], ann, 5 if quick else 20)
             sections["gpu"]["train"] = training.run(
                 model.data,

@@ -141,6 +141,11 @@ def _fmt(x: Any, digits: int = 2) -> str:
     return str(x)
 
 
+def _failed(section: dict[str, Any]) -> list[str]:
+    failed = section.get("failed") or {}
+    return [f"Failed to train: {', '.join(f'{k} ({v})' for k, v in failed.items())}.", ""] if failed else []
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     lines = [
         "| " + " | ".join(header) + " |",
@@ -348,6 +353,7 @@ def markdown(report: dict[str, Any]) -> str:
                 for r in t["rows"]
             ],
         )
+        lines += _failed(t)
     if "eval" in s:
         e = s["eval"]
         lines += [
@@ -382,4 +388,5 @@ def markdown(report: dict[str, Any]) -> str:
                 ["objective", "step ms", "vs ntxent"],
                 [[r["objective"], r["step_ms_median"], r["vs_ntxent_median"]] for r in g["train"]["rows"]],
             )
+            lines += _failed(g["train"])
     return "\n".join(lines)

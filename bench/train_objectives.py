@@ -73,7 +73,13 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
     trainer = Trainer(cfg, progress=False)
     from training.data.training_data import plan_epoch
 
-    plans = plan_epoch(trainer.train_data, trainer.loss_fn.sampling, trainer.batch_size, 0, 0)
+    plans: list = []
+    for epoch in range(args.warmup + args.steps):  # a small benchmark: the steps run into later epochs
+        plans += plan_epoch(trainer.train_data, trainer.loss_fn.sampling, trainer.batch_size, 0, epoch)
+        if len(plans) >= args.warmup + args.steps:
+            break
+    else:
+        raise ValueError(f"{args.data}: the train split holds no batch of {trainer.batch_size}")
     batches = [trainer._make_batch(plans[k], 0, k) for k in range(args.warmup + args.steps)]
     for b in batches[: args.warmup]:
         trainer._step(b, 1e-4)

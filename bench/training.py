@@ -39,12 +39,17 @@ def run(
     config: str = "synthetic-ntxent",
     overrides: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """``only``: objective labels to run (``ntxent`` always runs: the ratios are to it)."""
+    """``only``: objective labels to run (``ntxent`` always runs: the ratios are to it). An objective
+    whose child process fails (a missing optional package, out of memory) is listed under ``failed``
+    with its last error line, and the others still run."""
     wanted = None if only is None else {*only, "ntxent"}
     chosen = [(n, e) for n, e in OBJECTIVES if wanted is None or label(n, e) in wanted]
     samples: dict[str, list[dict[str, Any]]] = {label(n, e): [] for n, e in chosen}
+    failed: dict[str, str] = {}
     for r in range(rounds):
         for name, extra in chosen:
+            if label(name, extra) in failed:
+                continue
             command = [
                 sys.executable,
                 "-m",
@@ -63,7 +68,14 @@ def run(
                 config,
                 *(f"--set={o}" for o in overrides),
             ]
-            done = subprocess.run(command, check=True, capture_output=True, text=True)
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                if name == "ntxent" and not extra:
+                    raise RuntimeError(f"the ntxent baseline failed to train: {why}")
+                failed[label(name, extra)] = why
+                log(f"train round {r + 1}/{rounds}: {label(name, extra)} failed: {why}")
+                continue
             row = json.loads(done.stdout.strip().splitlines()[-1])
             samples[row["objective"]].append(row)
             log(
@@ -73,6 +85,8 @@ def run(
     base = samples["ntxent"]
     rows = []
     for objective, runs in samples.items():
+        if objective in failed:
+            continue
         step = [x["step_ms"] for x in runs]
         ratios = [x["step_ms"] / b["step_ms"] for x, b in zip(runs, base, strict=True)]
         rows.append(
@@ -99,4 +113,5 @@ def run(
         "warmup": warmup,
         "rounds": rounds,
         "rows": rows,
+        "failed": failed,
     }

@@ -180,3 +180,26 @@ def test_relevance_targets_hold_every_kind_with_enough_queries() -> None:
     text = markdown(report)
     assert "## Threshold honesty (1,395 held-out test captions" in text
     assert "| per_query | count |" in text
+
+
+def test_a_failing_objective_is_reported_and_the_others_still_run(tmp_path, monkeypatch) -> None:
+    """Real child processes on a tiny benchmark: a loss that cannot train (here an unknown name, on a
+    GPU machine an optional package that is missing) is listed with its error, not fatal."""
+    from tiny_model import TINY_MODEL
+
+    from bench import training
+    from training.data.synthetic.generate import write_dataset
+
+    data = tmp_path / "data"
+    write_dataset(data, train=16, val=4, test=4, image_size=32, seed=0)
+    monkeypatch.setattr(training, "OBJECTIVES", [("ntxent", []), ("no_such_loss", [])])
+    logged: list[str] = []
+    result = training.run(data, batch=8, steps=1, warmup=0, rounds=2, log=logged.append,
+                          overrides=(*TINY_MODEL, "train.threads=1"))
+    assert [r["objective"] for r in result["rows"]] == ["ntxent"]
+    assert list(result["failed"]) == ["no_such_loss"] and "no_such_loss" in result["failed"]["no_such_loss"]
+    assert sum("no_such_loss failed" in line for line in logged) == 1  # not tried again in round 2
+    report = _report(inproc_p50=3.0, http_p50=4.0, qps16=300.0)
+    report["sections"]["train"] = result
+    report["targets"] = targets(report)
+    assert "Failed to train: no_such_loss (" in markdown(report)

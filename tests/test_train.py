@@ -46,7 +46,7 @@ def test_every_objective_trains_a_few_steps(data, tmp_path, name):
     cfg = tiny_config(data, tmp_path / "run", f'loss.name="{name}"', "train.max_steps=3", "train.epochs=1")
     if name == "smoothap":
         cfg["train"]["batch_size"] = 4  # image-level batches: 4 images x 5 captions
-    before = {k: v.clone() for k, v in Trainer(cfg, progress=False).model.state_dict().items()}
+    before = {k: v.cpu().clone() for k, v in Trainer(cfg, progress=False).model.state_dict().items()}
     summary = train(cfg, progress=False)
     assert summary["steps"] == 3
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -130,7 +130,7 @@ def test_swa_averages_the_snapshots_of_the_epoch_end(data, tmp_path):
 def test_two_gloo_processes_match_one_process_with_the_global_batch(data, tmp_path):
     args = ["--set", f'data.path="{data}"', "--set", "train.batch_size=8", "--set", "train.epochs=1",
             "--set", "train.max_steps=3", "--set", "train.val_every=0", "--set", "optim.lr=1e-3",
-            "--set", "train.threads=1", "--quiet"]
+            "--set", "train.threads=1", "--set", 'train.device="cpu"', "--quiet"]  # gloo, also beside a GPU
     for item in TINY_MODEL:
         args += ["--set", item]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -52,7 +52,7 @@ DEFAULTS: dict[str, Any] = {
         "batch_size": 128,  # global batch (split over processes under torchrun)
         "seed": 0,
         "device": "auto",  # auto | cpu | cuda
-        "amp": "auto",  # auto (on CUDA) | on | off
+        "amp": "auto",  # auto (CUDA: bf16 if supported, else fp16; CPU: off) | bf16 | fp16 | on (fp16) | off
         "workers": 0,  # DataLoader worker processes
         "val_every": 1,  # epochs, and after the last epoch; 0 = never (last checkpoint only)
         "log_every": 20,  # steps between metrics.jsonl lines
@@ -64,6 +64,9 @@ DEFAULTS: dict[str, Any] = {
         "threads": 0,  # torch CPU threads, 0 = torch's default
     },
 }
+
+
+AMP_CHOICES = ("auto", "bf16", "fp16", "on", "off")
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any], strict: bool, where: str = "") -> dict[str, Any]:
@@ -148,8 +151,8 @@ def _check(config: dict[str, Any]) -> None:
     if optim["schedule"] not in ("step", "cosine", "linear", "constant"):
         raise ValueError(
             f"optim.schedule must be step, cosine, linear or constant, got {optim['schedule']!r}")
-    if train["amp"] not in ("auto", "on", "off"):
-        raise ValueError(f"train.amp must be auto, on or off, got {train['amp']!r}")
+    if train["amp"] not in AMP_CHOICES:
+        raise ValueError(f"train.amp must be one of {', '.join(AMP_CHOICES)}, got {train['amp']!r}")
     if config["data"]["positives"] not in ("annotations", "ground_truth"):
         raise ValueError(
             f"data.positives must be annotations or ground_truth, got {config['data']['positives']!r}")

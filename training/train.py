@@ -51,6 +51,19 @@ class RunState:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
+def amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for ``train.amp`` on ``device`` (None: full fp32)."""
+    if setting == "off" or (setting == "auto" and device.type != "cuda"):
+        return None
+    if device.type != "cuda":
+        raise ValueError(f"train.amp={setting} needs a CUDA device; use train.amp=auto or off on CPU")
+    if setting == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if setting == "bf16" and not torch.cuda.is_bf16_supported():
+        raise ValueError("train.amp=bf16: this GPU has no bfloat16; use train.amp=fp16")
+    return torch.bfloat16 if setting == "bf16" else torch.float16
+
+
 def choose_device(setting: str) -> torch.device:
     if setting == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -90,9 +103,7 @@ class Trainer:
         if int(tcfg["threads"]) > 0:
             torch.set_num_threads(int(tcfg["threads"]))
         self.device = choose_device(tcfg["device"])
-        self.amp = tcfg["amp"] == "on" or (tcfg["amp"] == "auto" and self.device.type == "cuda")
-        if self.amp and self.device.type != "cuda":
-            raise ValueError("train.amp=on needs a CUDA device; use train.amp=auto or off on CPU")
+        self.amp_dtype = amp_dtype(tcfg["amp"], self.device)
         self.seed = int(tcfg["seed"])
         self.out = Path(tcfg["out"]).expanduser()
         world = dist.world_size()
@@ -116,7 +127,8 @@ class Trainer:
         self.model = build_model(model_cfg, self.vocab).to(self.device)
         self.decoding = self._decoding()
         self.optimizer = self._optimizer()
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        # loss scaling only for fp16: bf16 has fp32's exponent range, so gradients do not underflow
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
         self.swa: torch.optim.swa_utils.AveragedModel | None = None
         self.state = RunState()
         self.train_transform = self.model.image_transform(train=True)
@@ -222,7 +234,7 @@ class Trainer:
         dev = self.device
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        autocast = torch.autocast("cuda", dtype=torch.float16) if self.amp else nullcontext()
+        autocast = torch.autocast("cuda", dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
         with autocast:
             img = self.model.encode_image(batch["images"].to(dev, non_blocking=True))  # (Ni, D)
             cap = self.model.encode_text({k: v.to(dev) for k, v in batch["text"].items()})  # (Nc, D)
@@ -435,7 +447,8 @@ class Trainer:
         np.random.set_state(rng["numpy"])
         random.setstate(rng["python"])
         if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+            # map_location moved the saved states to the GPU; the setter takes CPU byte tensors
+            torch.cuda.set_rng_state_all([state.cpu() for state in rng["cuda"]])
         return True
 
 
@@ -454,7 +467,9 @@ def _default_cache_dir(data: SplitData) -> Path:
 
 def train(config: dict[str, Any], *, resume: bool = False, progress: bool = True) -> dict[str, Any] | None:
     """Train one model from a config dict (see ``training.config``); the summary (None off rank 0)."""
-    started = dist.init_from_env()
+    # the backend follows train.device, not the hardware: CPU processes on a GPU machine use gloo
+    cuda = choose_device(config["train"]["device"]).type == "cuda"
+    started = dist.init_from_env(backend="nccl" if cuda else "gloo")
     try:
         trainer = Trainer(config, progress=progress)
         state_file = trainer.out / STATE_FILE
