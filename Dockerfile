@@ -16,19 +16,19 @@ WORKDIR /app
 
 # Dependencies first, in their own layer: editing the code does not reinstall torch. The package
 # folders are empty placeholders here so pip can resolve the project's dependencies.
-COPY pyproject.toml README.md ./
-RUN mkdir -p training index service bench \
- && touch training/__init__.py index/__init__.py service/__init__.py bench/__init__.py \
+COPY pyproject.toml setup.py README.md ./
+RUN mkdir -p icr training index service \
+ && touch icr/__init__.py training/__init__.py index/__init__.py service/__init__.py \
  && pip install --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
  && pip install . \
  && pip uninstall -y icr \
- && rm -rf training index service bench build *.egg-info
+ && rm -rf icr training index service build *.egg-info
 
 # The code.
+COPY icr icr
 COPY training training
 COPY index index
 COPY service service
-COPY bench bench
 RUN pip install --no-deps . && rm -rf build *.egg-info
 
 RUN useradd --create-home --uid 1000 icr && mkdir /artifacts && chown icr /artifacts

@@ -42,11 +42,11 @@ class Artifacts:
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
     import torch
 
-    from index.build import build_caption_index, build_image_index
-    from index.calibration import calibrate_index
-    from training.config import load_config
-    from training.data.synthetic.generate import write_dataset
-    from training.train import train
+    from icr.index.build import build_caption_index, build_image_index
+    from icr.index.calibration import calibrate_index
+    from icr.training.config import load_config
+    from icr.training.data.synthetic.generate import write_dataset
+    from icr.training.train import train
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("api")
@@ -178,7 +178,7 @@ def make_server(artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory):
 
 def index_with_calibration(artifacts: Artifacts, folder: Path, calibration: dict) -> Path:
     """A copy of the session's image index folder whose calibration.json is ``calibration``."""
-    from index.calibration import CALIBRATION_FILE
+    from icr.index.calibration import CALIBRATION_FILE
 
     copy = folder / "images"
     shutil.copytree(artifacts.images, copy)

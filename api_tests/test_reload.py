@@ -10,7 +10,7 @@ import threading
 
 import httpx
 
-from index.calibration import CALIBRATION_FILE
+from icr.index.calibration import CALIBRATION_FILE
 
 
 def test_reload_swaps_a_rebuilt_index_under_load(artifacts, make_server, tmp_path) -> None:

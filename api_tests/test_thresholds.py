@@ -217,7 +217,7 @@ def test_a_kind_the_model_handles_poorly_gets_a_warning(artifacts, make_server, 
 
 
 def test_a_format_1_calibration_still_serves_with_its_global_map(artifacts, make_server, tmp_path) -> None:
-    from training.metrics.calibration import Calibration
+    from icr.training.evaluation.metrics.calibration import Calibration
 
     sha256 = json.loads((artifacts.images / "calibration.json").read_text())["checkpoint_sha256"]
     x, y = (-1.0, 0.0, 0.3, 0.6, 1.0), (0.0, 0.05, 0.2, 0.6, 0.95)

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 import typer
 
-from training.cli_support import fail_cleanly
+from icr.training.cli.support import fail_cleanly
 
 SECTIONS = ("build", "search", "http", "relevance", "train", "eval", "gpu")
 
@@ -165,7 +165,7 @@ def bench_command(
         ok, why = gpu_mod.available()
         sections["gpu"] = {"ran": ok, "device": why}
         if ok:
-            from index.build import load_index_dir
+            from icr.index.build import load_index_dir
 
             ann, _, meta = load_index_dir(ann_dirs[largest])
             meta.close()
@@ -196,7 +196,7 @@ def bench_command(
 
 
 def _captions(data: Path) -> list[str]:
-    from training.data.training_data import open_split
+    from icr.training.data.training_data import open_split
 
     return open_split(data, "test").captions
 

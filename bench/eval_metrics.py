@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from training.metrics.calibration import fit_calibration, score_histogram
-from training.metrics.relevance import Relevance
-from training.metrics.report import full_metrics
+from icr.training.evaluation.metrics.calibration import fit_calibration, score_histogram
+from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.report import full_metrics
 
 
 def structured_similarity(n_img: int, per_image: int, dim: int, noise: float, seed: int = 0) -> np.ndarray:

@@ -13,8 +13,8 @@ from bench.stats import repeat, summary
 
 
 def run(images: int, repeats: int, log) -> dict[str, Any]:
-    from training.metrics.relevance import Relevance
-    from training.metrics.report import full_metrics
+    from icr.training.evaluation.metrics.relevance import Relevance
+    from icr.training.evaluation.metrics.report import full_metrics
 
     sim = structured_similarity(images, 5, 256, 6.0)  # (images, 5 * images)
     layout = np.arange(sim.shape[1]) // 5

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from index.manifest import MANIFEST_FILE, Manifest
+from icr.index.manifest import MANIFEST_FILE, Manifest
 
 QUICK_COUNTS = {"train": 400, "val": 100, "test": 200}
 
@@ -36,14 +36,14 @@ def prepare_model(workdir: Path, quick: bool, checkpoint: Path | None, data: Pat
             raise ValueError("--checkpoint needs --data (the synthetic benchmark folder it was trained on)")
         return Model(data, checkpoint)
     if not quick:
-        from service.demo import _demo_data, _demo_model
+        from icr.demo import _demo_data, _demo_model
 
         data = workdir / "data"
         _demo_data(data, seed=0, force=False)
         return Model(data, _demo_model(workdir / "model", data, retrain=False))
-    from training.config import load_config
-    from training.data.synthetic.generate import write_dataset
-    from training.train import train
+    from icr.training.config import load_config
+    from icr.training.data.synthetic.generate import write_dataset
+    from icr.training.train import train
 
     data, run = workdir / "quick-data", workdir / "quick-model"
     if not (data / "scenes.json").is_file():
@@ -61,7 +61,7 @@ def prepare_model(workdir: Path, quick: bool, checkpoint: Path | None, data: Pat
 
 def _cached(model: Model, out: Path, distractors: int) -> Manifest | None:
     """The image index at ``out`` if built from this checkpoint, data and distractor count."""
-    from service.demo import _cached_manifest
+    from icr.demo import _cached_manifest
 
     return _cached_manifest(out, model.checkpoint, model.data, "image", distractors)
 
@@ -77,7 +77,7 @@ def build_largest(model: Model, distractors: int, out: Path, log, quiet: bool = 
         command = [
             sys.executable,
             "-m",
-            "service.cli",
+            "icr.cli",
             "index",
             "build",
             "--checkpoint",
@@ -115,7 +115,7 @@ def distractor_embeddings(index_dir: Path, out: Path) -> Path:
     """The distractor vectors of a built index (ids after the gallery), as an (N, D) float32 .npy."""
     import faiss
 
-    from index.build import load_index_dir
+    from icr.index.build import load_index_dir
 
     manifest = Manifest.read(index_dir / MANIFEST_FILE)
     if out.is_file() and np.load(out, mmap_mode="r").shape[0] == manifest.distractor_count:
@@ -135,7 +135,7 @@ def distractor_embeddings(index_dir: Path, out: Path) -> Path:
 def gallery_index(model: Model, embeddings: Path, count: int, factory: str, out: Path, log) -> Path:
     """An image index of the test images plus the first ``count`` distractors of ``embeddings``
     (cached by checkpoint, data, count and factory)."""
-    from index.build import build_image_index
+    from icr.index.build import build_image_index
 
     manifest = _cached(model, out, count)
     if manifest is not None and factory in ("auto", manifest.factory):

@@ -22,7 +22,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from index.build import load_index_dir
+from icr.index.build import load_index_dir
 
 
 def _percentiles(ms: list[float]) -> dict[str, float]:
@@ -45,9 +45,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    from training.checkpoint import load_checkpoint
-    from training.data.training_data import open_split
-    from training.embedding import embed_captions
+    from icr.training.checkpoint import load_checkpoint
+    from icr.training.data.training_data import open_split
+    from icr.training.embedding import embed_captions
 
     index, manifest, metadata = load_index_dir(args.index)
     metadata.close()

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from training.data.karpathy import load_karpathy
+from icr.training.data.karpathy import load_karpathy
 
 SPLITS = {"train": 82_783, "restval": 30_504, "val": 5_000, "test": 5_000}
 

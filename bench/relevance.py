@@ -21,8 +21,8 @@ MIN_KIND_QUERIES = 20
 
 
 def run(index_dir: Path, log, depth: int = 1000) -> dict[str, Any]:
-    from index.calibration import ServedCalibration, calibrate_index
-    from training.metrics.query_calibration import N_QUERY_FEATURES
+    from icr.index.calibration import ServedCalibration, calibrate_index
+    from icr.training.evaluation.metrics.query_calibration import N_QUERY_FEATURES
 
     log(f"relevance: calibrating {index_dir} (held-out captions searched to depth {depth})")
     t0 = time.perf_counter()

@@ -41,7 +41,7 @@ class Server:
         self.args = [
             sys.executable,
             "-m",
-            "service.cli",
+            "icr.cli",
             "serve",
             "--index",
             str(index),

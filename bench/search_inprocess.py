@@ -56,9 +56,9 @@ def run(
     exact_queries: int,
     log,
 ) -> dict[str, Any]:
-    from index.build import load_index_dir
-    from service.config import Settings
-    from service.retriever import Retriever
+    from icr.index.build import load_index_dir
+    from icr.service.config import Settings
+    from icr.service.retriever import Retriever
 
     settings = Settings(index=ann_dir)  # the service's defaults (ICR_* variables apply)
     retriever = Retriever.load(

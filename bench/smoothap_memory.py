@@ -4,7 +4,7 @@
 
 The ECIR SmoothAP run uses B = 128 images x 5 captions, D = 1024. The seed code builds the (Q, m, m)
 difference tensor of every candidate pair per query (128 x 640 x 640 for i2t) and autograd keeps
-several of them; :mod:`training.losses.smoothap` builds (Q, Pmax, m) for the positives only.
+several of them; :mod:`icr.training.losses.smoothap` builds (Q, Pmax, m) for the positives only.
 
 Each variant runs in a fresh subprocess, because ``ru_maxrss`` is a peak over the process's lifetime:
 baseline = peak RSS after the inputs exist and one similarity matmul + backward has warmed up the
@@ -31,7 +31,7 @@ from torch import Tensor
 
 VARIANTS = {
     "naive": "seed-style: full (Q, m, m) difference tensors, clamped sigmoid",
-    "ours": "training.losses.smoothap: positives-only (Q, Pmax, m) differences",
+    "ours": "icr.training.losses.smoothap: positives-only (Q, Pmax, m) differences",
 }
 
 
@@ -63,7 +63,7 @@ def _peak_mb() -> float:
 
 def measure(variant: str, batch: int, captions: int, dim: int, tau: float = 0.01) -> dict:
     """Forward + backward of one variant in this process; peak RSS above the warmed-up baseline."""
-    from training.losses.smoothap import SmoothAP
+    from icr.training.losses.smoothap import SmoothAP
 
     gen = torch.Generator().manual_seed(0)
     img = F.normalize(torch.randn(batch, dim, generator=gen), dim=1).requires_grad_()  # (B, D)

@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from training.data.synthetic.generate import DistractorStream, write_dataset
-from training.data.synthetic.parse import parse_caption
-from training.data.synthetic.relevance import relevance_mask
+from icr.training.data.synthetic.generate import DistractorStream, write_dataset
+from icr.training.data.synthetic.parse import parse_caption
+from icr.training.data.synthetic.relevance import relevance_mask
 
 
 def _timed(fn: Callable[[], object], repeats: int) -> list[float]:

@@ -56,9 +56,9 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
     """Child process: time ``--steps`` training steps after ``--warmup`` untimed ones."""
     import torch
 
-    from training.config import load_config, loss_params
-    from training.losses import build_loss
-    from training.train import Trainer
+    from icr.training.config import load_config, loss_params
+    from icr.training.losses import build_loss
+    from icr.training.train import Trainer
 
     overrides = [
         f'data.path="{args.data}"',
@@ -71,7 +71,7 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
     ]
     cfg = load_config(args.config, overrides)
     trainer = Trainer(cfg, progress=False)
-    from training.data.training_data import plan_epoch
+    from icr.training.data.training_data import plan_epoch
 
     plans: list = []
     for epoch in range(args.warmup + args.steps):  # a small benchmark: the steps run into later epochs

@@ -29,9 +29,9 @@ from typing import Any
 import faiss
 import numpy as np
 
-from index.manifest import MANIFEST_FILE, Manifest
-from index.metadata import METADATA_FILE, MetadataStore
-from index.vector_index import (
+from icr.index.manifest import MANIFEST_FILE, Manifest
+from icr.index.metadata import METADATA_FILE, MetadataStore
+from icr.index.vector_index import (
     ExactTopK,
     build_index,
     choose_factory,
@@ -42,8 +42,8 @@ from index.vector_index import (
     tune_nprobe,
     use_gpu,
 )
-from training.atomic import replace_dir
-from training.data.training_data import SplitData
+from icr.training.atomic import replace_dir
+from icr.training.data.training_data import SplitData
 
 INDEX_FILE = "index.faiss"
 # Default memory budget for the index's codes: raw float32 vectors up to 2 GiB (1M x 512), PQ above.
@@ -191,9 +191,9 @@ def _build(
     device: str,
     seed: int,
 ) -> Manifest:
-    from training.checkpoint import load_checkpoint
-    from training.data.training_data import open_split
-    from training.embedding import embed_captions, embed_images
+    from icr.training.checkpoint import load_checkpoint
+    from icr.training.data.training_data import open_split
+    from icr.training.embedding import embed_captions, embed_images
 
     started = time.perf_counter()
     out = Path(out)
@@ -341,7 +341,7 @@ def _bar(total: int, desc: str, progress: bool):
 
 def _image_gallery(model: Any, data: SplitData, batch_size: int, device: str, progress: bool) -> _Stream:
     """The split's images: embeddings with rows {source path, captions, scene (embedded benchmark)}."""
-    from training.embedding import embed_image_batch
+    from icr.training.embedding import embed_image_batch
 
     sources, scenes = _image_sources(data)
     caps = data.captions_of_images()
@@ -378,14 +378,14 @@ def _image_sources(data: SplitData) -> tuple[list[str], list[dict] | None]:
     if data.kind == "precomp":
         features = Path(data.source) / f"{data.name}_ims.npy"
         return [f"{features}#{i}" for i in range(data.num_images)], None
-    from training.data.karpathy import load_karpathy
-    from training.evaluate_checkpoint import synthetic_dir
+    from icr.training.data.karpathy import load_karpathy
+    from icr.training.evaluation.checkpoint import synthetic_dir
 
     records = load_karpathy(data.source).split(data.name).images
     scenes = None
     directory = synthetic_dir(data)
     if directory is not None:
-        from training.data.synthetic.generate import load_scenes
+        from icr.training.data.synthetic.generate import load_scenes
 
         by_imgid = load_scenes(directory).by_imgid
         scenes = [by_imgid[r.imgid].to_dict() for r in records]
@@ -395,7 +395,7 @@ def _image_sources(data: SplitData) -> tuple[list[str], list[dict] | None]:
 
 def _caption_gallery(model: Any, data: SplitData, batch_size: int, device: str, progress: bool) -> _Stream:
     """The split's captions: embeddings with rows {caption, source of its image, image_id}."""
-    from training.embedding import embed_captions
+    from icr.training.embedding import embed_captions
 
     sources, _ = _image_sources(data)
     timings: dict[str, float] = {}
@@ -433,7 +433,7 @@ def _distractor_stream(
         return _file_distractors(Path(embeddings), dim, first_id, batch_size * 16, progress)
     if n == 0:
         return None
-    from training.evaluate_checkpoint import synthetic_dir
+    from icr.training.evaluation.checkpoint import synthetic_dir
 
     directory = synthetic_dir(data)
     if directory is None:
@@ -441,8 +441,8 @@ def _distractor_stream(
             "--distractors N draws images from the embedded benchmark's generator; for Flickr30k/COCO embed "
             "your distractor images first and pass --distractor-embeddings FILE.npy"
         )
-    from training.data.synthetic.generate import DistractorStream, render_workers
-    from training.embedding import embed_image_batch
+    from icr.training.data.synthetic.generate import DistractorStream, render_workers
+    from icr.training.embedding import embed_image_batch
 
     stream = DistractorStream.for_dataset(directory, n)
     timings: dict[str, float] = {}
@@ -476,8 +476,8 @@ def _folder_distractors(
 ) -> _Stream:
     """Distractor images from a folder (recursive, sorted paths); a file that does not decode stops
     the build with its name (nothing is replaced: the index is built in a temporary folder)."""
-    from training.data.karpathy import load_image
-    from training.embedding import embed_image_batch
+    from icr.training.data.karpathy import load_image
+    from icr.training.embedding import embed_image_batch
 
     paths = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not paths:
@@ -511,7 +511,7 @@ def _folder_distractors(
 
 def _file_distractors(path: Path, dim: int, first_id: int, chunk: int, progress: bool) -> _Stream:
     """Distractors from an (N, D) .npy, memory-mapped and read chunk by chunk."""
-    from training.embedding import open_embeddings
+    from icr.training.embedding import open_embeddings
 
     emb = open_embeddings(path, dim)  # (N, D) memory-mapped
 
@@ -572,7 +572,7 @@ def load_index_dir(
 
     Errors name the missing or corrupt file and the command that rebuilds the index.
     """
-    from index.vector_index import load_index
+    from icr.index.vector_index import load_index
 
     directory = Path(directory)
     if not directory.is_dir():

@@ -10,13 +10,14 @@ not written for, and judged with the best labels there are.
   them); every hit is labelled by the generator's ground truth. The test split's captions are then
   searched the same way and judged on the distractor hits: the ``evaluation`` block reports the
   precision each target delivers, pooled and per query kind (see
-  :mod:`training.metrics.threshold_honesty`).
+  :mod:`icr.training.evaluation.metrics.threshold_honesty`).
 * **Flickr30k / COCO / other galleries**: nothing labels the index's images for held-out captions,
   so the maps are fitted on the validation split itself (its captions against its images, the
   annotations as labels). That *underestimates* relevance (an unannotated relevant image counts as a
   negative); ``labels_note`` says so and the service repeats it.
 
-Two maps are written: ``per_query`` (:mod:`training.metrics.query_calibration`: the score and what
+Two maps are written: ``per_query`` (:mod:`icr.training.evaluation.metrics.query_calibration`:
+the score and what
 the query's own results and embedding show; what the service applies) and ``global`` (one isotonic
 score -> relevance map, the baseline, kept for clients that want a raw-score equivalent).
 ``calibration.json`` also keeps the checkpoint sha256 it belongs to and the global map's score
@@ -32,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from index.manifest import Manifest, check_compatible
-from training.atomic import atomic_write_text
+from icr.index.manifest import Manifest, check_compatible
+from icr.training.atomic import atomic_write_text
 
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_FORMAT = 2
@@ -62,9 +63,9 @@ def calibrate_index(
     global map's form (isotonic or platt); ``depth``: how deep held-out captions search, as the
     service does (``ICR_SEARCH_DEPTH``).
     """
-    from training.checkpoint import load_checkpoint
-    from training.evaluate_checkpoint import calibration_split_for
-    from training.metrics.calibration import CALIBRATION_METHODS
+    from icr.training.checkpoint import load_checkpoint
+    from icr.training.evaluation.checkpoint import calibration_split_for
+    from icr.training.evaluation.metrics.calibration import CALIBRATION_METHODS
 
     if method not in CALIBRATION_METHODS:
         raise ValueError(f"--method must be one of {', '.join(CALIBRATION_METHODS)}, got {method!r}")
@@ -92,7 +93,7 @@ def calibrate_index(
 
 def _searchable_with_truth(manifest: Manifest, data: Path) -> bool:
     """An image index over an embedded-benchmark split whose distractors (if any) are generated."""
-    from training.data.synthetic.generate import SCENES_NAME
+    from icr.training.data.synthetic.generate import SCENES_NAME
 
     return (
         manifest.modality == "image"
@@ -113,7 +114,7 @@ def _maps_block(per_query: Any, global_map: Any, fit: dict[str, Any]) -> dict[st
 
 def _search_hits(index: Any, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
     """(scores, ids) (Q, depth) from the FAISS index; short rows padded with their last score, id -1."""
-    from index.vector_index import search
+    from icr.index.vector_index import search
 
     scores, ids = search(index, queries, depth)
     width = max(1, max(len(r) for r in scores))
@@ -140,14 +141,14 @@ def _calibrate_in_index(
     device: str,
     progress: bool,
 ) -> dict[str, Any]:
-    from index.build import load_index_dir
-    from index.vector_index import nprobe_of, set_nprobe
-    from training.data.synthetic.generate import DistractorStream, split_scene_table
-    from training.data.synthetic.scene import SceneTable
-    from training.data.training_data import open_split
-    from training.embedding import embed_captions
-    from training.metrics.threshold_honesty import HitLists
-    from training.relevance_eval import fit_served_maps, honesty_report, synthetic_hits
+    from icr.index.build import load_index_dir
+    from icr.index.vector_index import nprobe_of, set_nprobe
+    from icr.training.data.synthetic.generate import DistractorStream, split_scene_table
+    from icr.training.data.synthetic.scene import SceneTable
+    from icr.training.data.training_data import open_split
+    from icr.training.embedding import embed_captions
+    from icr.training.evaluation.metrics.threshold_honesty import HitLists
+    from icr.training.evaluation.relevance import fit_served_maps, honesty_report, synthetic_hits
 
     index, _, metadata = load_index_dir(index_dir)
     metadata.close()
@@ -215,9 +216,9 @@ def _calibrate_on_split(
     device: str,
     progress: bool,
 ) -> dict[str, Any]:
-    from training.evaluate_checkpoint import EvalOptions, embed_split, fit_split_calibration
-    from training.metrics.calibration import calibration_error
-    from training.relevance_eval import ANNOTATION_NOTE, QuerySide, annotation_hits, fit_served_maps
+    from icr.training.evaluation.checkpoint import EvalOptions, embed_split, fit_split_calibration
+    from icr.training.evaluation.metrics.calibration import calibration_error
+    from icr.training.evaluation.relevance import ANNOTATION_NOTE, QuerySide, annotation_hits, fit_served_maps
 
     options = EvalOptions(device=device, progress=progress)
     held_out = embed_split(model, data, fit_split, options)
@@ -286,8 +287,8 @@ class ServedCalibration:
     """
 
     def __init__(self, info: dict[str, Any]) -> None:
-        from training.metrics.calibration import Calibration
-        from training.metrics.query_calibration import QueryCalibration
+        from icr.training.evaluation.metrics.calibration import Calibration
+        from icr.training.evaluation.metrics.query_calibration import QueryCalibration
 
         if not isinstance(info, dict):
             raise ValueError(f"a calibration is a JSON object, got {type(info).__name__}")

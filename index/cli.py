@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from training.cli_support import fail_cleanly, print_summary
+from icr.training.cli.support import fail_cleanly, print_summary
 
 index_app = typer.Typer(
     help="FAISS indices over a checkpoint's embeddings: gallery images (+ distractors) or captions.",
@@ -86,7 +86,7 @@ def build(
 
       icr index build -m icr-demo/model/best -d icr-demo/data --modality text --out indices/captions
     """
-    from index.build import build_caption_index, build_image_index
+    from icr.index.build import build_caption_index, build_image_index
 
     common = dict(
         split=split, factory=factory, gpu=gpu, out=out, batch_size=batch_size, progress=not quiet,
@@ -146,7 +146,7 @@ def calibrate(
 
       icr index calibrate indices/test --depth 500 --eval-split none
     """
-    from index.calibration import CALIBRATION_FILE, calibrate_index
+    from icr.index.calibration import CALIBRATION_FILE, calibrate_index
 
     result = calibrate_index(
         index_dir,

@@ -18,8 +18,8 @@ import re
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.config import LOCAL_HOSTS, Settings
-from service.errors import error_response
+from icr.service.config import LOCAL_HOSTS, Settings
+from icr.service.errors import error_response
 
 _OPEN = re.compile(r"^/($|healthz$|readyz$|static/|docs|redoc|openapi\.json$)")
 _ADMIN = {

@@ -1,6 +1,6 @@
 """One benchmark job, run by :class:`service.jobs.JobRunner` in its own process.
 
-``python -m service.benchmark_worker --db JOBS --job ID --attempt N --checkpoint C --data D``
+``python -m icr.service.benchmark_worker --db JOBS --job ID --attempt N --checkpoint C --data D``
 evaluates the checkpoint on the dataset with the job's split, protocol and distractors, writing
 progress, then the headline metrics and the whole report, into the job database. It lowers its
 own priority, dies with the server (Linux parent-death signal) and writes nothing once its job is
@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from service.jobs import JobStore
+from icr.service.jobs import JobStore
 
 HEADLINE = ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "i2t_map10", "t2i_rprec")
 GLOBAL = ("pr_auc", "best_f1", "best_f1_threshold")
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         progress("loading checkpoint", 0.0)
-        from training.evaluate_checkpoint import EvalOptions, evaluate_checkpoint
+        from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
 
         options = EvalOptions(
             split=job["split"],

@@ -8,7 +8,7 @@ import asyncio
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import error_response
+from icr.service.errors import error_response
 
 
 class BodyLimitMiddleware:

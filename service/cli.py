@@ -1,39 +1,113 @@
-"""The `icr` command. The CLI sits at the top of the import chain (service -> index -> training),
-so it may reach every stage; each command imports what it needs when it runs."""
+"""``icr serve``: run the HTTP service over an index folder and its checkpoint."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
 
-from bench.cli import bench_command
-from index.cli import index_app
-from service.demo import demo_command
-from service.serve_cli import serve_command
-from training.analysis.cli import analyze_app
-from training.cli import data_app
-from training.evaluate_cli import evaluate_command
-from training.train_cli import train_command
-
-app = typer.Typer(
-    name="icr",
-    help="Image-caption retrieval: datasets, training, FAISS indices and an HTTP search service.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",
-)
-app.add_typer(data_app, name="data")
-app.command("train")(train_command)
-app.command("evaluate")(evaluate_command)
-app.add_typer(analyze_app, name="analyze")
-app.add_typer(index_app, name="index")
-app.command("serve")(serve_command)
-app.command("demo")(demo_command)
-app.command("bench")(bench_command)
+from icr.training.cli.support import fail_cleanly
 
 
-def main() -> None:
-    app()
+def settings_from(config: Path | None, **overrides: Any):
+    """Settings from ICR_* variables and the ``--config`` file, with command-line options on top."""
+    from pydantic import ValidationError
+
+    from icr.service.config import Settings
+    from icr.service.errors import validation_message
+
+    given = {k: v for k, v in overrides.items() if v is not None}
+    env_file = config if config is not None else os.environ.get("ICR_CONFIG")
+    if env_file is not None and not Path(env_file).is_file():
+        raise FileNotFoundError(f"{env_file}: config file not found (KEY=value lines such as ICR_INDEX=...)")
+    try:
+        return Settings(_env_file=env_file, **given)
+    except ValidationError as err:
+        raise ValueError(
+            f"invalid settings: {validation_message(err.errors())} (options of `icr serve --help`, or ICR_* "
+            "variables)"
+        ) from None
 
 
-if __name__ == "__main__":
-    main()
+def serve(settings: Any, log_level: str = "info") -> None:
+    """Check the artifacts agree, then serve until interrupted (Ctrl-C)."""
+    import uvicorn
+
+    from icr.service.jobs import JobStore
+    from icr.service.main import create_app
+    from icr.service.retriever import preflight
+
+    # Configuration errors stop here with one line and exit status 2, not as a traceback from the app.
+    preflight(settings.index, settings.checkpoint, settings.caption_index)
+    JobStore(settings.jobs_path)
+    app = create_app(settings)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    typer.echo(
+        f"serving on http://{host}:{settings.port}/  (API docs: /docs, metrics: /metrics; Ctrl-C stops)"
+    )
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False)
+
+
+def _datasets(values: list[str] | None) -> dict[str, Path] | None:
+    if not values:
+        return None
+    out = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(
+                f"--dataset {value!r}: expected NAME=PATH, e.g. --dataset synthetic=icr-demo/data"
+            )
+        out[name] = Path(path)
+    return out
+
+
+@fail_cleanly
+def serve_command(
+    index: Annotated[
+        Path | None, typer.Option(help="Image index folder (icr index build). Env: ICR_INDEX.")
+    ] = None,
+    checkpoint: Annotated[
+        Path | None, typer.Option("--checkpoint", "-m", help="Checkpoint folder (default: the index's).")
+    ] = None,
+    caption_index: Annotated[
+        Path | None, typer.Option(help="Caption index folder (--modality text) for image->text search.")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Interface to bind (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
+    dataset: Annotated[
+        list[str] | None,
+        typer.Option(help="Benchmark dataset NAME=PATH (flickr30k, coco, synthetic); repeatable."),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="File of ICR_KEY=value settings (see service/config.py).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve text->image and image->text search, benchmark jobs and the search page over HTTP.
+
+    Every setting can also come from an ICR_* environment variable or --config file (ICR_API_KEY,
+    ICR_MAX_K, ICR_SEARCH_DEPTH, ICR_FAISS_THREADS, ICR_DATASETS='{"coco": "/data/coco"}', ...).
+    The checkpoint and indices must come from the same weights; otherwise it stops with the command
+    that rebuilds the index.
+
+    Examples:
+
+      icr serve --index icr-demo/index/images --caption-index icr-demo/index/captions
+
+      icr serve --index idx --checkpoint runs/coco/best --host 0.0.0.0 --port 8080 --dataset coco=/data/coco
+
+      ICR_API_KEY=secret icr serve --config /etc/icr.env
+    """
+    settings = settings_from(
+        config,
+        index=index,
+        checkpoint=checkpoint,
+        caption_index=caption_index,
+        host=host,
+        port=port,
+        datasets=_datasets(dataset),
+    )
+    serve(settings, log_level)

@@ -1,6 +1,6 @@
 """Benchmark jobs: their state in SQLite, and a runner that executes them one at a time.
 
-Each job runs in its own low-priority process (``service.benchmark_worker``): evaluation is
+Each job runs in its own low-priority process (``icr.service.benchmark_worker``): evaluation is
 CPU-heavy numpy/torch work that would otherwise hold the GIL and the cores the search requests
 need, and a crash in it must not take the server down. The worker writes progress and results
 into the same SQLite file; every worker write names the job's ``attempt`` and only applies while
@@ -315,15 +315,6 @@ def owner_alive(owner: str) -> bool:
     return True
 
 
-def _worker_env() -> dict[str, str]:
-    """This environment, with the folder this ``service`` package was imported from on the path
-    (``-m service.benchmark_worker`` then works uninstalled and from any working directory)."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
-
-
 class JobRunner:
     """One background thread running queued jobs one at a time, each in a worker process.
 
@@ -417,7 +408,7 @@ class JobRunner:
         return [
             sys.executable,
             "-m",
-            "service.benchmark_worker",
+            "icr.service.benchmark_worker",
             "--db",
             os.path.abspath(self.store.path),
             "--job",
@@ -457,7 +448,6 @@ class JobRunner:
                 stdout=subprocess.DEVNULL,
                 stderr=errors,
                 start_new_session=True,
-                env=_worker_env(),
             )
             self._current = (job_id, attempt)
         process = self._process

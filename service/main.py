@@ -20,15 +20,15 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
-from service.access import KEY_HEADER, AccessMiddleware, access_of
-from service.body_limit import BodyLimitMiddleware
-from service.config import Settings, get_settings
-from service.errors import install_error_handlers
-from service.headers import SecurityHeadersMiddleware
-from service.retriever import Retriever, preflight
-from service.routes import admin, benchmarks, health, images, page, search
-from service.schemas import NONBLANK_TEXT_PATTERN
-from service.telemetry import MetricsMiddleware, Telemetry
+from icr.service.access import KEY_HEADER, AccessMiddleware, access_of
+from icr.service.body_limit import BodyLimitMiddleware
+from icr.service.config import Settings, get_settings
+from icr.service.errors import install_error_handlers
+from icr.service.headers import SecurityHeadersMiddleware
+from icr.service.retriever import Retriever, preflight
+from icr.service.routes import admin, benchmarks, health, images, page, search
+from icr.service.schemas import NONBLANK_TEXT_PATTERN
+from icr.service.telemetry import MetricsMiddleware, Telemetry
 
 log = logging.getLogger("icr.service")
 VERSION = "1"
@@ -85,7 +85,7 @@ def _load(app: FastAPI, settings: Settings, stop: threading.Event) -> None:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    from service.jobs import JobRunner, JobStore
+    from icr.service.jobs import JobRunner, JobStore
 
     settings: Settings = app.state.settings
     checkpoint, _ = preflight(settings.index, settings.checkpoint, settings.caption_index)

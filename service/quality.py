@@ -19,9 +19,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from training.data.synthetic.generate import SCENES_NAME
-from training.data.synthetic.kinds import query_kind
-from training.data.synthetic.parse import CaptionParseError, parse_caption
+from icr.training.data.synthetic.generate import SCENES_NAME
+from icr.training.data.synthetic.kinds import query_kind
+from icr.training.data.synthetic.parse import CaptionParseError, parse_caption
 
 # Below this mean relevance of the top 10 retrieved, the response says few results are likely relevant.
 LOW_TOP_RELEVANCE = 0.5

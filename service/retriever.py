@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from index.build import load_index_dir
-from index.calibration import CALIBRATION_FILE, ServedCalibration
-from index.manifest import MANIFEST_FILE, Manifest, check_compatible
-from index.metadata import MetadataStore
-from service.batcher import MicroBatcher
-from service.quality import TOP_N, over_embedded_benchmark
+from icr.index.build import load_index_dir
+from icr.index.calibration import CALIBRATION_FILE, ServedCalibration
+from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
+from icr.index.metadata import MetadataStore
+from icr.service.batcher import MicroBatcher
+from icr.service.quality import TOP_N, over_embedded_benchmark
 
 log = logging.getLogger("icr.service")
 DISTRACTOR_PREFIX = "distractor:"
@@ -104,7 +104,7 @@ def preflight(
     Returns (checkpoint folder, its config). Raises NotServable with one message naming every
     problem and the command that rebuilds what.
     """
-    from training.checkpoint import read_checkpoint_config
+    from icr.training.checkpoint import read_checkpoint_config
 
     try:
         manifest = Manifest.read(Path(index) / MANIFEST_FILE)
@@ -155,7 +155,7 @@ def _load_calibration(directory: Path, sha256: str) -> ServedCalibration | None:
 
 
 def _batcher(index: Any, max_batch: int, faiss_threads: int) -> MicroBatcher:
-    from index.vector_index import batch_independent_rescorer, rescored, search
+    from icr.index.vector_index import batch_independent_rescorer, rescored, search
 
     # FAISS's own choice of kernel by batch size is kept: writing faiss.cvar.distance_compute_blas_*
     # from Python made later one-thread single queries 2-2.5x slower in faiss-cpu 1.15 (icr bench).
@@ -170,7 +170,7 @@ def _batcher(index: Any, max_batch: int, faiss_threads: int) -> MicroBatcher:
 
 
 def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -> LoadedIndex:
-    from index.vector_index import nprobe_of, set_nprobe, use_gpu
+    from icr.index.vector_index import nprobe_of, set_nprobe, use_gpu
 
     index, manifest, metadata = load_index_dir(directory)
     calibration = _load_calibration(directory, manifest.checkpoint_sha256)
@@ -230,7 +230,7 @@ class Retriever:
     ) -> Retriever:
         """``faiss_threads``: OpenMP threads of a one-query search (set per searching thread by the
         batcher, since OpenMP's setting is per thread); ``micro_batch``: most queries per FAISS call."""
-        from training.checkpoint import load_checkpoint
+        from icr.training.checkpoint import load_checkpoint
 
         checkpoint, _ = preflight(index, checkpoint, caption_index)
         t0 = time.perf_counter()
@@ -384,7 +384,7 @@ class Retriever:
 
     def _distractor_stream(self) -> Any:
         if self._distractors is None:
-            from training.data.synthetic.generate import DistractorStream
+            from icr.training.data.synthetic.generate import DistractorStream
 
             data = Path(self.images.manifest.data["path"])
             self._distractors = DistractorStream.for_dataset(data, self.images.manifest.distractor_count)

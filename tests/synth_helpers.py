@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from training.data.synthetic import world
-from training.data.synthetic.scene import Background, Scene, SceneObject
+from icr.training.data.synthetic import world
+from icr.training.data.synthetic.scene import Background, Scene, SceneObject
 
 
 def obj(desc: str, row: int, col: int) -> SceneObject:

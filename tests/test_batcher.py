@@ -12,8 +12,8 @@ import faiss
 import numpy as np
 import pytest
 
-from index.vector_index import search
-from service.batcher import MicroBatcher
+from icr.index.vector_index import search
+from icr.service.batcher import MicroBatcher
 
 
 @pytest.fixture(scope="module")

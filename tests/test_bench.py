@@ -188,7 +188,7 @@ def test_a_failing_objective_is_reported_and_the_others_still_run(tmp_path, monk
     from tiny_model import TINY_MODEL
 
     from bench import training
-    from training.data.synthetic.generate import write_dataset
+    from icr.training.data.synthetic.generate import write_dataset
 
     data = tmp_path / "data"
     write_dataset(data, train=16, val=4, test=4, image_size=32, seed=0)

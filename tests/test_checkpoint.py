@@ -11,15 +11,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from training.checkpoint import (
+from icr.training.checkpoint import (
     FORMAT_VERSION,
     checkpoint_sha256,
     load_checkpoint,
     read_checkpoint_config,
     save_checkpoint,
 )
-from training.data.vocab import Vocabulary
-from training.models import DualEncoder, build_model
+from icr.training.data.vocab import Vocabulary
+from icr.training.models import DualEncoder, build_model
 
 CAPTIONS = ["a red circle on the left", "two blue squares at the top", "a zebra"]
 META = {"objective": {"name": "triplet_hardest", "params": {"margin": 0.2}}, "step": 12, "epoch": 1}

@@ -82,7 +82,7 @@ def test_demo_builds_every_artifact_then_reuses_them(tmp_path: Path, monkeypatch
     # ones, without serving (the server itself is exercised by api_tests/).
     from typer.testing import CliRunner
 
-    from service import cli, demo
+    from icr import cli, demo
 
     monkeypatch.setattr(demo, "DEMO_COUNTS", {"train": 10, "val": 5, "test": 5})
     monkeypatch.setattr(

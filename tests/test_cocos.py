@@ -12,14 +12,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from training.analysis.cocos import cocos_batch, counter_for, run_cocos
-from training.checkpoint import load_checkpoint, save_checkpoint
-from training.config import load_config
-from training.data.synthetic.generate import write_dataset
-from training.data.training_data import open_split, plan_epoch
-from training.embedding import embed_captions, embed_images
-from training.losses import build_loss, load_all
-from training.losses.triplet import Triplet
+from icr.training.analysis.cocos import cocos_batch, counter_for, run_cocos
+from icr.training.checkpoint import load_checkpoint, save_checkpoint
+from icr.training.config import load_config
+from icr.training.data.synthetic.generate import write_dataset
+from icr.training.data.training_data import open_split, plan_epoch
+from icr.training.embedding import embed_captions, embed_images
+from icr.training.losses import build_loss, load_all
+from icr.training.losses.triplet import Triplet
 
 
 def t(rows) -> torch.Tensor:
@@ -230,7 +230,7 @@ def test_smoothap_matches_per_query_oracle(seed, layout):
 
 
 def test_smoothap_chunking_does_not_change_counts(monkeypatch):
-    import training.analysis.cocos as cocos
+    import icr.training.analysis.cocos as cocos
 
     sim, pos = image_level(7, 0.02)
     whole = cocos_batch(sim, pos, "smoothap")
@@ -291,7 +291,7 @@ TINY_MODEL = [
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> tuple[Path, Path]:
     """(data, checkpoint): 12 synthetic images, an untrained tiny model saved as a triplet checkpoint."""
-    from training.train import Trainer
+    from icr.training.train import Trainer
 
     root = tmp_path_factory.mktemp("cocos")
     write_dataset(root / "data", train=12, val=2, test=2, image_size=32, seed=0)
@@ -338,7 +338,7 @@ def test_run_cocos_other_objectives_and_counters(tiny):
 
 
 def test_cli_writes_json_and_fails_cleanly(tiny, tmp_path):
-    from service.cli import app
+    from icr.cli import app
 
     data, ckpt = tiny
     out = tmp_path / "cocos.json"

@@ -16,17 +16,17 @@ from PIL import Image
 from tiny_model import TINY_MODEL
 from typer.testing import CliRunner
 
-from training.data.cxc import (
+from icr.training.data.cxc import (
     CXC_URL,
     cxc_relevance,
     intramodal_pairs,
     load_cxc,
     split_ids,
 )
-from training.data.errors import DatasetError
-from training.data.karpathy import load_karpathy
-from training.metrics.intramodal import intramodal_metrics
-from training.metrics.ranking import ranking_metrics
+from icr.training.data.errors import DatasetError
+from icr.training.data.karpathy import load_karpathy
+from icr.training.evaluation.metrics.intramodal import intramodal_metrics
+from icr.training.evaluation.metrics.ranking import ranking_metrics
 
 SPLITS = {"train": 8, "val": 4, "test": 4}
 OBJECTS = ["dog", "cat", "bus", "pizza", "horse", "kite", "boat", "train"]
@@ -354,7 +354,7 @@ def precomp_folder(coco: Path, name: str, captions: list[str] | None = None, n_i
 
 
 def test_split_ids_for_precomp(coco):
-    from training.data.training_data import open_split
+    from icr.training.data.training_data import open_split
 
     folder = precomp_folder(coco, "precomp")
     data = open_split(folder, "testall")
@@ -386,8 +386,8 @@ def test_split_ids_without_a_karpathy_json(tmp_path):
 
 @pytest.fixture(scope="module")
 def checkpoint(coco, tmp_path_factory) -> Path:
-    from training.config import load_config
-    from training.train import train
+    from icr.training.config import load_config
+    from icr.training.train import train
 
     run = tmp_path_factory.mktemp("cxc_run") / "run"
     cfg = load_config(
@@ -408,10 +408,10 @@ def checkpoint(coco, tmp_path_factory) -> Path:
 
 
 def test_cli_evaluate_cxc_section_equals_direct_metrics(coco, cxc_dir, checkpoint, tmp_path):
-    from service.cli import app
-    from training.checkpoint import load_checkpoint
-    from training.data.training_data import open_split
-    from training.embedding import embed_captions, embed_images
+    from icr.cli import app
+    from icr.training.checkpoint import load_checkpoint
+    from icr.training.data.training_data import open_split
+    from icr.training.embedding import embed_captions, embed_images
 
     out = tmp_path / "eval.json"
     run = CliRunner().invoke(
@@ -457,7 +457,7 @@ def test_cli_evaluate_cxc_section_equals_direct_metrics(coco, cxc_dir, checkpoin
 
 
 def test_cli_evaluate_cxc_user_errors(coco, checkpoint, tmp_path):
-    from service.cli import app
+    from icr.cli import app
 
     base = ["evaluate", "-m", str(checkpoint), "-d", str(coco), "--quiet", "--calibration-split", "none"]
     run = CliRunner().invoke(app, [*base, "--cxc", str(tmp_path)])

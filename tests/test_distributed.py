@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.distributed import (
+from icr.training.distributed import (
     all_gather_nograd,
     all_gather_with_grad,
     average_gradients,

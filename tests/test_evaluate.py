@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.evaluate import (
+from icr.training.evaluation.retrieval import (
     evaluate_embeddings,
     recall_metrics,
     retrieval_ranks,

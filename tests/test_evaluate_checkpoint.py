@@ -2,7 +2,7 @@
 
 A 40/12/12-image synthetic dataset and a tiny model trained for a few steps (module fixtures). The
 report is checked for its sections (annotations and ground truth, distractors, calibration, PNG
-plots), its annotation recalls against ``training.evaluate.evaluate_embeddings`` on embeddings
+plots), its annotation recalls against ``icr.training.evaluation.retrieval.evaluate_embeddings`` on embeddings
 computed here, its distractor recalls against a full-gallery ranking built here, and the CLIs for
 JSON output, clean user errors, and resumable loss comparisons that refuse a changed regime.
 """
@@ -18,17 +18,17 @@ import pytest
 from tiny_model import TINY_MODEL
 from typer.testing import CliRunner
 
-from training.checkpoint import load_checkpoint
-from training.config import load_config
-from training.data.synthetic.generate import DistractorStream, load_scenes, write_dataset
-from training.data.synthetic.relevance import relevance_matrix
-from training.data.synthetic.scene import SceneTable
-from training.data.training_data import open_split
-from training.embedding import embed_captions, embed_image_batch, embed_images
-from training.evaluate import evaluate_embeddings
-from training.evaluate_checkpoint import EvalOptions, evaluate_checkpoint, ground_truth_relevance
-from training.metrics.ranking import ranking_metrics
-from training.metrics.relevance import Relevance
+from icr.training.checkpoint import load_checkpoint
+from icr.training.config import load_config
+from icr.training.data.synthetic.generate import DistractorStream, load_scenes, write_dataset
+from icr.training.data.synthetic.relevance import relevance_matrix
+from icr.training.data.synthetic.scene import SceneTable
+from icr.training.data.training_data import open_split
+from icr.training.embedding import embed_captions, embed_image_batch, embed_images
+from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint, ground_truth_relevance
+from icr.training.evaluation.metrics.ranking import ranking_metrics
+from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.retrieval import evaluate_embeddings
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DISTRACTORS = 10
@@ -37,7 +37,7 @@ DISTRACTORS = 10
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> tuple[Path, Path]:
     """(data, checkpoint): the embedded benchmark and a tiny model trained for 3 steps."""
-    from training.train import train
+    from icr.training.train import train
 
     root = tmp_path_factory.mktemp("evaluate")
     write_dataset(root / "data", train=40, val=12, test=12, image_size=32, seed=0)
@@ -159,9 +159,9 @@ def test_calibration_and_plots(report):
 def test_relevance_section_judges_held_out_captions_on_the_distractors(report, tiny, embedded):
     """The threshold-honesty section against hit lists rebuilt here: every test caption's top hits
     over the 12 test images + 10 distractors, judged on the distractors with the generator's truth."""
-    from training.data.synthetic.kinds import query_kind
-    from training.data.synthetic.parse import parse_caption
-    from training.metrics.threshold_honesty import HitLists, threshold_honesty
+    from icr.training.data.synthetic.kinds import query_kind
+    from icr.training.data.synthetic.parse import parse_caption
+    from icr.training.evaluation.metrics.threshold_honesty import HitLists, threshold_honesty
 
     rep, _ = report
     section = rep["relevance"]
@@ -220,7 +220,7 @@ def test_distractor_embeddings_file(tiny, embedded, tmp_path):
 
 # --- icr evaluate ----------------------------------------------------------------------------------
 def test_cli_evaluate_writes_json(tiny, tmp_path):
-    from service.cli import app
+    from icr.cli import app
 
     data, ckpt = tiny
     out = tmp_path / "eval.json"
@@ -245,7 +245,7 @@ def test_cli_evaluate_writes_json(tiny, tmp_path):
     (["--protocol", "5k"], "5,000-image"),
 ])
 def test_cli_evaluate_user_errors_exit_2(tiny, tmp_path, args, message):
-    from service.cli import app
+    from icr.cli import app
 
     data, ckpt = tiny
     out = tmp_path / "eval.json"
@@ -268,7 +268,7 @@ def compare_args(data: Path, runs: Path, report: Path, epochs: int = 1) -> list[
 
 
 def test_cli_compare_writes_a_report_and_resumes(tiny, tmp_path):
-    from service.cli import app
+    from icr.cli import app
 
     data, _ = tiny
     runs, out = tmp_path / "runs", tmp_path / "report"
@@ -302,7 +302,7 @@ def test_cli_compare_with_max_steps_inside_the_first_epoch(tiny, tmp_path):
     # batch 8: 25 steps an epoch, so train.max_steps=2 stops before the first validation and no
     # best/ checkpoint is written. The comparison must still evaluate the run (e.g. its last/
     # checkpoint), or refuse the regime before spending the training time; not train and then fail.
-    from service.cli import app
+    from icr.cli import app
 
     data, _ = tiny
     runs = tmp_path / "runs"

@@ -16,12 +16,13 @@ import pytest
 import torch
 from tiny_model import TINY_MODEL
 
-from index.build import build_image_index, load_index_dir
-from index.manifest import Manifest
-from index.vector_index import build_index, search
-from training.config import load_config
-from training.data.synthetic.generate import write_dataset
-from training.train import Trainer, amp_dtype, train
+from icr.index.build import build_image_index, load_index_dir
+from icr.index.manifest import Manifest
+from icr.index.vector_index import build_index, search
+from icr.training.config import load_config
+from icr.training.data.synthetic.generate import write_dataset
+from icr.training.losses import load_all
+from icr.training.train import Trainer, amp_dtype, train
 
 CUDA = torch.cuda.is_available()
 FAISS_GPU = hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
@@ -74,7 +75,7 @@ def test_cuda_fp32_steps_match_the_cpu(data, tmp_path, loss):
     """Four optimizer steps on the GPU in fp32 give the CPU's losses: the same data order, the same
     initial weights, the same gradients (cuDNN's GRU and convolutions differ only in rounding)."""
     extra = [f'loss.name="{loss}"', 'train.amp="off"']
-    if loss == "smoothap":
+    if load_all()[loss].sampling == "image":
         extra.append("train.batch_size=4")  # image-level batches: 4 images x 5 captions
     runs = {}
     for device in ("cpu", "cuda"):

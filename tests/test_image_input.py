@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from training.models.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
+from icr.training.models.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
 
 
 def _encoded(size: tuple[int, int], fmt: str = "PNG", mode: str = "RGB") -> bytes:
@@ -63,8 +63,8 @@ def test_thin_image_is_refused_on_its_header(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import resource, sys
-        from training.models.image_input import ImageRefused, open_image
-        from training.models.preprocess import ImageTransform
+        from icr.training.models.image_input import ImageRefused, open_image
+        from icr.training.models.preprocess import ImageTransform
         data = open({str(thin)!r}, "rb").read()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         try:
@@ -83,8 +83,8 @@ def test_thin_image_is_refused_on_its_header(tmp_path: Path) -> None:
 
 
 def test_gallery_loader_names_the_file_and_the_limit(tmp_path: Path) -> None:
-    from training.data.errors import DatasetError
-    from training.data.karpathy import load_image
+    from icr.training.data.errors import DatasetError
+    from icr.training.data.karpathy import load_image
 
     Image.fromarray(np.zeros((2, 100, 3), np.uint8)).save(tmp_path / "strip.png")
     with pytest.raises(DatasetError, match="strip.png") as err:

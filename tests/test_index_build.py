@@ -16,15 +16,15 @@ import torch
 from tiny_model import TINY_MODEL
 from typer.testing import CliRunner
 
-from index.build import INDEX_FILE, build_caption_index, build_image_index, load_index_dir
-from index.manifest import MANIFEST_FILE, Manifest, check_compatible
-from index.metadata import METADATA_FILE, MetadataStore
-from index.vector_index import search
-from training.checkpoint import load_checkpoint, read_checkpoint_config
-from training.config import load_config
-from training.data.synthetic.generate import DistractorStream, load_scenes, write_dataset
-from training.data.training_data import open_split
-from training.embedding import embed_image_batch, embed_images
+from icr.index.build import INDEX_FILE, build_caption_index, build_image_index, load_index_dir
+from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
+from icr.index.metadata import METADATA_FILE, MetadataStore
+from icr.index.vector_index import search
+from icr.training.checkpoint import load_checkpoint, read_checkpoint_config
+from icr.training.config import load_config
+from icr.training.data.synthetic.generate import DistractorStream, load_scenes, write_dataset
+from icr.training.data.training_data import open_split
+from icr.training.embedding import embed_image_batch, embed_images
 
 N_DISTRACTORS = 50
 
@@ -53,7 +53,7 @@ def data(tmp_path_factory) -> Path:
 
 
 def _train(data: Path, run: Path, seed: int) -> Path:
-    from training.train import train  # the test trains a checkpoint; index/ itself never imports this
+    from icr.training.train import train  # the test trains a checkpoint; index/ itself never imports this
 
     config = load_config(None, [
         f'data.path="{data}"', f'train.out="{run}"', "train.batch_size=8", "train.epochs=1",
@@ -245,9 +245,9 @@ def test_interrupted_build_keeps_the_previous_index(built, data, checkpoint, tmp
     before = (out / MANIFEST_FILE).read_text()
     stale = tmp_path / ".idx.building-999999999-deadbeef"  # left by a killed build (no such pid)
     stale.mkdir()
-    import training.embedding
+    import icr.training.embedding
 
-    real, calls = training.embedding.embed_image_batch, []
+    real, calls = icr.training.embedding.embed_image_batch, []
 
     def interrupt_midway(*args, **kwargs):
         calls.append(1)
@@ -255,7 +255,7 @@ def test_interrupted_build_keeps_the_previous_index(built, data, checkpoint, tmp
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(training.embedding, "embed_image_batch", interrupt_midway)
+    monkeypatch.setattr(icr.training.embedding, "embed_image_batch", interrupt_midway)
     with pytest.raises(KeyboardInterrupt):
         build_image_index(checkpoint, data, distractors=N_DISTRACTORS, out=out, progress=False, gpu="off",
                           batch_size=8)
@@ -294,7 +294,7 @@ def test_bad_arguments_fail_before_embedding(data, checkpoint, tmp_path):
 
 
 def test_cli_build(data, checkpoint, tmp_path):
-    from service.cli import app
+    from icr.cli import app
 
     runner = CliRunner()
     helped = runner.invoke(app, ["index", "build", "--help"])
@@ -320,11 +320,11 @@ def test_cli_build(data, checkpoint, tmp_path):
 
 
 def test_calibrate_fits_on_held_out_captions_searched_in_the_index(built, data, checkpoint):
-    from index.calibration import CALIBRATION_FILE, ServedCalibration, calibrate_index
-    from training.data.synthetic.parse import parse_caption
-    from training.data.synthetic.relevance import relevance_mask
-    from training.data.synthetic.scene import SceneTable
-    from training.embedding import embed_captions
+    from icr.index.calibration import CALIBRATION_FILE, ServedCalibration, calibrate_index
+    from icr.training.data.synthetic.parse import parse_caption
+    from icr.training.data.synthetic.relevance import relevance_mask
+    from icr.training.data.synthetic.scene import SceneTable
+    from icr.training.embedding import embed_captions
 
     result = calibrate_index(built, split="val", eval_split="test", depth=30, progress=False)
     stored = json.loads((built / CALIBRATION_FILE).read_text())
@@ -379,7 +379,7 @@ def test_calibrate_fits_on_held_out_captions_searched_in_the_index(built, data, 
 
 
 def test_calibrate_refuses_another_checkpoint_and_bad_methods(built, data, tmp_path):
-    from index.calibration import calibrate_index
+    from icr.index.calibration import calibrate_index
 
     other = _train(data, tmp_path / "other", seed=2)
     with pytest.raises(ValueError, match="icr index build --checkpoint"):
@@ -391,7 +391,7 @@ def test_calibrate_refuses_another_checkpoint_and_bad_methods(built, data, tmp_p
 
 
 def test_cli_calibrate(built):
-    from service.cli import app
+    from icr.cli import app
 
     result = CliRunner().invoke(
         app, ["index", "calibrate", str(built), "--method", "platt", "--depth", "20", "--quiet"]
@@ -406,7 +406,7 @@ def test_cli_calibrate(built):
 def test_distractor_images_from_a_folder(data, checkpoint, tmp_path):
     from PIL import Image
 
-    from training.data.errors import DatasetError
+    from icr.training.data.errors import DatasetError
 
     folder = tmp_path / "extra"
     (folder / "sub").mkdir(parents=True)
@@ -426,7 +426,7 @@ def test_distractor_images_from_a_folder(data, checkpoint, tmp_path):
         assert [r["source"] for r in rows] == [str(p) for p in sorted(paths)]
         assert all(r["is_distractor"] for r in rows)
         model, _ = load_checkpoint(checkpoint)
-        from training.data.karpathy import load_image
+        from icr.training.data.karpathy import load_image
 
         want = embed_image_batch(model, [load_image(p) for p in sorted(paths)])  # (5, D)
         got = np.stack([index.reconstruct(i) for i in range(12, 17)])

@@ -9,7 +9,7 @@ import faiss
 import numpy as np
 import pytest
 
-from index.vector_index import (
+from icr.index.vector_index import (
     FLAT_LIMIT,
     ExactTopK,
     build_index,
@@ -264,7 +264,7 @@ def test_tune_nprobe_reaches_the_target(base, queries):
 
 @pytest.mark.parametrize("factory", ["Flat", "IVF16,Flat", "IVF8,PQ8"])
 def test_rescored_scores_do_not_depend_on_the_batch(factory: str) -> None:
-    from index.vector_index import batch_independent_rescorer, rescored
+    from icr.index.vector_index import batch_independent_rescorer, rescored
 
     rng = np.random.default_rng(0)
     base = rng.standard_normal((3000, 32)).astype(np.float32)

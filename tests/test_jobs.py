@@ -2,7 +2,7 @@
 
 The store is checked for its transitions, the attempt guard (a stale worker's writes are ignored),
 atomic oldest-first claiming under concurrent claimers, and refusing a file that is not its
-database. The runner runs real ``service.benchmark_worker`` processes on a 16/8/8-image embedded
+database. The runner runs real ``icr.service.benchmark_worker`` processes on a 16/8/8-image embedded
 benchmark with a tiny model trained for one step: a job that succeeds, one cut off by ``stop()``,
 one with a broken checkpoint, and workers that crash or exit without a result. The routes run in a
 bare app (no model or index) for their submission checks and the API-key rule.
@@ -25,15 +25,15 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from tiny_model import TINY_MODEL
 
-from service.access import AccessMiddleware
-from service.benchmark_worker import headline
-from service.config import Settings
-from service.errors import install_error_handlers
-from service.jobs import JobRunner, JobStore, owner_alive
-from service.routes import benchmarks
-from service.schemas import BenchmarkJob
-from training.config import load_config
-from training.data.synthetic.generate import write_dataset
+from icr.service.access import AccessMiddleware
+from icr.service.benchmark_worker import headline
+from icr.service.config import Settings
+from icr.service.errors import install_error_handlers
+from icr.service.jobs import JobRunner, JobStore, owner_alive
+from icr.service.routes import benchmarks
+from icr.service.schemas import BenchmarkJob
+from icr.training.config import load_config
+from icr.training.data.synthetic.generate import write_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> tuple[Path, Path]:
     """(data, checkpoint): a tiny embedded benchmark and a tiny model trained for one step."""
-    from training.train import train
+    from icr.training.train import train
 
     root = tmp_path_factory.mktemp("jobs")
     write_dataset(root / "data", train=16, val=8, test=8, image_size=32, seed=0)
@@ -379,7 +379,7 @@ def test_a_dataset_no_longer_configured_fails_the_job(store):
 _SERVER = """
 import sys, time
 from pathlib import Path
-from service.jobs import JobRunner, JobStore
+from icr.service.jobs import JobRunner, JobStore
 runner = JobRunner(JobStore(sys.argv[1]), Path(sys.argv[2]), {"synthetic": Path(sys.argv[3])}, poll_s=0.1)
 runner.start()
 time.sleep(300)
@@ -421,7 +421,7 @@ def test_a_worker_whose_server_is_gone_does_nothing(store):
     command = [
         sys.executable,
         "-m",
-        "service.benchmark_worker",
+        "icr.service.benchmark_worker",
         "--db",
         str(store.path),
         "--job",

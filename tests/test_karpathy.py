@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from training.data.errors import DatasetError, line_of
-from training.data.karpathy import (
+from icr.training.data.errors import DatasetError, line_of
+from icr.training.data.karpathy import (
     find_karpathy_json,
     load_image,
     load_karpathy,
     verify_images,
 )
-from training.data.vocab import tokenize
+from icr.training.data.vocab import tokenize
 
 FLICKR_SPLITS = ["train", "val", "train", "test", "train"]  # JSON order, interleaved on purpose
 

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from training.losses import build_loss, load_all
-from training.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS
+from icr.training.losses import build_loss, load_all
+from icr.training.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS
 
 CASES = [pytest.param(name, {}, id=name) for name in sorted(load_all())] + [
     pytest.param("goal", {"triplet_weight": tw, "pair_weight": pw}, id=f"goal-{tw}-{pw}")

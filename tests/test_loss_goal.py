@@ -23,8 +23,8 @@ from loss_batches import caption_batch as _caption_batch
 from loss_batches import value_and_grads
 from torch import Tensor
 
-from training.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS, Goal
-from training.losses.triplet_hardest import TripletHardest
+from icr.training.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS, Goal
+from icr.training.losses.triplet_hardest import TripletHardest
 
 COMBOS = list(itertools.product(TRIPLET_WEIGHTS, PAIR_WEIGHTS))
 PARAMS = {"margin": 0.2, "tau": 10.0, "alpha": 2.0, "beta": 10.0, "lam": 0.5, "ms_margin": 0.1,

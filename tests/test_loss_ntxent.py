@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from loss_batches import caption_batch, seed_pos, value_and_grads
 from torch import Tensor
 
-from training.losses.ntxent import NTXent
+from icr.training.losses.ntxent import NTXent
 
 
 def naive_ntxent(sim: Tensor, pos: Tensor, temperature: float) -> Tensor:

@@ -9,9 +9,9 @@ import torch
 from loss_batches import caption_batch, seed_pos, value_and_grads
 from torch import Tensor
 
-from training.losses import build_loss
-from training.losses.ntxent import NTXent
-from training.losses.ntxent_multi import NTXentMulti
+from icr.training.losses import build_loss
+from icr.training.losses.ntxent import NTXent
+from icr.training.losses.ntxent_multi import NTXentMulti
 
 
 def naive_multi(sim: Tensor, pos: Tensor, temperature: float) -> Tensor:

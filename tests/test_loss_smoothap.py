@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from loss_batches import value_and_grads
 from torch import Tensor
 
-from training.losses.smoothap import SmoothAP
+from icr.training.losses.smoothap import SmoothAP
 
 # Image-level batches: cap_img_ids per layout; image ids are 0 .. n_images - 1.
 LAYOUTS = {

@@ -12,12 +12,12 @@ import math
 import pytest
 import torch
 
-from training.losses import LOSSES
-from training.losses.cross_example_mining import CrossExampleMiningLoss
-from training.losses.cross_example_softmax import CrossExampleSoftmaxLoss
-from training.losses.sampled_softmax import SampledSoftmaxLoss
-from training.losses.snm import StochasticNegativeMiningLoss
-from training.losses.softmax_family import kept_count, masked_logsumexp
+from icr.training.losses import LOSSES
+from icr.training.losses.cross_example_mining import CrossExampleMiningLoss
+from icr.training.losses.cross_example_softmax import CrossExampleSoftmaxLoss
+from icr.training.losses.sampled_softmax import SampledSoftmaxLoss
+from icr.training.losses.snm import StochasticNegativeMiningLoss
+from icr.training.losses.softmax_family import kept_count, masked_logsumexp
 
 
 # --- naive oracle ------------------------------------------------------------------------------

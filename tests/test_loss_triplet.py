@@ -11,8 +11,8 @@ from loss_batches import caption_batch as _caption_batch
 from loss_batches import seed_pos, value_and_grads
 from torch import Tensor
 
-from training.losses.triplet import Triplet
-from training.losses.triplet_hardest import TripletHardest
+from icr.training.losses.triplet import Triplet
+from icr.training.losses.triplet_hardest import TripletHardest
 
 # image 9 next to caption 0: a tied hardest negative
 caption_batch = functools.partial(_caption_batch, hardest_tie=True)

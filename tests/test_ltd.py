@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from training.data.vocab import Vocabulary
-from training.ltd import (
+from icr.training.data.vocab import Vocabulary
+from icr.training.target_decoding import (
     InputTargetDecoder,
     LagrangeMultiplier,
     LatentTargetDecoder,

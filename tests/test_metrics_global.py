@@ -1,10 +1,11 @@
 """Global metrics over every (image, caption) pair, against brute-force references written here.
 
-* PR curve (training.metrics.global_pr): average precision and the trapezoidal area against a
+* PR curve (icr.training.evaluation.metrics.global_pr): average precision and the trapezoidal area against a
   flatten-sort-group reference (and scikit-learn when installed), with ties, annotation and dense
   relevance, NaN scores, and pair blocks that split the matrix; threshold metrics, best F1 and
   threshold_for_precision against a walk over every distinct threshold.
-* Calibration (training.metrics.calibration): isotonic fits are non-decreasing and recover a known
+* Calibration (icr.training.evaluation.metrics.calibration): isotonic fits are non-decreasing and
+  recover a known
   p(relevant | score); Platt recovers a known logistic model; score_for inverts the map; JSON round
   trip and malformed dicts; ECE against a naive per-pair loop.
 * Score distributions: per-query curves against naive counts.
@@ -19,21 +20,21 @@ import math
 import numpy as np
 import pytest
 
-import training.metrics.pair_blocks as pair_blocks_module
-from training.metrics.calibration import (
+import icr.training.evaluation.metrics.pair_blocks as pair_blocks_module
+from icr.training.evaluation.metrics.calibration import (
     Calibration,
     ScoreHistogram,
     calibration_error,
     fit_calibration,
     score_histogram,
 )
-from training.metrics.distractors import DistractorRecall, distractor_recall
-from training.metrics.global_pr import global_metrics, pr_curve, threshold_metrics
-from training.metrics.pair_blocks import pair_blocks
-from training.metrics.ranking import first_relevant_ranks, ranking_metrics
-from training.metrics.relevance import Relevance
-from training.metrics.report import full_metrics, json_ready
-from training.metrics.score_distribution import score_distributions
+from icr.training.evaluation.metrics.distractors import DistractorRecall, distractor_recall
+from icr.training.evaluation.metrics.global_pr import global_metrics, pr_curve, threshold_metrics
+from icr.training.evaluation.metrics.pair_blocks import pair_blocks
+from icr.training.evaluation.metrics.ranking import first_relevant_ranks, ranking_metrics
+from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.report import full_metrics, json_ready
+from icr.training.evaluation.metrics.score_distribution import score_distributions
 
 
 # --- brute-force references ------------------------------------------------------------------------
@@ -586,7 +587,8 @@ def test_distractor_recall_input_checks():
 
 
 def test_distractor_recall_nan_relevant_score_is_a_miss():
-    # Caption 0's only relevant image scores NaN: like every rank metric (training.metrics.ranking:
+    # Caption 0's only relevant image scores NaN: like every rank metric
+    # (icr.training.evaluation.metrics.ranking:
     # "NaN counts against the query") it must rank last, i.e. count as a miss in the denominator,
     # not vanish from it. Caption 1 finds its image first. Expected R@1 = 50, R@5 = 100 (3 images).
     scores = np.array([[np.nan, 0.5, 0.1], [0.9, 0.5, 0.1]])  # (captions, images)

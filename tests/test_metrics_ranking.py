@@ -1,4 +1,5 @@
-"""Rank metrics (training.metrics.ranking) and test protocols (training.metrics.protocols).
+"""Rank metrics (icr.training.evaluation.metrics.ranking) and test protocols
+(icr.training.evaluation.metrics.protocols).
 
 Every metric of ``ranking_metrics`` is checked against a naive oracle written here: one Python loop
 per query that sorts the candidates by score with ties broken against the relevant items, walks the
@@ -16,15 +17,15 @@ import math
 import numpy as np
 import pytest
 
-from training.evaluate import retrieval_ranks
-from training.metrics.protocols import fold_metrics, protocol_folds
-from training.metrics.ranking import (
+from icr.training.evaluation.metrics.protocols import fold_metrics, protocol_folds
+from icr.training.evaluation.metrics.ranking import (
     first_relevant_ranks,
     per_query_metrics,
     ranking_metrics,
     relevant_positions,
 )
-from training.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.retrieval import retrieval_ranks
 
 
 # --- the oracle: one query at a time ---------------------------------------------------------------

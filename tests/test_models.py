@@ -13,9 +13,9 @@ import torch
 from PIL import Image
 from torch.testing import assert_close
 
-from training.data.vocab import Vocabulary
-from training.models import DualEncoder, build_model, load_glove, normalize_model_config
-from training.models.preprocess import random_resized_crop_box
+from icr.training.data.vocab import Vocabulary
+from icr.training.models import DualEncoder, build_model, load_glove, normalize_model_config
+from icr.training.models.preprocess import random_resized_crop_box
 
 CAPTIONS = [
     "a red circle on the left",
@@ -390,7 +390,7 @@ def test_cnn_eval_transform_is_exact_for_64px(vocab: Vocabulary) -> None:
 
 
 def test_transform_stack_equals_one_image_at_a_time() -> None:
-    from training.models.preprocess import ImageTransform
+    from icr.training.models.preprocess import ImageTransform
 
     rng = np.random.default_rng(3)
     exact = [Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)) for _ in range(3)]
@@ -409,7 +409,7 @@ def test_transform_stack_equals_one_image_at_a_time() -> None:
 
 
 def test_eval_transform_resizes_shorter_side_then_center_crops() -> None:
-    from training.models.preprocess import ImageTransform
+    from icr.training.models.preprocess import ImageTransform
 
     image = _scene(100, 80)
     transform = ImageTransform(image_size=64, resize=72, mean=(0.1, 0.2, 0.3), std=(0.5, 0.6, 0.7))

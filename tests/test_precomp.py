@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.data.errors import DatasetError
-from training.data.precomp import available_precomp_splits, load_precomp
+from icr.training.data.errors import DatasetError
+from icr.training.data.precomp import available_precomp_splits, load_precomp
 
 
 def _write(folder: Path, split: str, ims: np.ndarray, captions: list[str]) -> None:

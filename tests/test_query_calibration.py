@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from training.metrics.query_calibration import (
+from icr.training.evaluation.metrics.query_calibration import (
     QueryCalibration,
     fit_query_calibration,
     query_features,

@@ -12,19 +12,19 @@ import pytest
 import torch
 from tiny_model import TINY_MODEL
 
-from index.build import build_caption_index, build_image_index
-from index.calibration import calibrate_index
-from service.config import Settings
-from service.retriever import NotServable, Retriever, preflight
-from training.config import load_config
-from training.data.synthetic.generate import write_dataset
+from icr.index.build import build_caption_index, build_image_index
+from icr.index.calibration import calibrate_index
+from icr.service.config import Settings
+from icr.service.retriever import NotServable, Retriever, preflight
+from icr.training.config import load_config
+from icr.training.data.synthetic.generate import write_dataset
 
 N_DISTRACTORS = 60
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> dict[str, Path]:
-    from training.train import train  # the fixture trains a checkpoint; service/ never imports this
+    from icr.training.train import train  # the fixture trains a checkpoint; service/ never imports this
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("retriever")

@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.data.karpathy import load_karpathy, verify_images
-from training.data.synthetic import world
-from training.data.synthetic.generate import (
+from icr.training.data.karpathy import load_karpathy, verify_images
+from icr.training.data.synthetic import world
+from icr.training.data.synthetic.generate import (
     DistractorStream,
     load_scenes,
     make_image,
     make_scene,
     write_dataset,
 )
-from training.data.synthetic.parse import parse_caption
-from training.data.synthetic.relevance import is_relevant, relevance_mask
+from icr.training.data.synthetic.parse import parse_caption
+from icr.training.data.synthetic.relevance import is_relevant, relevance_mask
 
 SMALL = {"train": 12, "val": 4, "test": 5}
 
@@ -118,7 +118,7 @@ def test_interrupted_generation_leaves_previous_dataset_intact(
     out = tmp_path / "ds"
     write_dataset(out, train=2, val=1, test=1, seed=1)
     before = _digest(out)
-    from training.data.synthetic import generate
+    from icr.training.data.synthetic import generate
 
     calls = {"n": 0}
     real = generate._png_bytes
@@ -184,7 +184,7 @@ def test_distractor_batches_rendered_in_processes_are_the_same() -> None:
 def test_dataset_rendered_in_processes_is_byte_identical(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from training.data.synthetic import generate
+    from icr.training.data.synthetic import generate
 
     monkeypatch.setattr(generate, "SYNTH_CHUNK", 7)  # 40 images: 6 chunks over 3 splits, some short
     monkeypatch.setattr(generate, "render_workers", lambda: 2)
@@ -212,7 +212,7 @@ def test_distractor_scene_table_serves_relevance() -> None:
 
 
 def test_scene_file_errors_name_the_file(tmp_path: Path) -> None:
-    from training.data.errors import DatasetError
+    from icr.training.data.errors import DatasetError
 
     with pytest.raises(DatasetError, match="scenes.json"):
         load_scenes(tmp_path)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.data.synthetic.kinds import QUERY_KINDS, query_kind
-from training.data.synthetic.parse import parse_caption
-from training.metrics.threshold_honesty import HitLists, reliability, threshold_honesty
+from icr.training.data.synthetic.kinds import QUERY_KINDS, query_kind
+from icr.training.data.synthetic.parse import parse_caption
+from icr.training.evaluation.metrics.threshold_honesty import HitLists, reliability, threshold_honesty
 
 
 def _random_hits(seed: int, q: int = 40, depth: int = 30) -> tuple[HitLists, np.ndarray]:

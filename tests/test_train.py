@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import load_file
 from tiny_model import TINY_MODEL
 
-from training.checkpoint import load_checkpoint
-from training.config import load_config, loss_params, shipped_configs
-from training.data.synthetic.generate import write_dataset
-from training.losses import load_all
-from training.train import Trainer, train
+from icr.training.checkpoint import load_checkpoint
+from icr.training.config import load_config, loss_params, shipped_configs
+from icr.training.data.synthetic.generate import write_dataset
+from icr.training.losses import load_all
+from icr.training.train import Trainer, train
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def weights(run: Path, which: str = "last") -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("name", sorted(load_all()))
 def test_every_objective_trains_a_few_steps(data, tmp_path, name):
     cfg = tiny_config(data, tmp_path / "run", f'loss.name="{name}"', "train.max_steps=3", "train.epochs=1")
-    if name == "smoothap":
+    if load_all()[name].sampling == "image":
         cfg["train"]["batch_size"] = 4  # image-level batches: 4 images x 5 captions
     before = {k: v.cpu().clone() for k, v in Trainer(cfg, progress=False).model.state_dict().items()}
     summary = train(cfg, progress=False)
@@ -134,11 +134,11 @@ def test_two_gloo_processes_match_one_process_with_the_global_batch(data, tmp_pa
     for item in TINY_MODEL:
         args += ["--set", item]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = [sys.executable, "-m", "service.cli", "train", "--config", "synthetic-ntxent"]
+    one = [sys.executable, "-m", "icr.cli", "train", "--config", "synthetic-ntxent"]
     subprocess.run([*one, *args, "--set", f'train.out="{tmp_path / "one"}"'], check=True, env=env,
                    capture_output=True, timeout=300)
     two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "service.cli", "train", "--config", "synthetic-ntxent"]
+           "-m", "icr.cli", "train", "--config", "synthetic-ntxent"]
     result = subprocess.run([*two, *args, "--set", f'train.out="{tmp_path / "two"}"'], env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -148,8 +148,8 @@ def test_two_gloo_processes_match_one_process_with_the_global_batch(data, tmp_pa
 
 
 def test_every_shipped_config_resolves(tmp_path):
-    from training.losses import build_loss
-    from training.models import normalize_model_config
+    from icr.training.losses import build_loss
+    from icr.training.models import normalize_model_config
 
     names = shipped_configs()
     assert {"synthetic-ntxent"} <= set(names)
@@ -179,10 +179,10 @@ def test_config_errors_say_what_to_fix():
 
 def test_ground_truth_positives_reach_the_objective(data, tmp_path):
     """data.positives=ground_truth: the loss gets every pair of the batch the generator says is relevant."""
-    from training.data.synthetic.generate import load_scenes
-    from training.data.synthetic.relevance import is_relevant
-    from training.data.training_data import plan_epoch
-    from training.losses.base import ContrastiveLoss
+    from icr.training.data.synthetic.generate import load_scenes
+    from icr.training.data.synthetic.relevance import is_relevant
+    from icr.training.data.training_data import plan_epoch
+    from icr.training.losses.base import ContrastiveLoss
 
     cfg = tiny_config(data, tmp_path / "run", 'data.positives="ground_truth"', 'loss.name="ntxent_multi"',
                       "train.max_steps=2", "train.epochs=1", "train.val_every=0")
@@ -246,7 +246,7 @@ def test_precomp_region_features_train(tmp_path):
 
 
 def test_epoch_plans_are_pure_functions_of_seed_and_epoch(data):
-    from training.data.training_data import open_split, plan_epoch
+    from icr.training.data.training_data import open_split, plan_epoch
 
     split = open_split(data, "train", preload=False)
     order = lambda plans: [p.cap_idx.tolist() for p in plans]  # noqa: E731

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.data.errors import DatasetError
-from training.data.karpathy import load_karpathy
-from training.data.precomp import load_precomp
-from training.data.vocab import Vocabulary, build_training_vocab, build_vocab_from_split, tokenize
+from icr.training.data.errors import DatasetError
+from icr.training.data.karpathy import load_karpathy
+from icr.training.data.precomp import load_precomp
+from icr.training.data.vocab import Vocabulary, build_training_vocab, build_vocab_from_split, tokenize
 
 
 @pytest.mark.parametrize(

@@ -14,12 +14,12 @@ from torch import nn
 from torch.nn import functional as F
 from torch.testing import assert_close
 
-from training.checkpoint import load_checkpoint, save_checkpoint
-from training.data.vocab import Vocabulary
-from training.models import build_model, normalize_model_config
-from training.models.config import takes_features
-from training.models.gpo import GPO
-from training.models.image_vsrn import ReasoningLayer, VSRNImageEncoder
+from icr.training.checkpoint import load_checkpoint, save_checkpoint
+from icr.training.data.vocab import Vocabulary
+from icr.training.models import build_model, normalize_model_config
+from icr.training.models.config import takes_features
+from icr.training.models.gpo import GPO
+from icr.training.models.image_vsrn import ReasoningLayer, VSRNImageEncoder
 
 CAPTIONS = ["a red dog", "a blue car and a red dog on the grass", "dog", "a green cup and a dog"]
 
@@ -359,9 +359,9 @@ def fixture_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_training_runs_and_the_checkpoint_evaluates(
     fixture_data: Path, tmp_path: Path, model: list[str]
 ) -> None:
-    from training.config import load_config
-    from training.evaluate_checkpoint import EvalOptions, evaluate_checkpoint
-    from training.train import train
+    from icr.training.config import load_config
+    from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
+    from icr.training.train import train
 
     out = tmp_path / "run"
     cfg = load_config(

@@ -26,9 +26,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save_file
 
-from training.atomic import replace_dir
-from training.data.vocab import Vocabulary
-from training.models import DualEncoder, build_model
+from icr.training.atomic import replace_dir
+from icr.training.data.vocab import Vocabulary
+from icr.training.models import DualEncoder, build_model
 
 FORMAT = "icr-checkpoint"
 FORMAT_VERSION = 1

@@ -35,7 +35,7 @@ DEFAULTS: dict[str, Any] = {
     },
     "model": {},  # see training.models (normalize_model_config fills the defaults)
     "loss": {"name": "ntxent"},  # + [loss.<name>] tables of parameters
-    "decoding": {},  # kind = none | ltd | itd, mode = dual | constraint, ...: see training.ltd
+    "decoding": {},  # kind = none | ltd | itd, mode = dual | constraint, ...: see target_decoding.py
     "optim": {
         "optimizer": "adam",  # adam | adamw
         "lr": 2e-4,
@@ -156,7 +156,7 @@ def _check(config: dict[str, Any]) -> None:
     if config["data"]["positives"] not in ("annotations", "ground_truth"):
         raise ValueError(
             f"data.positives must be annotations or ground_truth, got {config['data']['positives']!r}")
-    from training.losses import load_all
+    from icr.training.losses import load_all
 
     registry = load_all()
     if config["loss"].get("name") not in registry:

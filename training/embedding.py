@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.data.training_data import SplitData
+from icr.training.data.training_data import SplitData
 
 
 @torch.no_grad()

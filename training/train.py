@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from training import distributed as dist
-from training.atomic import atomic_write
-from training.data.training_data import PlannedBatch, SplitData, open_split, plan_epoch
+from icr.training import distributed as dist
+from icr.training.atomic import atomic_write
+from icr.training.data.training_data import PlannedBatch, SplitData, open_split, plan_epoch
 
 STATE_FILE = "train_state.pt"
 METRICS_FILE = "metrics.jsonl"
@@ -93,9 +93,9 @@ class Trainer:
     """Owns the model, objective, optimizer and data of one run (built from a config dict)."""
 
     def __init__(self, config: dict[str, Any], *, progress: bool = True) -> None:
-        from training.config import loss_params
-        from training.losses import build_loss
-        from training.models import build_model, normalize_model_config
+        from icr.training.config import loss_params
+        from icr.training.losses import build_loss
+        from icr.training.models import build_model, normalize_model_config
 
         self.config = config
         self.progress = progress and dist.is_main()
@@ -138,7 +138,7 @@ class Trainer:
         needs_vocab = model_cfg["text"]["kind"] == "gru" or self.config["decoding"].get("kind") == "itd"
         if not needs_vocab:
             return None
-        from training.data.vocab import build_vocab_from_split
+        from icr.training.data.vocab import build_vocab_from_split
 
         return build_vocab_from_split(self.train_data)
 
@@ -146,9 +146,9 @@ class Trainer:
         """``data.positives = "ground_truth"``: the generator's truth for any batch's pairs."""
         if positives == "annotations":
             return None
-        from training.data.synthetic.generate import SCENES_NAME, split_scene_table
-        from training.data.synthetic.parse import parse_caption
-        from training.data.synthetic.relevance import PairTruth
+        from icr.training.data.synthetic.generate import SCENES_NAME, split_scene_table
+        from icr.training.data.synthetic.parse import parse_caption
+        from icr.training.data.synthetic.relevance import PairTruth
 
         directory = self.train_data.source.parent
         if self.train_data.kind != "karpathy" or not (directory / SCENES_NAME).is_file():
@@ -161,14 +161,14 @@ class Trainer:
         return PairTruth(queries, split_scene_table(directory, self.train_data.name))
 
     def _decoding(self) -> nn.Module | None:
-        from training.ltd import build_decoding
+        from icr.training.target_decoding import build_decoding
 
         decoding = build_decoding(self.config["decoding"], embed_dim=self.model.embed_dim, vocab=self.vocab)
         if decoding is None:
             return None
         decoding.to(self.device)
         if decoding.kind == "ltd":
-            from training.ltd import compute_latent_targets
+            from icr.training.target_decoding import compute_latent_targets
 
             cache_dir = self.config["data"]["cache_dir"] or str(_default_cache_dir(self.train_data))
             path = Path(cache_dir) / f"ltd-targets-{self.train_data.fingerprint[:16]}.npy"
@@ -370,8 +370,8 @@ class Trainer:
         self.swa.update_parameters(self.model)  # the first call copies, later ones average
 
     def validate(self) -> dict[str, float]:
-        from training.embedding import embed_captions, embed_images
-        from training.evaluate import evaluate_embeddings
+        from icr.training.embedding import embed_captions, embed_images
+        from icr.training.evaluation.retrieval import evaluate_embeddings
 
         assert self.val_data is not None
         img = embed_images(self.model, self.val_data, device=self.device)
@@ -397,7 +397,7 @@ class Trainer:
         }
 
     def _save_checkpoint(self, name: str, metrics: dict[str, float] | None = None) -> None:
-        from training.checkpoint import save_checkpoint
+        from icr.training.checkpoint import save_checkpoint
 
         save_checkpoint(self.out / name, self.model, self.checkpoint_meta(metrics))
 

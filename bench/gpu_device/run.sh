@@ -53,9 +53,9 @@ for stage in "${stages[@]}"; do
         suite)  # the whole unit suite with a GPU visible (device=auto paths take CUDA here)
             timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -rfEs tests 2>&1 | tee "$OUT/suite.log" | tail -40 ;;
         bench-quick)
-            timeout 420 python3 -m service.cli bench --quick --only gpu --workdir bench-work --out "$OUT" ;;
+            timeout 420 python3 -m icr.cli bench --quick --only gpu --workdir bench-work --out "$OUT" ;;
         bench)  # GPU section at 100k distractors, the quick model (trained by bench-quick) as the checkpoint
-            timeout 560 python3 -m service.cli bench --only gpu --sizes 100000 --workdir bench-work --out "$OUT" \
+            timeout 560 python3 -m icr.cli bench --only gpu --sizes 100000 --workdir bench-work --out "$OUT" \
                 --checkpoint bench-work/quick-model/best --data bench-work/quick-data ;;
         *) echo "unknown stage $stage" ;;
     esac

@@ -8,9 +8,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from service.errors import ApiError
-from service.routes.deps import settings_of
-from service.schemas import error_responses
+from icr.service.errors import ApiError
+from icr.service.routes.deps import settings_of
+from icr.service.schemas import error_responses
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 _reloading = threading.Lock()
@@ -27,8 +27,8 @@ def reload(request: Request) -> dict[str, Any]:
     them in one step; requests already running finish on the previous ones, so none fails. If the
     new artifacts do not load, nothing changes: 409 with the reason. Needs the admin key
     (ICR_ADMIN_KEY; unset: clients on this machine only)."""
-    from service.main import load_retriever, without_paths
-    from service.retriever import preflight
+    from icr.service.main import load_retriever, without_paths
+    from icr.service.retriever import preflight
 
     settings = settings_of(request)
     if not _reloading.acquire(blocking=False):

@@ -8,9 +8,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from service.errors import ApiError
-from service.routes.deps import settings_of
-from service.schemas import BenchmarkJob, BenchmarkList, BenchmarkRequest, error_responses
+from icr.service.errors import ApiError
+from icr.service.routes.deps import settings_of
+from icr.service.schemas import BenchmarkJob, BenchmarkList, BenchmarkRequest, error_responses
 
 router = APIRouter(prefix="/v1/benchmarks", tags=["benchmarks"])
 
@@ -18,14 +18,14 @@ router = APIRouter(prefix="/v1/benchmarks", tags=["benchmarks"])
 def _splits(data: Path) -> list[str]:
     """The splits a dataset folder offers, read cheaply: precomp file names, or the split names of
     the Karpathy JSON (parsed once per file version; no image is opened or even looked up)."""
-    from training.data.training_data import is_precomp
+    from icr.training.data.training_data import is_precomp
 
     data = data.expanduser()
     if is_precomp(data):
-        from training.data.precomp import available_precomp_splits
+        from icr.training.data.precomp import available_precomp_splits
 
         return available_precomp_splits(data)
-    from training.data.karpathy import find_karpathy_json
+    from icr.training.data.karpathy import find_karpathy_json
 
     json_path = find_karpathy_json(data)
     stat = json_path.stat()
@@ -34,7 +34,7 @@ def _splits(data: Path) -> list[str]:
 
 @lru_cache(maxsize=8)
 def _karpathy_splits(json_path: Path, mtime_ns: int, size: int) -> tuple[str, ...]:
-    from training.data.karpathy import load_karpathy
+    from icr.training.data.karpathy import load_karpathy
 
     return tuple(sorted(load_karpathy(json_path, check_images=False).splits))
 

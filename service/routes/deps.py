@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from service.config import Settings
-from service.errors import ApiError
-from service.retriever import Retriever
+from icr.service.config import Settings
+from icr.service.errors import ApiError
+from icr.service.retriever import Retriever
 
 
 def settings_of(request: Request) -> Settings:

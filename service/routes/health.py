@@ -6,8 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from service.routes.deps import retriever_of, settings_of
-from service.schemas import error_responses
+from icr.service.routes.deps import retriever_of, settings_of
+from icr.service.schemas import error_responses
 
 router = APIRouter(tags=["health"])
 

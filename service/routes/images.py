@@ -6,9 +6,9 @@ from typing import Literal
 
 from fastapi import APIRouter, Request, Response
 
-from service.errors import ApiError
-from service.routes.deps import retriever_of, settings_of
-from service.schemas import error_responses
+from icr.service.errors import ApiError
+from icr.service.routes.deps import retriever_of, settings_of
+from icr.service.schemas import error_responses
 
 router = APIRouter(prefix="/v1/images", tags=["images"])
 

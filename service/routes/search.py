@@ -8,12 +8,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from pydantic import ValidationError
 
-from service.config import Settings
-from service.errors import ApiError, validation_message
-from service.quality import query_quality
-from service.retriever import LoadedIndex, NotServable, Page, Retriever, public_source
-from service.routes.deps import retriever_of, settings_of
-from service.schemas import (
+from icr.service.config import Settings
+from icr.service.errors import ApiError, validation_message
+from icr.service.quality import query_quality
+from icr.service.retriever import LoadedIndex, NotServable, Page, Retriever, public_source
+from icr.service.routes.deps import retriever_of, settings_of
+from icr.service.schemas import (
     CaptionHit,
     ImageHit,
     ImageResults,
@@ -202,7 +202,7 @@ def search_text(body: TextSearchRequest, request: Request) -> TextSearchResponse
 def _read_image(upload: UploadFile, settings: Settings) -> Any:
     """The uploaded file as an RGB PIL image; 4xx naming the problem for anything else. Every limit
     is checked on the header, before decoding (see :mod:`training.models.image_input`)."""
-    from training.models.image_input import ImageLimits, ImageRefused, open_image
+    from icr.training.models.image_input import ImageLimits, ImageRefused, open_image
 
     data = upload.file.read(settings.max_upload_bytes + 1)
     name = upload.filename or "file"

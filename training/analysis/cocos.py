@@ -22,8 +22,8 @@ Counters (``counter_for`` maps an objective to its counter):
 
 * ``triplet`` / ``triplet_hardest`` (paper eq. 9-10; parameter ``margin``, default 0.2): a negative
   contributes when its hinge cost ``margin + S_neg - S_pos`` is > 0 (costs from
-  :func:`training.losses.triplet.hinge_costs`, so masked duplicates are never negatives). The hardest
-  variant takes, like :mod:`training.losses.triplet_hardest`, the max cost over the query's negatives:
+  :func:`icr.training.losses.triplet.hinge_costs`, so masked duplicates are never negatives). The hardest
+  variant takes, like :mod:`icr.training.losses.triplet_hardest`, the max cost over the query's negatives:
   a query contributes one triplet when that max is > 0. ``Cq`` is NaN in a batch where no query
   contributes (undefined, as in the seed, which divides by zero); ``epsilon`` is not used. Needs a
   caption-level batch (square, positive of query ``i`` at ``[i, i]``).
@@ -77,8 +77,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from training.losses.base import ContrastiveLoss
-from training.losses.triplet import hinge_costs
+from icr.training.losses.base import ContrastiveLoss
+from icr.training.losses.triplet import hinge_costs
 
 COUNTERS = ("triplet", "triplet_hardest", "ntxent", "smoothap", "generic")
 DIRECTIONS = ("i2t", "t2i")
@@ -237,7 +237,7 @@ def _as_loss(objective: str | ContrastiveLoss | None, params: dict[str, Any]) ->
         return objective
     if objective is None:
         raise ValueError("the generic COCOS counter needs objective= (a registered loss name or a loss)")
-    from training.losses import build_loss
+    from icr.training.losses import build_loss
 
     return build_loss(objective, **params)
 
@@ -332,10 +332,10 @@ def run_cocos(
     """
     from tqdm import tqdm
 
-    from training.checkpoint import load_checkpoint
-    from training.data.training_data import open_split, plan_epoch
-    from training.embedding import embed_captions, embed_images
-    from training.losses import build_loss
+    from icr.training.checkpoint import load_checkpoint
+    from icr.training.data.training_data import open_split, plan_epoch
+    from icr.training.embedding import embed_captions, embed_images
+    from icr.training.losses import build_loss
 
     if batch_size < 1:
         raise ValueError(f"cocos: batch_size must be >= 1, got {batch_size}")

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from training.atomic import atomic_write_text
+from icr.training.atomic import atomic_write_text
 
 RESULT_FILE = "result.json"
 DEFAULT_VARIANTS: tuple[str, ...] = (
@@ -51,7 +51,7 @@ class Variant:
 
     @classmethod
     def parse(cls, spec: str) -> Variant:
-        from training.losses import load_all
+        from icr.training.losses import load_all
 
         objective, _, decoding = spec.strip().partition("+")
         if objective not in load_all():
@@ -105,7 +105,7 @@ class Regime:
 
 
 def run_config(regime: Regime, variant: Variant, seed: int, out: Path) -> dict[str, Any]:
-    from training.config import load_config
+    from icr.training.config import load_config
 
     return load_config(
         regime.base_config,
@@ -149,9 +149,9 @@ def run_one(
     regime: Regime, variant: Variant, seed: int, runs_dir: Path, *, progress: bool = True
 ) -> dict[str, Any]:
     """Train (or resume), evaluate and analyse one (variant, seed); cached in ``result.json``."""
-    from training.analysis.cocos import run_cocos
-    from training.evaluate_checkpoint import EvalOptions, evaluate_checkpoint
-    from training.train import STATE_FILE, train
+    from icr.training.analysis.cocos import run_cocos
+    from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
+    from icr.training.train import STATE_FILE, train
 
     run_dir = runs_dir / variant.slug / f"seed{seed}"
     result_path = run_dir / RESULT_FILE
@@ -353,7 +353,7 @@ def build_report(results: list[dict[str, Any]], regime: Regime, command: str) ->
 
 
 def write_plots(results: list[dict[str, Any]], directory: Path) -> list[Path]:
-    from training.analysis.plots import plot_grouped_bars, plot_pr_curves
+    from icr.training.evaluation.plots import plot_grouped_bars, plot_pr_curves
 
     groups = _by_variant(results)
     paths = []

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from training.data.errors import DatasetError, read_text
-from training.metrics.relevance import Relevance
+from icr.training.data.errors import DatasetError, read_text
+from icr.training.evaluation.metrics.relevance import Relevance
 
 CXC_URL = "https://github.com/google-research-datasets/Crisscrossed-Captions (folder data/)"
 CXC_SPLITS: tuple[str, ...] = ("val", "test")
@@ -313,7 +313,7 @@ class SplitIds:
 
 def find_cxc_karpathy(data_kind: str, source: Path, given: str | Path | None) -> Path:
     """The Karpathy JSON naming the split's images and captions (see :func:`split_ids`)."""
-    from training.data.karpathy import find_karpathy_json
+    from icr.training.data.karpathy import find_karpathy_json
 
     if given is not None:
         return find_karpathy_json(Path(given).expanduser())
@@ -354,7 +354,7 @@ def split_ids(
     first ``captions_per_image`` sentids (the SCAN/VSRN order). The image count, the caption layout
     and the caption texts (lower-cased letters and digits) must agree, else DatasetError.
     """
-    from training.data.karpathy import load_karpathy
+    from icr.training.data.karpathy import load_karpathy
 
     json_path = find_cxc_karpathy(data_kind, source, karpathy)
     name = split if data_kind == "karpathy" else PRECOMP_TO_KARPATHY.get(split)

@@ -17,8 +17,8 @@ from typing import Any
 
 from PIL import Image
 
-from training.data.errors import DatasetError, line_of, parse_json, read_text
-from training.data.vocab import tokenize
+from icr.training.data.errors import DatasetError, line_of, parse_json, read_text
+from icr.training.data.vocab import tokenize
 
 # Canonical order in which splits are listed; other split names follow in order of appearance.
 _SPLIT_ORDER = ("train", "restval", "val", "test")
@@ -174,7 +174,7 @@ def load_karpathy(
 
 def load_image(path: str | os.PathLike[str]) -> Image.Image:
     """Decode an image file as RGB; DatasetError naming the file if it is missing or undecodable."""
-    from training.models.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
+    from icr.training.models.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
 
     path = Path(path)
     try:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from training.data.errors import DatasetError, read_text
-from training.data.vocab import tokenize
+from icr.training.data.errors import DatasetError, read_text
+from icr.training.data.vocab import tokenize
 
 # Captions per image when the caption file has more lines than the feature array has rows.
 _CAPTIONS_PER_IMAGE = 5

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.data.karpathy import KarpathyDataset
-from training.data.precomp import PrecompSplit
-from training.data.vocab import build_training_vocab
+from icr.training.data.karpathy import KarpathyDataset
+from icr.training.data.precomp import PrecompSplit
+from icr.training.data.vocab import build_training_vocab
 
 
 def _length_stats(token_lists: list[list[str]]) -> dict:

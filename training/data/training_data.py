@@ -35,7 +35,7 @@ class SplitData:
     @property
     def caption_tokens(self) -> list[list[str]]:
         """Captions tokenized as the GRU text tower reads them (for the vocabulary)."""
-        from training.data.vocab import tokenize
+        from icr.training.data.vocab import tokenize
 
         return [tokenize(caption) for caption in self.captions]
 
@@ -64,7 +64,7 @@ class SplitData:
 
 def is_precomp(path: Path) -> bool:
     """A folder of {split}_ims.npy + {split}_caps.txt (and no Karpathy JSON to prefer)."""
-    from training.data.precomp import available_precomp_splits
+    from icr.training.data.precomp import available_precomp_splits
 
     return path.is_dir() and bool(available_precomp_splits(path)) and not list(path.glob("dataset_*.json"))
 
@@ -76,7 +76,7 @@ def open_split(
     """Load ``split`` of the dataset at ``path`` (Karpathy JSON or folder, or a precomp folder)."""
     path = Path(path).expanduser()
     if is_precomp(path):
-        from training.data.precomp import load_precomp
+        from icr.training.data.precomp import load_precomp
 
         p = load_precomp(path, split)
         img_of_cap = np.arange(len(p.captions), dtype=np.int64) // p.im_div
@@ -94,7 +94,7 @@ def open_split(
             path,
         )
 
-    from training.data.karpathy import load_image, load_karpathy
+    from icr.training.data.karpathy import load_image, load_karpathy
 
     dataset = load_karpathy(path, captions_per_image=captions_per_image)
     s = dataset.split(split)
@@ -134,7 +134,7 @@ def _preloaded(paths: list[Path], progress: bool) -> Callable[[int], Any]:
     from PIL import Image
     from tqdm import tqdm
 
-    from training.data.karpathy import load_image
+    from icr.training.data.karpathy import load_image
 
     arrays: list[np.ndarray] = []
     for p in tqdm(paths, desc="decoding images", unit="img", leave=False, disable=not progress):

@@ -15,13 +15,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training.atomic import atomic_write_text
-from training.data.errors import DatasetError, parse_json, read_text
+from icr.training.atomic import atomic_write_text
+from icr.training.data.errors import DatasetError, parse_json, read_text
 
 if TYPE_CHECKING:  # imported for annotations only: karpathy imports tokenize from here
-    from training.data.karpathy import CaptionSplit, KarpathyDataset
-    from training.data.precomp import PrecompSplit
-    from training.data.training_data import SplitData
+    from icr.training.data.karpathy import CaptionSplit, KarpathyDataset
+    from icr.training.data.precomp import PrecompSplit
+    from icr.training.data.training_data import SplitData
 
 VOCAB_FORMAT_VERSION = 1
 

@@ -1,30 +1,22 @@
-"""Training objectives, one file per loss, selected by name (see :mod:`training.losses.base`)."""
+"""Training objectives, one file per loss, selected by name (see :mod:`icr.training.losses.base`)."""
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
-from training.losses.base import LOSSES, ContrastiveLoss, build_loss, register
+from icr.training.losses.base import LOSSES, ContrastiveLoss, build_loss, register
 
-# One module per registered loss; imported on first use, so importing the package has no side effects.
-_MODULES = (
-    "triplet",
-    "triplet_hardest",
-    "ntxent",
-    "ntxent_multi",
-    "smoothap",
-    "goal",
-    "sampled_softmax",
-    "snm",
-    "cross_example_softmax",
-    "cross_example_mining",
-)
+# Helper modules that register no loss; every other module in this package is one loss, found by
+# listing the package (a new loss file needs no list to be kept), imported on first use.
+_HELPERS = frozenset({"base", "softmax_family"})
 
 
 def load_all() -> dict[str, type[ContrastiveLoss]]:
     """Import every loss module (registering it) and return the registry."""
-    for module in _MODULES:
-        importlib.import_module(f"training.losses.{module}")
+    for info in pkgutil.iter_modules(__path__):
+        if info.name not in _HELPERS:
+            importlib.import_module(f"{__name__}.{info.name}")
     return LOSSES
 
 

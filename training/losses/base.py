@@ -121,7 +121,7 @@ class ContrastiveLoss(nn.Module):
 
 def build_loss(name: str, **params: Any) -> ContrastiveLoss:
     """The loss registered as ``name``; unknown names or parameters: ValueError listing the valid ones."""
-    from training.losses import load_all
+    from icr.training.losses import load_all
 
     load_all()
     if name not in LOSSES:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from training.losses.base import register
-from training.losses.softmax_family import SoftmaxFamilyLoss, masked_logsumexp
+from icr.training.losses.base import register
+from icr.training.losses.softmax_family import SoftmaxFamilyLoss, masked_logsumexp
 
 
 @register("cross_example_softmax")

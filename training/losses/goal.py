@@ -51,7 +51,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from training.losses.base import ContrastiveLoss, register
+from icr.training.losses.base import ContrastiveLoss, register
 
 TRIPLET_WEIGHTS = ("con", "nca", "cir")
 PAIR_WEIGHTS = ("con", "lin", "sig", "lin_ms", "sig_ms")

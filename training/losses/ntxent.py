@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from training.losses.base import ContrastiveLoss, register
+from icr.training.losses.base import ContrastiveLoss, register
 
 
 @register("ntxent")

@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from training.losses.base import ContrastiveLoss, register
+from icr.training.losses.base import ContrastiveLoss, register
 
 
 def _multi_positive_nll(logits: Tensor, pos: Tensor) -> Tensor:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from training.losses.base import ContrastiveLoss, register
+from icr.training.losses.base import ContrastiveLoss, register
 
 
 def smooth_ap_loss(scores: Tensor, pos: Tensor, tau: float) -> Tensor:

@@ -14,7 +14,7 @@ A subclass therefore only implements :meth:`SoftmaxFamilyLoss.negative_lse`. The
 never evaluates ``log(0)``: an empty negative set has ``logsumexp = -inf`` and
 ``softplus(-inf) = 0``, with zero (not NaN) gradients thanks to :func:`masked_logsumexp`.
 
-Directions, in the caption layout of :mod:`training.losses.base` (rows images, columns captions):
+Directions, in the caption layout of :mod:`icr.training.losses.base` (rows images, columns captions):
 ``"i2t"`` queries are images (row ``i``), ``"t2i"`` queries are captions (column ``j``; the paper's
 setting: text queries retrieve images), ``"both"`` averages the two (each term carries weight 1/2,
 so the returned terms sum to the average).
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from training.losses.base import ContrastiveLoss
+from icr.training.losses.base import ContrastiveLoss
 
 DIRECTIONS: dict[str, tuple[str, ...]] = {"t2i": ("t2i",), "i2t": ("i2t",), "both": ("i2t", "t2i")}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from training.losses.base import ContrastiveLoss, register
+from icr.training.losses.base import ContrastiveLoss, register
 
 
 def hinge_costs(sim: Tensor, pos: Tensor, margin: float) -> tuple[Tensor, Tensor]:

@@ -6,15 +6,15 @@ hinge, as in the seeds); the loss is the sum over all queries. A query without n
 
 Hardest-negative training can collapse (loss stuck at ``2 * B * margin``, all similarities equal;
 vsepp issue #27). VSE-infinity's mitigation is ``warmup_epochs``: while ``self.epoch < warmup_epochs``
-the loss is exactly the VSE0 sum over all negatives (:mod:`training.losses.triplet`).
+the loss is exactly the VSE0 sum over all negatives (:mod:`icr.training.losses.triplet`).
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from training.losses.base import ContrastiveLoss, register
-from training.losses.triplet import hinge_costs
+from icr.training.losses.base import ContrastiveLoss, register
+from icr.training.losses.triplet import hinge_costs
 
 
 @register("triplet_hardest")

@@ -4,8 +4,8 @@ Nothing here imports the losses, the trainer, ``index/`` or ``service/``; transf
 only by the towers that need it, and torchvision only inside a try when a ``.pth`` backbone is used.
 """
 
-from training.models.config import normalize_model_config
-from training.models.dual_encoder import DualEncoder, build_model
-from training.models.glove import load_glove
+from icr.training.models.config import normalize_model_config
+from icr.training.models.dual_encoder import DualEncoder, build_model
+from icr.training.models.glove import load_glove
 
 __all__ = ["DualEncoder", "build_model", "load_glove", "normalize_model_config"]

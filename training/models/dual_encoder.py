@@ -8,13 +8,13 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from training.data.vocab import Vocabulary
-from training.models.config import normalize_model_config
-from training.models.image_cnn import ConvImageEncoder
-from training.models.image_precomp import PrecompImageEncoder
-from training.models.image_vsrn import VSRNImageEncoder
-from training.models.preprocess import build_image_transform, preprocessing_summary
-from training.models.text_gru import GRUTextEncoder
+from icr.training.data.vocab import Vocabulary
+from icr.training.models.config import normalize_model_config
+from icr.training.models.image_cnn import ConvImageEncoder
+from icr.training.models.image_precomp import PrecompImageEncoder
+from icr.training.models.image_vsrn import VSRNImageEncoder
+from icr.training.models.preprocess import build_image_transform, preprocessing_summary
+from icr.training.models.text_gru import GRUTextEncoder
 
 
 class DualEncoder(nn.Module):
@@ -109,7 +109,7 @@ def build_model(
     elif image_cfg["kind"] == "vsrn":
         image_encoder = VSRNImageEncoder(image_cfg, embed_dim)
     else:
-        from training.models.image_resnet import ResNetImageEncoder
+        from icr.training.models.image_resnet import ResNetImageEncoder
 
         image_encoder = ResNetImageEncoder(image_cfg, embed_dim, load_weights)
     if text_cfg["kind"] == "gru":
@@ -119,7 +119,7 @@ def build_model(
             )
         text_encoder: nn.Module = GRUTextEncoder(text_cfg, embed_dim, vocab, load_weights)
     else:
-        from training.models.text_transformer import TransformerTextEncoder
+        from icr.training.models.text_transformer import TransformerTextEncoder
 
         text_encoder = TransformerTextEncoder(text_cfg, embed_dim, load_weights, tokenizer_dir)
         vocab = None  # the transformer has its own tokenizer; a word vocabulary would be dead weight

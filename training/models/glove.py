@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from training.data.vocab import Vocabulary
+from icr.training.data.vocab import Vocabulary
 
 _HINT = "set model.text.glove_path to a GloVe .txt(.gz) file (one 'word v1 ... vD' per line) or to null"
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from training.models.heads import l2norm, xavier_linear
+from icr.training.models.heads import l2norm, xavier_linear
 
 
 def _groups(channels: int) -> int:

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from training.models.gpo import GPO
-from training.models.heads import l2norm, xavier_linear
+from icr.training.models.gpo import GPO
+from icr.training.models.heads import l2norm, xavier_linear
 
 
 class PrecompImageEncoder(nn.Module):

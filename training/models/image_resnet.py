@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from training.models.heads import l2norm, projection_head
-from training.models.hf_loading import config_dict, load_pretrained, model_from_config_dict
+from icr.training.models.heads import l2norm, projection_head
+from icr.training.models.hf_loading import config_dict, load_pretrained, model_from_config_dict
 
 _WHAT = "the ResNet image backbone"
 

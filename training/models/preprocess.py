@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from training.models.config import takes_features
+from icr.training.models.config import takes_features
 
 _SCALE = (0.08, 1.0)
 _LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))

@@ -15,10 +15,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from training.data.vocab import Vocabulary
-from training.models.glove import load_glove
-from training.models.gpo import GPO
-from training.models.heads import l2norm, projection_head
+from icr.training.data.vocab import Vocabulary
+from icr.training.models.glove import load_glove
+from icr.training.models.gpo import GPO
+from icr.training.models.heads import l2norm, projection_head
 
 
 class GRUTextEncoder(nn.Module):

@@ -16,9 +16,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from training.models.gpo import GPO
-from training.models.heads import l2norm
-from training.models.hf_loading import config_dict, load_pretrained, load_tokenizer, model_from_config_dict
+from icr.training.models.gpo import GPO
+from icr.training.models.heads import l2norm
+from icr.training.models.hf_loading import (
+    config_dict,
+    load_pretrained,
+    load_tokenizer,
+    model_from_config_dict,
+)
 
 _WHAT = "the transformer text encoder"
 

@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from training.data.synthetic import world
-from training.data.synthetic.query import Descriptor, Query, Relation
-from training.data.synthetic.relevance import holds
-from training.data.synthetic.scene import Scene, SceneObject
+from icr.training.data.synthetic import world
+from icr.training.data.synthetic.query import Descriptor, Query, Relation
+from icr.training.data.synthetic.relevance import holds
+from icr.training.data.synthetic.scene import Scene, SceneObject
 
 CAPTIONS_PER_IMAGE = 5
 _NUMBER = {2: "two", 3: "three"}

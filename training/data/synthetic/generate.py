@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from training.atomic import replace_dir
-from training.data.errors import DatasetError, parse_json, read_text
-from training.data.synthetic.captions import write_captions
-from training.data.synthetic.render import render
-from training.data.synthetic.scene import Scene, SceneTable, sample_scene
-from training.data.vocab import tokenize
+from icr.training.atomic import replace_dir
+from icr.training.data.errors import DatasetError, parse_json, read_text
+from icr.training.data.synthetic.captions import write_captions
+from icr.training.data.synthetic.render import render
+from icr.training.data.synthetic.scene import Scene, SceneTable, sample_scene
+from icr.training.data.vocab import tokenize
 
 GENERATOR_NAME = "icr-synthetic-scenes"
 # Bump when a change alters what a seed produces, so stored datasets are known to be stale.
@@ -253,7 +253,7 @@ def _render_batch(seed: int, image_size: int, lo: int, hi: int) -> tuple[np.ndar
 
 def split_scene_table(directory: str | os.PathLike[str], split: str) -> SceneTable:
     """The scenes of a split's images, in the split's image order, as a SceneTable."""
-    from training.data.karpathy import load_karpathy
+    from icr.training.data.karpathy import load_karpathy
 
     records = load_karpathy(Path(directory) / JSON_NAME).split(split).images
     return SceneTable.from_scenes(load_scenes(directory).for_imgids([r.imgid for r in records]))

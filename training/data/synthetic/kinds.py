@@ -14,7 +14,7 @@ caption gets exactly one kind, the first that applies in this order (the hardest
 
 from __future__ import annotations
 
-from training.data.synthetic.query import Query
+from icr.training.data.synthetic.query import Query
 
 QUERY_KINDS: tuple[str, ...] = (
     "count",

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import re
 
-from training.data.synthetic import world
-from training.data.synthetic.query import Descriptor, Query, Relation
+from icr.training.data.synthetic import world
+from icr.training.data.synthetic.query import Descriptor, Query, Relation
 
 
 class CaptionParseError(ValueError):

@@ -16,10 +16,10 @@ from itertools import permutations
 
 import numpy as np
 
-from training.data.synthetic import world
-from training.data.synthetic.parse import parse_caption
-from training.data.synthetic.query import Descriptor, Query
-from training.data.synthetic.scene import Scene, SceneObject, SceneTable
+from icr.training.data.synthetic import world
+from icr.training.data.synthetic.parse import parse_caption
+from icr.training.data.synthetic.query import Descriptor, Query
+from icr.training.data.synthetic.scene import Scene, SceneObject, SceneTable
 
 
 def _matches(d: Descriptor, o: SceneObject) -> bool:

@@ -7,8 +7,8 @@ import math
 import numpy as np
 from PIL import Image, ImageDraw
 
-from training.data.synthetic import world
-from training.data.synthetic.scene import Background, Scene, SceneObject
+from icr.training.data.synthetic import world
+from icr.training.data.synthetic.scene import Background, Scene, SceneObject
 
 SUPERSAMPLE = 4  # shapes are drawn 4x larger and box-filtered down: smooth edges at 64 px
 

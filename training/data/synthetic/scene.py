@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from training.data.synthetic import world
+from icr.training.data.synthetic import world
 
 # Probability of 1, 2, 3 objects: most images hold several, so captions naming one object match
 # many images (the false negatives of COCO-style evaluation).

@@ -11,9 +11,9 @@ from collections import Counter
 
 import numpy as np
 
-from training.data.karpathy import CaptionSplit
-from training.data.synthetic.relevance import relevance_matrix
-from training.data.synthetic.scene import Scene, SceneTable
+from icr.training.data.karpathy import CaptionSplit
+from icr.training.data.synthetic.relevance import relevance_matrix
+from icr.training.data.synthetic.scene import Scene, SceneTable
 
 
 def relevance_stats(split: CaptionSplit, scenes: list[Scene]) -> dict:

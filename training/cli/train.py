@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from training.cli_support import fail_cleanly, print_summary
+from icr.training.cli.support import fail_cleanly, print_summary
 
 
 @fail_cleanly
@@ -33,16 +33,16 @@ def train_command(
 
       icr train --config coco-vsepp-resnet50 --set data.path=~/data/coco --set model.image.path=~/resnet-50
 
-      torchrun --standalone --nproc-per-node 2 -m service.cli train --config synthetic-ntxent
+      torchrun --standalone --nproc-per-node 2 -m icr.training.cli.train --config synthetic-ntxent
     """
-    from training.config import load_config, shipped_configs
+    from icr.training.config import load_config, shipped_configs
 
     if list_configs:
         for name in shipped_configs():
             typer.echo(name)
         return
     if list_losses:
-        from training.losses import load_all
+        from icr.training.losses import load_all
 
         for name, cls in sorted(load_all().items()):
             params = ", ".join(f"{k}={v!r}" for k, v in cls.defaults().items())
@@ -54,8 +54,20 @@ def train_command(
     if show_config:
         print_summary(cfg)
         return
-    from training.train import train
+    from icr.training.train import train
 
     summary = train(cfg, resume=resume, progress=not quiet)
     if summary is not None:
         print_summary(summary)
+
+
+def main() -> None:
+    """``python -m icr.training.cli.train`` / ``torchrun -m icr.training.cli.train``: the training entry
+    point alone, without the rest of the CLI (and without importing the server)."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(train_command)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,5 @@
-"""Evaluate a checkpoint on a dataset split: every metric of :mod:`training.metrics`, as one report.
+"""Evaluate a checkpoint on a dataset split: every metric of :mod:`icr.training.evaluation.metrics`,
+as one report.
 
 Steps: embed the split; rank metrics under the protocol and global PR / threshold / score
 distribution metrics against the annotations; on the embedded benchmark the same again against the
@@ -20,13 +21,13 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from training.checkpoint import checkpoint_sha256, load_checkpoint
-from training.data.training_data import SplitData, open_split
-from training.embedding import embed_captions, embed_image_batch, embed_images, open_embeddings
-from training.metrics.calibration import Calibration, fit_calibration, score_histogram
-from training.metrics.distractors import DistractorRecall, distractor_recall
-from training.metrics.relevance import Relevance
-from training.metrics.report import full_metrics, json_ready
+from icr.training.checkpoint import checkpoint_sha256, load_checkpoint
+from icr.training.data.training_data import SplitData, open_split
+from icr.training.embedding import embed_captions, embed_image_batch, embed_images, open_embeddings
+from icr.training.evaluation.metrics.calibration import Calibration, fit_calibration, score_histogram
+from icr.training.evaluation.metrics.distractors import DistractorRecall, distractor_recall
+from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.report import full_metrics, json_ready
 
 REPORT_FORMAT = "icr-evaluation"
 REPORT_VERSION = 1
@@ -83,7 +84,7 @@ class EmbeddedSplit:
 
 def synthetic_dir(data: SplitData) -> Path | None:
     """The dataset folder when ``data`` is the embedded benchmark (it stores scene structures)."""
-    from training.data.synthetic.generate import SCENES_NAME
+    from icr.training.data.synthetic.generate import SCENES_NAME
 
     if data.kind != "karpathy":
         return None
@@ -96,8 +97,8 @@ def ground_truth_relevance(data: SplitData) -> Relevance | None:
     directory = synthetic_dir(data)
     if directory is None:
         return None
-    from training.data.synthetic.generate import split_scene_table
-    from training.data.synthetic.relevance import relevance_matrix
+    from icr.training.data.synthetic.generate import split_scene_table
+    from icr.training.data.synthetic.relevance import relevance_matrix
 
     truth = relevance_matrix(data.captions, split_scene_table(directory, data.name))  # (N_cap, N_img)
     annotations = Relevance.annotations(data.img_of_cap, data.num_images)
@@ -129,8 +130,8 @@ def _synthetic_distractors(
     """Embedded-benchmark distractors: (embeddings (b, D), their scenes as a SceneTable) per batch."""
     from tqdm import tqdm
 
-    from training.data.synthetic.generate import DistractorStream, render_workers
-    from training.data.synthetic.scene import SceneTable
+    from icr.training.data.synthetic.generate import DistractorStream, render_workers
+    from icr.training.data.synthetic.scene import SceneTable
 
     stream = DistractorStream.for_dataset(directory, n)
     bar = tqdm(total=n, desc="distractors", unit="img", disable=not options.progress, leave=False)
@@ -151,12 +152,12 @@ def calibration_split_for(data_path: Path, requested: str | None) -> str | None:
     """``auto``: the validation split (``val``, precomp ``dev``) if the dataset has one, else None."""
     if requested != "auto":
         return requested
-    from training.data.precomp import available_precomp_splits
-    from training.data.training_data import is_precomp
+    from icr.training.data.precomp import available_precomp_splits
+    from icr.training.data.training_data import is_precomp
 
     if is_precomp(data_path):
         return "dev" if "dev" in available_precomp_splits(data_path) else None
-    from training.data.karpathy import load_karpathy
+    from icr.training.data.karpathy import load_karpathy
 
     return "val" if "val" in load_karpathy(data_path).splits else None
 
@@ -171,7 +172,7 @@ def evaluate_model(
     options.stage(f"embedding {options.split}", 0.0)
     cxc = None
     if options.cxc is not None:  # fail on missing or broken CxC files before the minutes of embedding
-        from training.data.cxc import PRECOMP_TO_KARPATHY, load_cxc
+        from icr.training.data.cxc import PRECOMP_TO_KARPATHY, load_cxc
 
         cxc = load_cxc(options.cxc, PRECOMP_TO_KARPATHY.get(options.split, options.split))
     test = embed_split(model, data_path, options.split, options)
@@ -234,7 +235,7 @@ def evaluate_model(
     # captions each over their split's images, then the same distractors, in one pass.
     sides = {}
     if options.relevance_depth > 0 and calibration_split:
-        from training.relevance_eval import QuerySide
+        from icr.training.evaluation.relevance import QuerySide
 
         sides = {
             name: QuerySide.start(s.data.captions, s.cap_emb, s.data.img_of_cap, s.img_emb,
@@ -287,8 +288,8 @@ def _distractor_section(
             "source": str(options.distractor_embeddings),
             **distractor_recall(test.cap_emb, test.img_emb, test.annotations, feed()),
         }
-    from training.data.synthetic.parse import parse_caption
-    from training.data.synthetic.relevance import relevance_matrix
+    from icr.training.data.synthetic.parse import parse_caption
+    from icr.training.data.synthetic.relevance import relevance_matrix
 
     directory = synthetic_dir(test.data)
     assert directory is not None  # checked in evaluate_model
@@ -323,17 +324,22 @@ def _relevance_section(
     all_pairs: Calibration | None,
     options: EvalOptions,
 ) -> tuple[dict[str, Any], list[Path]]:
-    """Threshold honesty of the served maps (see :mod:`training.relevance_eval`) and its plots."""
-    from training.relevance_eval import ANNOTATION_NOTE, annotation_hits, fit_served_maps, honesty_report
+    """Threshold honesty of the served maps (see :mod:`icr.training.evaluation.relevance`) and its plots."""
+    from icr.training.evaluation.relevance import (
+        ANNOTATION_NOTE,
+        annotation_hits,
+        fit_served_maps,
+        honesty_report,
+    )
 
     synthetic = test.ground_truth is not None and held_out.ground_truth is not None
     hits = {}
     for name, split in (("test", test), ("fit", held_out)):
         side = sides[name]
         if synthetic:
-            from training.data.synthetic.generate import split_scene_table
-            from training.data.synthetic.scene import SceneTable
-            from training.relevance_eval import synthetic_hits
+            from icr.training.data.synthetic.generate import split_scene_table
+            from icr.training.data.synthetic.scene import SceneTable
+            from icr.training.evaluation.relevance import synthetic_hits
 
             table = SceneTable.concat([split_scene_table(synthetic_dir(split.data), split.data.name),
                                        *distractor_scenes])
@@ -362,7 +368,7 @@ def _relevance_section(
     }
     plots: list[Path] = []
     if options.plots_dir is not None:
-        from training.analysis.plots import plot_reliability_by_kind
+        from icr.training.evaluation.plots import plot_reliability_by_kind
 
         for name, figures in section["maps"].items():
             plots.append(plot_reliability_by_kind(
@@ -374,9 +380,9 @@ def _relevance_section(
 
 def cxc_section(test: EmbeddedSplit, cxc: Any, options: EvalOptions) -> dict[str, Any]:
     """Rank metrics with CxC relevance (original pairs OR SITS >= threshold), plus t2t / i2i."""
-    from training.data.cxc import cxc_relevance, intramodal_pairs, split_ids
-    from training.metrics.intramodal import intramodal_metrics
-    from training.metrics.protocols import fold_metrics
+    from icr.training.data.cxc import cxc_relevance, intramodal_pairs, split_ids
+    from icr.training.evaluation.metrics.intramodal import intramodal_metrics
+    from icr.training.evaluation.metrics.protocols import fold_metrics
 
     data = test.data
     ids = split_ids(
@@ -419,7 +425,7 @@ def cxc_section(test: EmbeddedSplit, cxc: Any, options: EvalOptions) -> dict[str
 
 def write_plots(sections: dict[str, dict[str, Any]], directory: Path) -> list[Path]:
     """PNG plots of :func:`full_metrics` sections (raw, before :func:`json_ready`)."""
-    from training.analysis.plots import plot_pr_curves, plot_reliability, plot_score_distribution
+    from icr.training.evaluation.plots import plot_pr_curves, plot_reliability, plot_score_distribution
 
     paths = [
         plot_pr_curves(

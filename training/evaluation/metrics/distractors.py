@@ -15,8 +15,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from training.metrics.pair_blocks import resolve_nan
-from training.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.pair_blocks import resolve_nan
+from icr.training.evaluation.metrics.relevance import Relevance
 
 DISTRACTOR_RECALL_AT: tuple[int, ...] = (1, 5, 10, 100)
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from training.cli_support import fail_cleanly
+from icr.training.cli.support import fail_cleanly
 
 COUNTER_CHOICES = ("auto", "generic")
 
@@ -58,10 +58,10 @@ def cocos(
 
       icr analyze cocos --checkpoint runs/goal/best --data data/synth --counter generic --epsilon 0.05
     """
-    from training.analysis.cocos import run_cocos
-    from training.atomic import atomic_write_text
-    from training.config import parse_override
-    from training.train import choose_device
+    from icr.training.analysis.cocos import run_cocos
+    from icr.training.atomic import atomic_write_text
+    from icr.training.config import parse_override
+    from icr.training.train import choose_device
 
     if counter not in COUNTER_CHOICES:
         raise ValueError(f"--counter must be one of {', '.join(COUNTER_CHOICES)}, got {counter!r}")

@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from training.atomic import atomic_write, atomic_write_text
-from training.data.vocab import Vocabulary
+from icr.training.atomic import atomic_write, atomic_write_text
+from icr.training.data.vocab import Vocabulary
 
 LATENT_TARGET_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 LATENT_TARGET_DIM = 384

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.metrics.pair_blocks import resolve_nan
-from training.metrics.ranking import DIRECTIONS, as_score_matrix
-from training.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.pair_blocks import resolve_nan
+from icr.training.evaluation.metrics.ranking import DIRECTIONS, as_score_matrix
+from icr.training.evaluation.metrics.relevance import Relevance
 
 PERCENTILES: tuple[int, ...] = (5, 50, 95)
 

@@ -3,7 +3,8 @@
 Positives of query q: the pairs listed for it (e.g. CxC STS / SIS pairs above the threshold) plus,
 when ``groups`` is given, every other item of the same group (t2t: the other captions of the same
 image). The query itself is never a candidate. Same position engine and metrics as the cross-modal
-directions (:mod:`training.metrics.ranking`): R@K of the best-ranked positive, medr, R-precision with
+directions (:mod:`icr.training.evaluation.metrics.ranking`): R@K of the best-ranked positive,
+medr, R-precision with
 R = the query's number of positives, ...; queries without any positive are counted, not averaged.
 Scores are computed one block of queries at a time, so a 25,000-caption t2t never holds the full
 (N, N) matrix.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.metrics.ranking import (
+from icr.training.evaluation.metrics.ranking import (
     BLOCK_ELEMENTS,
     per_query_metrics,
     relevant_positions,

@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from training.cli_support import fail_cleanly, print_summary
-from training.data.training_data import is_precomp
+from icr.training.cli.support import fail_cleanly, print_summary
+from icr.training.data.training_data import is_precomp
 
 data_app = typer.Typer(
     help="Datasets: the embedded synthetic benchmark and Flickr30k/COCO (Karpathy JSON or precomp) checks.",
@@ -43,7 +43,7 @@ def synth(
 
       icr data synth --out /tmp/s --train 2000 --val 200 --test 200 --seed 1
     """
-    from training.data.synthetic.generate import write_dataset
+    from icr.training.data.synthetic.generate import write_dataset
 
     summary = write_dataset(
         out,
@@ -103,8 +103,8 @@ def check(
 
       icr data check ~/data/coco --split test
     """
-    from training.data.karpathy import load_karpathy, verify_images
-    from training.data.precomp import available_precomp_splits, load_precomp
+    from icr.training.data.karpathy import load_karpathy, verify_images
+    from icr.training.data.precomp import available_precomp_splits, load_precomp
 
     if is_precomp(path):
         for name in split or available_precomp_splits(path):
@@ -121,9 +121,9 @@ def check(
 
 def dataset_statistics(path: Path, images: Path | None = None) -> dict:
     """Statistics of a Karpathy or precomp dataset, plus ground truth for synthetic ones."""
-    from training.data.karpathy import load_karpathy
-    from training.data.precomp import available_precomp_splits, load_precomp
-    from training.data.stats import describe_karpathy, describe_precomp
+    from icr.training.data.karpathy import load_karpathy
+    from icr.training.data.precomp import available_precomp_splits, load_precomp
+    from icr.training.data.stats import describe_karpathy, describe_precomp
 
     if is_precomp(path):
         return describe_precomp({s: load_precomp(path, s) for s in available_precomp_splits(path)})
@@ -131,8 +131,8 @@ def dataset_statistics(path: Path, images: Path | None = None) -> dict:
     result = describe_karpathy(dataset)
     scenes_file = dataset.json_path.parent / "scenes.json"
     if scenes_file.is_file():
-        from training.data.synthetic.generate import load_scenes
-        from training.data.synthetic.stats import relevance_stats
+        from icr.training.data.synthetic.generate import load_scenes
+        from icr.training.data.synthetic.stats import relevance_stats
 
         scenes = load_scenes(dataset.json_path.parent)
         result["generator"] = scenes.generator

@@ -111,7 +111,7 @@ class TopDepth:
 
 def reliability(predicted: np.ndarray, relevant: np.ndarray, bins: int = ECE_BINS) -> dict[str, Any]:
     """ECE and the reliability table of predicted probabilities against 0/1 outcomes (any shapes)."""
-    from training.metrics.calibration import reliability_table
+    from icr.training.evaluation.metrics.calibration import reliability_table
 
     p = np.asarray(predicted, dtype=np.float64).ravel()
     rel = np.asarray(relevant, dtype=bool).ravel()

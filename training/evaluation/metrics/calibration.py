@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.metrics.pair_blocks import pair_blocks
-from training.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.pair_blocks import pair_blocks
+from icr.training.evaluation.metrics.relevance import Relevance
 
 CALIBRATION_METHODS: tuple[str, ...] = ("isotonic", "platt")
 CALIBRATION_FORMAT_VERSION = 1

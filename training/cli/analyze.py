@@ -10,9 +10,9 @@ from typing import Annotated
 
 import typer
 
-from training.analysis.cocos_cli import cocos
-from training.analysis.compare import DEFAULT_VARIANTS
-from training.cli_support import fail_cleanly
+from icr.training.analysis.compare import DEFAULT_VARIANTS
+from icr.training.cli.cocos import cocos
+from icr.training.cli.support import fail_cleanly
 
 analyze_app = typer.Typer(
     help="Analyse trained checkpoints: COCOS (how many candidates contribute to each query's gradient).",
@@ -65,7 +65,7 @@ def compare_command(
     import shlex
     import sys
 
-    from training.analysis.compare import Regime, compare
+    from icr.training.analysis.compare import Regime, compare
 
     if epochs < 1 or batch_size < 1 or smoothap_epoch_factor < 1 or cocos_batches < 1 or distractors < 0:
         raise ValueError(

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from training.cli_support import fail_cleanly
+from icr.training.cli.support import fail_cleanly
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -233,13 +233,13 @@ def evaluate_command(
 
       icr evaluate -m runs/coco/best -d ~/data/coco_precomp --split testall --cxc ~/data/cxc/data
     """
-    from training.atomic import atomic_write_text
-    from training.evaluate_checkpoint import EvalOptions, evaluate_checkpoint
-    from training.metrics.protocols import PROTOCOLS
+    from icr.training.atomic import atomic_write_text
+    from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
+    from icr.training.evaluation.metrics.protocols import PROTOCOLS
 
     if protocol not in PROTOCOLS:
         raise ValueError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-    from training.metrics.calibration import CALIBRATION_METHODS
+    from icr.training.evaluation.metrics.calibration import CALIBRATION_METHODS
 
     if calibration_method not in CALIBRATION_METHODS:
         raise ValueError(f"--calibration-method must be one of {', '.join(CALIBRATION_METHODS)}")

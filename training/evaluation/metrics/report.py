@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.metrics.calibration import Calibration, calibration_error
-from training.metrics.global_pr import global_metrics, pr_curve, threshold_metrics
-from training.metrics.protocols import fold_metrics
-from training.metrics.ranking import as_score_matrix
-from training.metrics.relevance import Relevance
-from training.metrics.score_distribution import score_distributions
+from icr.training.evaluation.metrics.calibration import Calibration, calibration_error
+from icr.training.evaluation.metrics.global_pr import global_metrics, pr_curve, threshold_metrics
+from icr.training.evaluation.metrics.protocols import fold_metrics
+from icr.training.evaluation.metrics.ranking import as_score_matrix
+from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.score_distribution import score_distributions
 
 PRECISION_TARGETS: tuple[float, ...] = (0.5, 0.8, 0.9)
 

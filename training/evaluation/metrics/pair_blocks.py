@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from training.metrics.ranking import BLOCK_ELEMENTS, as_score_matrix
-from training.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.ranking import BLOCK_ELEMENTS, as_score_matrix
+from icr.training.evaluation.metrics.relevance import Relevance
 
 
 def resolve_nan(scores: np.ndarray, relevant: np.ndarray) -> np.ndarray:

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.metrics.ranking import as_score_matrix, ranking_metrics
-from training.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.ranking import as_score_matrix, ranking_metrics
+from icr.training.evaluation.metrics.relevance import Relevance
 
 PROTOCOLS: tuple[str, ...] = ("full", "1k", "5k")
 FOLD_IMAGES = 1000

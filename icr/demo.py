@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from training.cli_support import fail_cleanly
+from icr.training.cli.support import fail_cleanly
 
 # The embedded default's sizes: big enough for a meaningful 1K test protocol, ~30 s to generate.
 DEMO_COUNTS = {"train": 10000, "val": 1000, "test": 1000}
@@ -97,8 +97,8 @@ def demo_command(
             f"--dataset synthetic={data}"
         )
         return
-    from service.serve_cli import serve as run_server
-    from service.serve_cli import settings_from
+    from icr.service.cli import serve as run_server
+    from icr.service.cli import settings_from
 
     run_server(
         settings_from(
@@ -109,9 +109,9 @@ def demo_command(
 
 def _demo_data(data: Path, seed: int, force: bool) -> bool:
     """Generate the benchmark unless a matching copy is cached; returns whether it generated."""
-    from training.cli import dataset_statistics
-    from training.cli_support import print_summary
-    from training.data.synthetic.generate import GENERATOR_VERSION, load_scenes, write_dataset
+    from icr.training.cli.data import dataset_statistics
+    from icr.training.cli.support import print_summary
+    from icr.training.data.synthetic.generate import GENERATOR_VERSION, load_scenes, write_dataset
 
     cached = None
     if (data / "scenes.json").is_file() and not force:
@@ -132,9 +132,9 @@ def _demo_data(data: Path, seed: int, force: bool) -> bool:
 
 def _demo_model(run: Path, data: Path, retrain: bool) -> Path:
     """Train the demo model into ``run`` (best checkpoint: ``run/best``), reusing a finished run."""
-    from training.checkpoint import read_checkpoint_config
-    from training.config import load_config
-    from training.train import STATE_FILE, ConfigMismatchError, train
+    from icr.training.checkpoint import read_checkpoint_config
+    from icr.training.config import load_config
+    from icr.training.train import STATE_FILE, ConfigMismatchError, train
 
     config = load_config(DEMO_CONFIG, [f'data.path="{data}"', f'train.out="{run}"', *DEMO_TRAIN])
     last = run / "last" / "config.json"
@@ -167,7 +167,7 @@ def _demo_model(run: Path, data: Path, retrain: bool) -> Path:
 
 def _best_rsum(run: Path) -> str:
     """The best checkpoint's validation rsum, for the demo's messages."""
-    from training.checkpoint import read_checkpoint_config
+    from icr.training.checkpoint import read_checkpoint_config
 
     try:
         metrics = read_checkpoint_config(run / "best").get("val_metrics") or {}
@@ -178,8 +178,8 @@ def _best_rsum(run: Path) -> str:
 
 def _cached_manifest(out: Path, checkpoint: Path, data: Path, modality: str, distractors: int) -> Any | None:
     """The index manifest at ``out`` if it was built from this checkpoint, data and distractor count."""
-    from index.manifest import MANIFEST_FILE, Manifest
-    from training.checkpoint import checkpoint_sha256
+    from icr.index.manifest import MANIFEST_FILE, Manifest
+    from icr.training.checkpoint import checkpoint_sha256
 
     try:
         manifest = Manifest.read(out / MANIFEST_FILE)
@@ -205,7 +205,7 @@ def _demo_index(
     distractors: int,
     force: bool,
 ) -> Path:
-    from index.build import build_caption_index, build_image_index
+    from icr.index.build import build_caption_index, build_image_index
 
     manifest = None if force else _cached_manifest(out, checkpoint, data, modality, distractors)
     if manifest is not None:
@@ -227,8 +227,8 @@ def _demo_index(
 def _demo_calibration(images: Path, force: bool) -> None:
     import json
 
-    from index.calibration import CALIBRATION_FILE, CALIBRATION_FORMAT, calibrate_index
-    from index.manifest import MANIFEST_FILE, Manifest
+    from icr.index.calibration import CALIBRATION_FILE, CALIBRATION_FORMAT, calibrate_index
+    from icr.index.manifest import MANIFEST_FILE, Manifest
 
     path = images / CALIBRATION_FILE
     if not force and path.is_file():
@@ -246,6 +246,6 @@ def _demo_calibration(images: Path, force: bool) -> None:
     typer.echo(f"      done in {time.perf_counter() - t0:.0f} s ({result['method']} map)")
     evaluation = result.get("evaluation")
     if evaluation:
-        from index.cli import format_evaluation
+        from icr.index.cli import format_evaluation
 
         typer.echo(format_evaluation({**evaluation, "maps": {"per_query": evaluation["maps"]["per_query"]}}))

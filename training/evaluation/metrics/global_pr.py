@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from training.metrics.pair_blocks import pair_blocks, relevant_scores
-from training.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.pair_blocks import pair_blocks, relevant_scores
+from icr.training.evaluation.metrics.relevance import Relevance
 
 
 @dataclass(frozen=True)

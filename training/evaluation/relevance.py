@@ -11,14 +11,14 @@ The maps under test are fitted on the validation split's captions against the sa
 (its own images plus the same distractors; a caption's own image stays in its list, as in the
 service, but never enters the fit) and compared side by side:
 
-* ``per_query`` (:mod:`training.metrics.query_calibration`): the score and the query's own
+* ``per_query`` (:mod:`icr.training.evaluation.metrics.query_calibration`): the score and the query's own
   results (and embedding), what ``icr index calibrate`` now writes for the service;
 * ``isotonic_served``: one score -> relevance map fitted on the same held-out hits;
 * ``isotonic_all_pairs``: one map fitted on every pair of the validation split (the calibration
   before this section existed; kept as the baseline).
 
 Figures per map, pooled and per query kind (:mod:`training.data.synthetic.kinds`): see
-:mod:`training.metrics.threshold_honesty`.
+:mod:`icr.training.evaluation.metrics.threshold_honesty`.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from training.metrics.calibration import Calibration, fit_calibration, score_histogram
-from training.metrics.query_calibration import QueryCalibration, fit_query_calibration
-from training.metrics.relevance import Relevance
-from training.metrics.threshold_honesty import HitLists, TopDepth, threshold_honesty
+from icr.training.evaluation.metrics.calibration import Calibration, fit_calibration, score_histogram
+from icr.training.evaluation.metrics.query_calibration import QueryCalibration, fit_query_calibration
+from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.threshold_honesty import HitLists, TopDepth, threshold_honesty
 
 DEFAULT_DEPTH = 1000  # the service's search depth (ICR_SEARCH_DEPTH)
 ANNOTATION_NOTE = (
@@ -74,9 +74,9 @@ def synthetic_hits(
 
     Judged: the distractors (rows >= num_images) with ``judge_distractors``, else every hit but the
     caption's ``own_image`` (None: the captions' own images are not in this gallery)."""
-    from training.data.synthetic.kinds import query_kind
-    from training.data.synthetic.parse import parse_caption
-    from training.data.synthetic.relevance import relevance_of_hits
+    from icr.training.data.synthetic.kinds import query_kind
+    from icr.training.data.synthetic.parse import parse_caption
+    from icr.training.data.synthetic.relevance import relevance_of_hits
 
     queries = [parse_caption(c) for c in captions]
     judged_from = num_images if judge_distractors else 0

@@ -21,7 +21,7 @@ score counts against the query: a NaN candidate ranks above the positive, and a 
 i2t: any NaN ground-truth caption score) ranks last.
 
 This module is the small API the trainer validates with; the engine and the full metric set
-(mAP@k, R-precision, COCO 1K folds, PR-AUC, calibration) live in :mod:`training.metrics`.
+(mAP@k, R-precision, COCO 1K folds, PR-AUC, calibration) live in :mod:`icr.training.evaluation.metrics`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from training.metrics.ranking import DIRECTIONS, RECALL_AT, as_score_matrix, first_relevant_ranks
-from training.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.ranking import (
+    DIRECTIONS,
+    RECALL_AT,
+    as_score_matrix,
+    first_relevant_ranks,
+)
+from icr.training.evaluation.metrics.relevance import Relevance
 
 ArrayOrTensor = np.ndarray | torch.Tensor
 

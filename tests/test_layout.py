@@ -1,0 +1,135 @@
+"""The package's shape: one installed namespace (``icr``), imports that point one way (the server
+reaches no training loop, objective or analysis code, not even lazily), and a README that lists every
+registered objective."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import icr
+from icr.training.losses import load_all
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("training", "index", "service")
+# What the server must never import: the training loop and its entry points, the objectives, target
+# decoding (LTD/ITD), the analysis tools, the CLI and the benchmarks.
+NOT_FOR_THE_SERVER = (
+    "icr.training.train", "icr.training.cli.train", "icr.training.losses", "icr.training.target_decoding",
+    "icr.training.analysis", "icr.training.cli.evaluate", "icr.cli", "icr.demo", "bench",
+)
+
+
+def _source(module: str) -> Path | None:
+    """The file of a project module (``icr.service.main`` -> service/main.py), None for others."""
+    parts = module.split(".")
+    if parts[0] != "icr":
+        return None
+    base = ROOT / parts[1] if len(parts) > 1 and parts[1] in STAGES else ROOT / "icr"
+    rest = parts[2:] if len(parts) > 1 and parts[1] in STAGES else parts[1:]
+    path = base.joinpath(*rest)
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module an ``import`` anywhere in ``path`` names, at module level or inside a function."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # submodules, if any
+    return names
+
+
+def _reachable(start: list[str]) -> dict[str, str]:
+    """Every project module reachable by imports from ``start`` -> the module that first imports it."""
+    seen: dict[str, str] = {m: "" for m in start}
+    todo = list(start)
+    while todo:
+        module = todo.pop()
+        path = _source(module)
+        if path is None:
+            continue
+        names = _imports(path)
+        for name in sorted(names):
+            parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)]
+            for target in parents:  # importing a.b.c runs a/__init__ and a/b/__init__ too
+                if target not in seen and (_source(target) is not None or target.split(".")[0] == "bench"):
+                    seen[target] = module
+                    todo.append(target)
+    return seen
+
+
+def test_the_server_reaches_no_training_loop_objective_or_analysis_even_lazily() -> None:
+    server = ["icr.service." + ".".join(p.relative_to(ROOT / "service").with_suffix("").parts)
+              for p in (ROOT / "service").rglob("*.py")]
+    reached = _reachable([m.removesuffix(".__init__") for m in server])
+    bad = {m: by for m, by in reached.items() if m.startswith(NOT_FOR_THE_SERVER)}
+    assert not bad, f"the server imports (module: imported by) {bad}"
+    assert "icr.training.models" in reached  # the closure is real: the server does embed queries
+
+
+def test_the_closure_finds_a_lazy_import(tmp_path, monkeypatch) -> None:
+    """The check above would see an import hidden inside a function."""
+    (tmp_path / "service").mkdir()
+    (tmp_path / "service" / "__init__.py").write_text("")
+    (tmp_path / "service" / "x.py").write_text("def f():\n    from icr.training.losses import base\n")
+    (tmp_path / "training" / "losses").mkdir(parents=True)
+    for name in ("training/__init__.py", "training/losses/__init__.py", "training/losses/base.py"):
+        (tmp_path / name).write_text("")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    reached = _reachable(["icr.service.x"])
+    assert reached["icr.training.losses.base"] in ("icr.service.x", "icr.training.losses")
+
+
+def test_only_the_icr_namespace_is_installed(monkeypatch) -> None:
+    """setup.py's packages: everything under icr., every stage subpackage included, data files too."""
+    import setuptools
+
+    given: dict = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: given.update(kwargs))
+    monkeypatch.chdir(ROOT)  # setuptools runs setup.py from the project folder
+    runpy.run_path(str(ROOT / "setup.py"))
+    packages, package_dir = given["packages"], given["package_dir"]
+    assert {p.split(".")[0] for p in packages} == {"icr"}
+    on_disk = {
+        "icr." + ".".join(p.parent.relative_to(ROOT).parts)
+        for stage in STAGES for p in (ROOT / stage).rglob("__init__.py")
+    }
+    assert on_disk <= set(packages), on_disk - set(packages)  # no subpackage left out
+    assert not any(p.startswith(("icr.bench", "icr.tests", "icr.api_tests")) for p in packages)
+    for package, folder in package_dir.items():
+        assert (ROOT / folder / "__init__.py").is_file(), (package, folder)
+    assert given["package_data"] == {"icr.training": ["configs/*.toml"], "icr.service": ["static/*"]}
+
+
+def test_version_and_the_training_entry_point() -> None:
+    from icr.cli import app
+    from icr.training.cli import train as train_cli
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"icr {icr.__version__}"
+    assert callable(train_cli.main)  # torchrun -m icr.training.cli.train
+
+
+def test_the_readme_lists_every_registered_objective() -> None:
+    section = (ROOT / "README.md").read_text().split("### Objectives", 1)
+    if len(section) < 2:
+        pytest.fail("README.md has no '### Objectives' section")
+    lines = section[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| name |"))  # the first table
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
+    listed = {m.group(1) for line in table if (m := re.match(r"\| `(\w+)` \|", line))}
+    assert listed == set(load_all()), f"README only: {listed - set(load_all())}; registry only: " \
+                                      f"{set(load_all()) - listed}"
