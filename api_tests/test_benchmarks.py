@@ -96,7 +96,9 @@ def test_keys_guard_reading_and_jobs_before_the_body_is_read(make_server) -> Non
         assert c.delete(f"/v1/benchmarks/{r.json()['id']}", headers=admin).status_code == 200
         schema = c.get("/openapi.json").json()
         assert schema["components"]["securitySchemes"]["ApiKey"] == {
-            "type": "apiKey", "in": "header", "name": "X-API-Key"
+            "type": "apiKey",
+            "in": "header",
+            "name": "X-API-Key",
         }
         for path, method in (("/v1/search/text", "post"), ("/v1/benchmarks", "post"), ("/v1/info", "get")):
             operation = schema["paths"][path][method]

@@ -18,6 +18,7 @@ SHAPES = ["circle", "square", "triangle", "diamond", "star", "cross", "hexagon"]
 
 def test_concurrent_clients_get_consistent_answers(server, client: httpx.Client, record_property) -> None:
     texts = [f"a {c} {s}" for c in WORDS for s in SHAPES]
+
     def answer(response: httpx.Response) -> list[tuple[int, float, float | None]]:
         return [(h["id"], h["score"], h["relevance"]) for h in response.json()["hits"]]
 
@@ -65,4 +66,4 @@ def test_concurrent_clients_get_consistent_answers(server, client: httpx.Client,
         "p99_ms": round(q[98] * 1000, 2),
     }
     record_property("concurrency", json.dumps(report))
-    print(f"\nconcurrency: {report}")
+    print(f"\nconcurrency: {report}")  # noqa: T201 (the measured figures, shown with -s)

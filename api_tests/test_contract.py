@@ -207,8 +207,11 @@ def test_no_response_spells_out_a_server_path(client: httpx.Client, artifacts) -
     responses = [
         client.get("/v1/info"),
         client.post("/v1/search/text", json={"text": "a red circle", "k": 20}),
-        client.post("/v1/search/image", files={"file": ("q.png", png.getvalue(), "image/png")},
-                    data={"k": "20", "include_images": "true"}),
+        client.post(
+            "/v1/search/image",
+            files={"file": ("q.png", png.getvalue(), "image/png")},
+            data={"k": "20", "include_images": "true"},
+        ),
         client.post("/v1/benchmarks", json={"dataset": "synthetic", "split": "nope"}),
     ]
     for r in responses:
@@ -231,8 +234,11 @@ def test_security_headers_and_cors(client: httpx.Client, make_server) -> None:
     api = client.get("/v1/info")
     assert api.headers["x-content-type-options"] == "nosniff" and "content-security-policy" not in api.headers
     assert "content-security-policy" not in client.get("/docs").headers  # Swagger UI loads from a CDN
-    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "content-type,x-api-key"}
+    preflight = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type,x-api-key",
+    }
     assert "access-control-allow-origin" not in client.options("/v1/search/text", headers=preflight).headers
     server = make_server(ICR_CORS_ORIGINS='["https://app.example"]', ICR_API_KEY="k").start()
     with httpx.Client(base_url=server.url, timeout=30) as c:

@@ -20,8 +20,16 @@ def test_schemathesis_finds_nothing(make_server, keys: bool) -> None:
     env = {"ICR_API_KEY": "reader", "ICR_ADMIN_KEY": "admin"} if keys else {}
     server = make_server(ICR_MAX_QUEUED_JOBS="2", **env).start()
     st = Path(sys.executable).with_name("st")
-    command = [str(st) if st.exists() else shutil.which("st") or "st", "run", f"{server.url}/openapi.json",
-               "--seed", "1", "--generation-database", "none", "--no-color"]
+    command = [
+        str(st) if st.exists() else shutil.which("st") or "st",
+        "run",
+        f"{server.url}/openapi.json",
+        "--seed",
+        "1",
+        "--generation-database",
+        "none",
+        "--no-color",
+    ]
     if keys:
         command += ["--header", "X-API-Key: admin"]
     r = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)

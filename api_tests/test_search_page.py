@@ -259,4 +259,5 @@ def test_search_page(server, driver, tmp_path: Path) -> None:
     assert overflow <= 0, f"the page scrolls sideways by {overflow} px at 375 px"
     mobile = tmp_path / "search_page_375.png"
     assert driver.save_screenshot(str(mobile))
-    print(f"\nsearch page screenshots: {desktop} {mobile} ({time.monotonic() - start:.1f} s in the browser)")
+    seconds = time.monotonic() - start
+    print(f"\nsearch page screenshots: {desktop} {mobile} ({seconds:.1f} s in the browser)")  # noqa: T201

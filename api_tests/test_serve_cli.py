@@ -46,7 +46,10 @@ def test_a_bad_jobs_database_is_one_line_and_exit_status_2(artifacts, tmp_path) 
     for path, says in ((not_sqlite, "not a job database"), (blocked / "jobs.sqlite", "writable folder")):
         r = subprocess.run(
             [str(ICR), "serve", "--index", str(artifacts.images), "--port", "9"],
-            capture_output=True, text=True, cwd=ROOT, timeout=120,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
             env={**os.environ, "ICR_JOBS_DB": str(path)},
         )
         assert r.returncode == 2, r.stderr
@@ -64,8 +67,9 @@ def test_a_failed_load_is_reported_by_readyz_and_retried(artifacts, make_server,
     server = make_server(index=index, ICR_LOAD_RETRY_SECONDS="0.3")
     # started by hand: Server.start() waits for a readiness that cannot come yet
     with open(server.log, "ab") as out:
-        server.process = subprocess.Popen(server.args, stdout=out, stderr=subprocess.STDOUT, env=server.env,
-                                          cwd=ROOT)
+        server.process = subprocess.Popen(
+            server.args, stdout=out, stderr=subprocess.STDOUT, env=server.env, cwd=ROOT
+        )
     seen: list[str] = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any("attempt 2" in m for m in seen):

@@ -80,17 +80,37 @@ def measure(variant: str, batch: int, captions: int, dim: int, tau: float = 0.01
         loss = SmoothAP(tau=tau)(img, cap, img_ids, cap_img_ids)["loss"]
     loss.backward()
     seconds = time.perf_counter() - start
-    return {"variant": variant, "description": VARIANTS[variant], "peak_mb": round(_peak_mb() - baseline, 1),
-            "baseline_mb": round(baseline, 1), "seconds": round(seconds, 3), "loss": float(loss.detach())}
+    return {
+        "variant": variant,
+        "description": VARIANTS[variant],
+        "peak_mb": round(_peak_mb() - baseline, 1),
+        "baseline_mb": round(baseline, 1),
+        "seconds": round(seconds, 3),
+        "loss": float(loss.detach()),
+    }
 
 
 def run(batch: int, captions: int, dim: int) -> dict:
     results = []
     for variant in VARIANTS:
         proc = subprocess.run(
-            [sys.executable, "-m", "bench.smoothap_memory", "--worker", variant, "--batch", str(batch),
-             "--captions", str(captions), "--dim", str(dim)],
-            check=True, capture_output=True, text=True)
+            [
+                sys.executable,
+                "-m",
+                "bench.smoothap_memory",
+                "--worker",
+                variant,
+                "--batch",
+                str(batch),
+                "--captions",
+                str(captions),
+                "--dim",
+                str(dim),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return {
         "host": socket.gethostname(),
@@ -118,11 +138,15 @@ def main() -> None:
         print(json.dumps(measure(args.worker, args.batch, args.captions, args.dim)))
         return
     report = run(args.batch, args.captions, args.dim)
-    print(f"SmoothAP forward+backward, B={args.batch} images x {args.captions} captions, D={args.dim} "
-          f"({report['host']}, {report['date']}):")
+    print(
+        f"SmoothAP forward+backward, B={args.batch} images x {args.captions} captions, D={args.dim} "
+        f"({report['host']}, {report['date']}):"
+    )
     for r in report["results"]:
-        print(f"  {r['variant']:>5}: {r['peak_mb']:8.1f} MB peak above baseline, {r['seconds']:.2f} s, "
-              f"loss {r['loss']:.6f}  ({r['description']})")
+        print(
+            f"  {r['variant']:>5}: {r['peak_mb']:8.1f} MB peak above baseline, {r['seconds']:.2f} s, "
+            f"loss {r['loss']:.6f}  ({r['description']})"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "smoothap-memory.json"
     path.write_text(json.dumps(report, indent=2) + "\n")

@@ -34,25 +34,32 @@ app.command("serve")(serve_command)
 app.command("demo")(demo_command)
 
 
-def _bench_command():
-    """``icr bench`` lives in the repository's bench/ (not installed): found when run from a clone."""
+def _register_bench() -> None:
+    """``icr bench`` lives in the repository's bench/ (not installed): found when run from a clone;
+    elsewhere the command says so, whatever options it is given."""
     root = Path.cwd()
     if (root / "bench" / "cli.py").is_file() and str(root) not in sys.path:
         sys.path.insert(0, str(root))  # the console script's sys.path starts at its own bin/ folder
     try:
         from bench.cli import bench_command
     except ModuleNotFoundError:
+        pass
+    else:
+        app.command("bench")(bench_command)
+        return
 
-        def bench_command() -> None:
-            """The performance suite (run it from the root of a clone of the repository)."""
-            typer.echo("error: icr bench runs from the root of a clone of the icr repository (bench/ is "
-                       "not installed with the package)", err=True)
-            raise typer.Exit(2)
+    @app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def bench_elsewhere() -> None:
+        """The performance suite (run it from the root of a clone of the repository)."""
+        typer.echo(
+            "error: icr bench runs from the root of a clone of the icr repository (bench/ is "
+            "not installed with the package)",
+            err=True,
+        )
+        raise typer.Exit(2)
 
-    return bench_command
 
-
-app.command("bench")(_bench_command())
+_register_bench()
 
 
 def _version(show: bool) -> None:

@@ -103,10 +103,21 @@ def build_image_index(
     if distractor_images is not None and not Path(distractor_images).is_dir():
         raise FileNotFoundError(f"{distractor_images}: distractor image folder not found")
     return _build(
-        "image", checkpoint, data, split=split, distractors=distractors,
-        distractor_path=distractor_embeddings or distractor_images, factory=factory, gpu=gpu, out=out,
-        batch_size=batch_size, progress=progress, memory_budget_bytes=memory_budget_bytes,
-        recall_queries=recall_queries, device=device, seed=seed,
+        "image",
+        checkpoint,
+        data,
+        split=split,
+        distractors=distractors,
+        distractor_path=distractor_embeddings or distractor_images,
+        factory=factory,
+        gpu=gpu,
+        out=out,
+        batch_size=batch_size,
+        progress=progress,
+        memory_budget_bytes=memory_budget_bytes,
+        recall_queries=recall_queries,
+        device=device,
+        seed=seed,
     )
 
 
@@ -130,9 +141,21 @@ def build_caption_index(
     describes; the recall check uses ``recall_queries`` images of the split as queries."""
     _check_args(0, None, factory, gpu, batch_size, out)
     return _build(
-        "text", checkpoint, data, split=split, distractors=0, distractor_path=None, factory=factory,
-        gpu=gpu, out=out, batch_size=batch_size, progress=progress, memory_budget_bytes=memory_budget_bytes,
-        recall_queries=recall_queries, device=device, seed=seed,
+        "text",
+        checkpoint,
+        data,
+        split=split,
+        distractors=0,
+        distractor_path=None,
+        factory=factory,
+        gpu=gpu,
+        out=out,
+        batch_size=batch_size,
+        progress=progress,
+        memory_budget_bytes=memory_budget_bytes,
+        recall_queries=recall_queries,
+        device=device,
+        seed=seed,
     )
 
 
@@ -209,8 +232,9 @@ def _build(
         gallery = _image_gallery(model, data, batch_size, device, progress)
         pick = np.sort(rng.choice(len(data.captions), min(recall_queries, len(data.captions)), replace=False))
         queries = embed_captions(model, [data.captions[i] for i in pick], device=device)  # (Q, D)
-        extra = _distractor_stream(model, data, distractors, distractor_path, dim, gallery.count,
-                                   batch_size, device, progress)
+        extra = _distractor_stream(
+            model, data, distractors, distractor_path, dim, gallery.count, batch_size, device, progress
+        )
     else:
         gallery = _caption_gallery(model, data, batch_size, device, progress)
         pick = np.sort(rng.choice(data.num_images, min(recall_queries, data.num_images), replace=False))
@@ -415,8 +439,16 @@ def _caption_gallery(model: Any, data: SplitData, batch_size: int, device: str, 
                 rows = []
                 for c in ids:
                     image = int(data.img_of_cap[c])
-                    rows.append({"id": c, "source": sources[image], "captions": [data.captions[c]],
-                                 "is_distractor": False, "scene": None, "image_id": image})
+                    rows.append(
+                        {
+                            "id": c,
+                            "source": sources[image],
+                            "captions": [data.captions[c]],
+                            "is_distractor": False,
+                            "scene": None,
+                            "image_id": image,
+                        }
+                    )
                 bar.update(len(rows))
                 yield vectors, rows
 
@@ -424,8 +456,15 @@ def _caption_gallery(model: Any, data: SplitData, batch_size: int, device: str, 
 
 
 def _distractor_stream(
-    model: Any, data: SplitData, n: int, embeddings: str | os.PathLike[str] | None, dim: int, first_id: int,
-    batch_size: int, device: str, progress: bool,
+    model: Any,
+    data: SplitData,
+    n: int,
+    embeddings: str | os.PathLike[str] | None,
+    dim: int,
+    first_id: int,
+    batch_size: int,
+    device: str,
+    progress: bool,
 ) -> _Stream | None:
     if embeddings is not None and Path(embeddings).is_dir():
         return _folder_distractors(model, Path(embeddings), first_id, batch_size, device, progress)
@@ -449,8 +488,9 @@ def _distractor_stream(
 
     def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
         with _bar(n, "embedding distractors", progress) as bar:
-            rendered = _timed(stream.batches(batch_size, workers=render_workers()), timings,
-                              "distractor_render_seconds")
+            rendered = _timed(
+                stream.batches(batch_size, workers=render_workers()), timings, "distractor_render_seconds"
+            )
             for ks, images, scenes in rendered:
                 t0 = time.perf_counter()
                 vectors = embed_image_batch(model, list(images), device=device)  # (b, D)
@@ -458,8 +498,14 @@ def _distractor_stream(
                     time.perf_counter() - t0
                 )
                 rows = [
-                    {"id": first_id + int(k), "source": f"distractor:{int(k)}", "captions": [],
-                     "is_distractor": True, "scene": s.to_dict(), "image_id": None}
+                    {
+                        "id": first_id + int(k),
+                        "source": f"distractor:{int(k)}",
+                        "captions": [],
+                        "is_distractor": True,
+                        "scene": s.to_dict(),
+                        "image_id": None,
+                    }
                     for k, s in zip(ks, scenes, strict=True)
                 ]
                 bar.update(len(rows))
@@ -499,8 +545,14 @@ def _folder_distractors(
                     time.perf_counter() - t0
                 )
                 rows = [
-                    {"id": first_id + lo + j, "source": str(p), "captions": [], "is_distractor": True,
-                     "scene": None, "image_id": None}
+                    {
+                        "id": first_id + lo + j,
+                        "source": str(p),
+                        "captions": [],
+                        "is_distractor": True,
+                        "scene": None,
+                        "image_id": None,
+                    }
                     for j, p in enumerate(batch)
                 ]
                 bar.update(len(rows))
@@ -527,8 +579,14 @@ def _file_distractors(path: Path, dim: int, first_id: int, chunk: int, progress:
                         "must be L2-normalised (divide each row by its norm)"
                     )
                 rows = [
-                    {"id": first_id + k, "source": f"distractor:{k}", "captions": [], "is_distractor": True,
-                     "scene": None, "image_id": None}
+                    {
+                        "id": first_id + k,
+                        "source": f"distractor:{k}",
+                        "captions": [],
+                        "is_distractor": True,
+                        "scene": None,
+                        "image_id": None,
+                    }
                     for k in range(lo, lo + len(vectors))
                 ]
                 bar.update(len(rows))
@@ -603,4 +661,3 @@ def load_index_dir(
             f"{directory / METADATA_FILE}: {count} rows for {manifest.ntotal} vectors; {rebuild}"
         )
     return index, manifest, metadata
-

@@ -88,10 +88,16 @@ def build(
     """
     from icr.index.build import build_caption_index, build_image_index
 
-    common = dict(
-        split=split, factory=factory, gpu=gpu, out=out, batch_size=batch_size, progress=not quiet,
-        memory_budget_bytes=memory_budget_mb << 20, device=device,
-    )
+    common = {
+        "split": split,
+        "factory": factory,
+        "gpu": gpu,
+        "out": out,
+        "batch_size": batch_size,
+        "progress": not quiet,
+        "memory_budget_bytes": memory_budget_mb << 20,
+        "device": device,
+    }
     if modality == "image":
         manifest = build_image_index(
             checkpoint,
@@ -172,8 +178,10 @@ def format_evaluation(evaluation: dict) -> str:
         f"judged on {evaluation['judged']}:"
     ]
     for name, report in evaluation["maps"].items():
-        lines.append(f"  {name:<10} {'queries':<16} {'n':>5} {'P@10':>6} {'prec@0.5':>9} {'pass':>9} "
-                     f"{'recall':>7} {'prec@0.8':>9} {'pass':>8}")
+        lines.append(
+            f"  {name:<10} {'queries':<16} {'n':>5} {'P@10':>6} {'prec@0.5':>9} {'pass':>9} "
+            f"{'recall':>7} {'prec@0.8':>9} {'pass':>8}"
+        )
         for kind, g in [("pooled", report["pooled"]), *sorted(report["by_kind"].items())]:
             t5, t8 = g["thresholds"]["0.5"], g["thresholds"]["0.8"]
 

@@ -140,8 +140,11 @@ class Manifest:
             ) from None
         return cls.from_dict(data, source=str(path))
 
-    def rebuild_command(self, index_dir: str | os.PathLike[str] | None = None,
-                        checkpoint: str | os.PathLike[str] | None = None) -> str:
+    def rebuild_command(
+        self,
+        index_dir: str | os.PathLike[str] | None = None,
+        checkpoint: str | os.PathLike[str] | None = None,
+    ) -> str:
         """The `icr index build` command line that rebuilds this index (for another checkpoint)."""
         parts = [
             "icr index build",

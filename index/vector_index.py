@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -169,45 +170,12 @@ def build_index(
         faiss.downcast_index(faiss.extract_index_ivf(index)).do_polysemous_training = False
     resources = None  # must outlive the GPU index: it holds the index's GPU memory and streams
     if on_gpu:
-        resources = faiss.StandardGpuResources()
-        options = faiss.GpuClonerOptions()
-        # fp16 lookup tables let GPU IVF-PQ use up to 96 sub-quantizers; raw IVF/Flat vectors stay fp32
-        options.useFloat16 = "pq" in spec
-        try:
-            index = faiss.index_cpu_to_gpu(resources, 0, index, options)
-        except RuntimeError as err:  # e.g. a PQ layout the GPU kernels do not support
-            if gpu == "on":
-                raise ValueError(
-                    f"faiss cannot build {factory} on the GPU ({err}); use --gpu auto or off"
-                ) from None
-            on_gpu = False
-            report["gpu_fallback"] = f"faiss cannot build {factory} on the GPU: {str(err).strip()[:200]}"
+        index, resources = _to_gpu(index, factory, gpu, report)
+        on_gpu = resources is not None
     report["built_on"] = "gpu" if on_gpu else "cpu"
 
     stream = _chunks(vectors, dim)
-    pending: list[np.ndarray] = []  # streamed chunks held back until the index is trained
-    if not index.is_trained:
-        wanted = TRAIN_POINTS_PER_LIST * int(spec["nlist"])
-        if "pq" in spec:
-            wanted = max(wanted, PQ_TRAIN_POINTS)
-        if train_sample is None:
-            held = 0
-            for block in stream:
-                pending.append(block)
-                held += len(block)
-                if held >= wanted:
-                    break
-            sample = np.concatenate(pending) if pending else np.zeros((0, dim), np.float32)
-        else:
-            sample = _as_matrix(train_sample, dim, "train_sample")
-        sample = sample[:wanted]  # (T, D)
-        if len(sample) < _train_needed(spec):
-            raise ValueError(
-                f"{factory} needs at least {_train_needed(spec)} training vectors, got {len(sample)}; "
-                "use fewer lists (IVF<k> with smaller k) or Flat for an index this small"
-            )
-        index.train(sample)
-        del sample  # (T, D): at 1M vectors a few hundred MB that the adds below do not need
+    pending = [] if index.is_trained else _train(index, stream, spec, train_sample, factory)
     for block in pending:
         index.add(block)
     for block in stream:
@@ -215,6 +183,57 @@ def build_index(
     if on_gpu:
         index = faiss.index_gpu_to_cpu(index)
     return index
+
+
+def _to_gpu(index: faiss.Index, factory: str, gpu: str, report: dict[str, str]) -> tuple[faiss.Index, Any]:
+    """(the GPU copy, its resources), or (``index``, None) where ``gpu="auto"`` falls back to the CPU."""
+    resources = faiss.StandardGpuResources()
+    options = faiss.GpuClonerOptions()
+    # fp16 lookup tables let GPU IVF-PQ use up to 96 sub-quantizers; raw IVF/Flat vectors stay fp32
+    options.useFloat16 = "pq" in parse_factory(factory)
+    try:
+        return faiss.index_cpu_to_gpu(resources, 0, index, options), resources
+    except RuntimeError as err:  # e.g. a PQ layout the GPU kernels do not support
+        if gpu == "on":
+            raise ValueError(
+                f"faiss cannot build {factory} on the GPU ({err}); use --gpu auto or off"
+            ) from None
+        report["gpu_fallback"] = f"faiss cannot build {factory} on the GPU: {str(err).strip()[:200]}"
+        return index, None
+
+
+def _train(
+    index: faiss.Index,
+    stream: Iterator[np.ndarray],
+    spec: dict[str, Any],
+    train_sample: np.ndarray | None,
+    factory: str,
+) -> list[np.ndarray]:
+    """Train ``index`` on ``train_sample``, else on the first streamed vectors; returns the chunks it
+    took from ``stream`` (still to be added)."""
+    dim = index.d
+    wanted = TRAIN_POINTS_PER_LIST * int(spec["nlist"])
+    if "pq" in spec:
+        wanted = max(wanted, PQ_TRAIN_POINTS)
+    pending: list[np.ndarray] = []  # streamed chunks held back until the index is trained
+    if train_sample is None:
+        held = 0
+        for block in stream:
+            pending.append(block)
+            held += len(block)
+            if held >= wanted:
+                break
+        sample = np.concatenate(pending) if pending else np.zeros((0, dim), np.float32)
+    else:
+        sample = _as_matrix(train_sample, dim, "train_sample")
+    sample = sample[:wanted]  # (T, D)
+    if len(sample) < _train_needed(spec):
+        raise ValueError(
+            f"{factory} needs at least {_train_needed(spec)} training vectors, got {len(sample)}; "
+            "use fewer lists (IVF<k> with smaller k) or Flat for an index this small"
+        )
+    index.train(sample)
+    return pending
 
 
 def set_nprobe(index: faiss.Index, nprobe: int) -> None:
@@ -302,9 +321,10 @@ def batch_independent_rescorer(index: faiss.Index) -> Rescorer | None:
 
 
 def rescored(
-    rescore: Rescorer, queries: np.ndarray, scores: list[np.ndarray], ids: list[np.ndarray]
+    rescore: Rescorer, queries: np.ndarray, ids: list[np.ndarray]
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Every row of a :func:`search` result rescored, best first, ties by id (deterministic)."""
+    """The ids of a :func:`search` result, each row rescored exactly, best first, ties by id
+    (deterministic); FAISS's own scores are not needed."""
     out_s, out_i = [], []
     for query, row in zip(queries, ids, strict=True):
         exact = rescore(query, row)  # (n,)
@@ -397,7 +417,10 @@ def recall_at_k(
 
 
 def tune_nprobe(
-    index: faiss.Index, exact: np.ndarray | faiss.Index | ExactTopK, queries: np.ndarray, k: int = 10,
+    index: faiss.Index,
+    exact: np.ndarray | faiss.Index | ExactTopK,
+    queries: np.ndarray,
+    k: int = 10,
     target: float = 0.95,
 ) -> tuple[int, float]:
     """(smallest power-of-two nprobe reaching ``target`` recall@k (else nlist), its recall); sets it.

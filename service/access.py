@@ -76,8 +76,12 @@ class AccessMiddleware:
             host = client[0].removeprefix("::ffff:") if client else None
             if host in LOCAL_HOSTS:
                 return None
-            return (403, "forbidden", "benchmark jobs are accepted from this machine only; set ICR_ADMIN_KEY "
-                    f"on the server to accept them from other hosts with an {KEY_HEADER} header")
+            return (
+                403,
+                "forbidden",
+                "benchmark jobs are accepted from this machine only; set ICR_ADMIN_KEY "
+                f"on the server to accept them from other hosts with an {KEY_HEADER} header",
+            )
         elif admin_ok:
             return None
         setting = "ICR_API_KEY" if need == "read" else "ICR_ADMIN_KEY"

@@ -113,15 +113,19 @@ def install_error_handlers(app: FastAPI) -> None:
             message = "no such endpoint; the API is listed at /docs"
         if err.status_code == 400 and message == "There was an error parsing the body":
             # undecodable bytes: the same answer as any other body that is not JSON (422, documented)
-            return error_response(422, "invalid_request", 'the body is not valid JSON (UTF-8); send e.g. '
-                                  '{"text": "a red circle", "k": 10}')
+            return error_response(
+                422,
+                "invalid_request",
+                'the body is not valid JSON (UTF-8); send e.g. {"text": "a red circle", "k": 10}',
+            )
         if err.status_code == 405:
             # Starlette names the first matching route's methods only; a path may have several routes
             allowed = _allowed_methods(request)
             headers = {**(headers or {}), "Allow": ", ".join(allowed)}
             message = f"{request.method} is not supported here; use {' or '.join(allowed)}"
-        return error_response(err.status_code, _STATUS_CODES.get(err.status_code, "http_error"), message,
-                              headers=headers)
+        return error_response(
+            err.status_code, _STATUS_CODES.get(err.status_code, "http_error"), message, headers=headers
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:

@@ -8,8 +8,11 @@ _EVERYWHERE = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"n
 # The page loads only its own script, styles and images (uploads are previewed from blob: URLs);
 # the API docs at /docs load Swagger UI from a CDN and are left out.
 _PAGE = [
-    (b"content-security-policy", b"default-src 'self'; img-src 'self' blob: data:; object-src 'none'; "
-                                 b"base-uri 'none'; frame-ancestors 'none'"),
+    (
+        b"content-security-policy",
+        b"default-src 'self'; img-src 'self' blob: data:; object-src 'none'; "
+        b"base-uri 'none'; frame-ancestors 'none'",
+    ),
     (b"x-frame-options", b"DENY"),
 ]
 

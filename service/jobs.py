@@ -252,7 +252,7 @@ class JobStore:
             )
             return cursor.rowcount == 1
 
-    def reap(self, alive: Callable[[str], bool] = lambda owner: True) -> int:
+    def reap(self, alive: Callable[[str], bool] = lambda _owner: True) -> int:
         """Mark interrupted every running job whose lease has expired, has no lease (a job of an older
         server), or whose owner ``alive`` says is gone; the number marked."""
         now = time.time()

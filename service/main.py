@@ -75,8 +75,13 @@ def _load(app: FastAPI, settings: Settings, stop: threading.Event) -> None:
             return
         except Exception as err:  # reported by /readyz and every search; the first with its traceback
             reason = without_paths(f"{type(err).__name__}: {err}", settings)
-            log.error("loading failed (attempt %d, retrying in %.1f s): %s", attempt, delay, reason,
-                      exc_info=attempt == 1)
+            log.error(
+                "loading failed (attempt %d, retrying in %.1f s): %s",
+                attempt,
+                delay,
+                reason,
+                exc_info=attempt == 1,
+            )
             app.state.load_error = f"{reason} (attempt {attempt}; retrying in {delay:.1f} s)"
         stop.wait(delay)
         delay = min(2 * delay, _MAX_RETRY_SECONDS)

@@ -164,7 +164,7 @@ def _batcher(index: Any, max_batch: int, faiss_threads: int) -> MicroBatcher:
 
     def run(queries: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         scores, ids = search(index, queries, k)
-        return (scores, ids) if rescore is None else rescored(rescore, queries, scores, ids)
+        return (scores, ids) if rescore is None else rescored(rescore, queries, ids)
 
     return MicroBatcher(run, max_batch=max_batch, single_threads=faiss_threads)
 

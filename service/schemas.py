@@ -83,9 +83,7 @@ class ThresholdFields(BaseModel):
         le=OFFSET_MAX,
         description="Results to skip (after thresholding); offset + k at most ICR_SEARCH_DEPTH.",
     )
-    min_score: StrictFloat | None = Field(
-        None, ge=-1.0, le=1.0, description="Keep hits with cosine >= this."
-    )
+    min_score: StrictFloat | None = Field(None, ge=-1.0, le=1.0, description="Keep hits with cosine >= this.")
     min_relevance: StrictFloat | None = Field(
         None, ge=0.0, le=1.0, description="Keep hits whose calibrated probability of relevance is >= this."
     )
@@ -215,9 +213,7 @@ class BenchmarkRequest(BaseModel):
     dataset: Text = Field(..., description="A dataset name configured on the server (GET /v1/info).")
     split: Text = "test"
     protocol: Literal["full", "1k", "5k"] = "full"
-    distractors: JsonInt = Field(
-        0, ge=0, description="Embedded benchmark only: generated distractor images."
-    )
+    distractors: JsonInt = Field(0, ge=0, description="Embedded benchmark only: generated distractor images.")
 
 
 class BenchmarkJob(BaseModel):

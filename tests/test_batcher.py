@@ -119,4 +119,4 @@ def test_thread_counts_are_set_in_the_searching_thread(flat) -> None:
 
 def test_max_batch_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_batch"):
-        MicroBatcher(lambda q, k: ([], []), max_batch=0)
+        MicroBatcher(lambda _q, _k: ([], []), max_batch=0)

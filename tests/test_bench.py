@@ -148,11 +148,18 @@ def test_markdown_has_every_section_and_marks_misses() -> None:
 
 def _honesty(p10: float, p05: float | None, p08: float | None, queries: int) -> dict:
     def at(precision: float | None) -> dict:
-        return {"precision": precision, "passing": 0 if precision is None else 100, "recall": 0.1,
-                "share_below": 0.2}
+        return {
+            "precision": precision,
+            "passing": 0 if precision is None else 100,
+            "recall": 0.1,
+            "share_below": 0.2,
+        }
 
-    return {"queries": queries, "p_at_10": p10,
-            "thresholds": {"0.5": at(p05), "0.8": at(p08), "0.9": at(None)}}
+    return {
+        "queries": queries,
+        "p_at_10": p10,
+        "thresholds": {"0.5": at(p05), "0.8": at(p08), "0.9": at(None)},
+    }
 
 
 def test_relevance_targets_hold_every_kind_with_enough_queries() -> None:
@@ -163,11 +170,19 @@ def test_relevance_targets_hold_every_kind_with_enough_queries() -> None:
         "count": _honesty(0.59, 0.32, None, 390),  # no hit passes 0.8: not judged there
         "relation": _honesty(0.1, 0.01, 0.02, 5),  # too few queries to be held to the targets
     }
-    evaluation = {"queries": 1395, "split": "test", "depth": 1000, "judged": "generated distractors",
-                  "maps": {"per_query": {"pooled": _honesty(0.8, 0.88, 0.96, 1395), "by_kind": by_kind}}}
+    evaluation = {
+        "queries": 1395,
+        "split": "test",
+        "depth": 1000,
+        "judged": "generated distractors",
+        "maps": {"per_query": {"pooled": _honesty(0.8, 0.88, 0.96, 1395), "by_kind": by_kind}},
+    }
     report = _report(inproc_p50=3.0, http_p50=4.0, qps16=300.0)
-    report["sections"]["relevance"] = {"calibrate_s": 20.0, "evaluation": evaluation,
-                                       "summary": summarise(evaluation)}
+    report["sections"]["relevance"] = {
+        "calibrate_s": 20.0,
+        "evaluation": evaluation,
+        "summary": summarise(evaluation),
+    }
     summary = report["sections"]["relevance"]["summary"]
     assert summary["worst_kind_p_at_10"] == 0.59 and summary["worst_kind_precision_at_0.5"] == 0.32
     assert summary["worst_kind_precision_at_0.8"] == 0.96
@@ -194,8 +209,15 @@ def test_a_failing_objective_is_reported_and_the_others_still_run(tmp_path, monk
     write_dataset(data, train=16, val=4, test=4, image_size=32, seed=0)
     monkeypatch.setattr(training, "OBJECTIVES", [("ntxent", []), ("no_such_loss", [])])
     logged: list[str] = []
-    result = training.run(data, batch=8, steps=1, warmup=0, rounds=2, log=logged.append,
-                          overrides=(*TINY_MODEL, "train.threads=1"))
+    result = training.run(
+        data,
+        batch=8,
+        steps=1,
+        warmup=0,
+        rounds=2,
+        log=logged.append,
+        overrides=(*TINY_MODEL, "train.threads=1"),
+    )
     assert [r["objective"] for r in result["rows"]] == ["ntxent"]
     assert list(result["failed"]) == ["no_such_loss"] and "no_such_loss" in result["failed"]["no_such_loss"]
     assert sum("no_such_loss failed" in line for line in logged) == 1  # not tried again in round 2

@@ -30,22 +30,22 @@ def t(rows) -> torch.Tensor:
 # margin 0.2. i2t (rows, vs the row's diagonal): row 0 violates at col 1 (0.2 + 0.8 - 0.9 = 0.1),
 # row 1 at cols 0 (0.1) and 2 (0.25), row 2 at col 1 (0.1): counts [1, 2, 1].
 # t2i (columns, vs the column's diagonal): col 0 none, col 1 at row 0 (0.4), col 2 at row 1 (0.45): [0, 1, 1].
-HAND = t([[0.9, 0.8, 0.1],
-          [0.5, 0.6, 0.65],
-          [0.1, 0.3, 0.4]])
+HAND = t([[0.9, 0.8, 0.1], [0.5, 0.6, 0.65], [0.1, 0.3, 0.4]])
 EYE3 = torch.eye(3, dtype=torch.bool)
 
 
 def test_triplet_hand_counts():
     out = cocos_batch(HAND, EYE3, "triplet", {"margin": 0.2})
-    assert out == pytest.approx({"i2t_Cq": 4 / 3, "i2t_CB": 4, "i2t_C0": 0,
-                                 "t2i_Cq": 1.0, "t2i_CB": 2, "t2i_C0": 1})
+    assert out == pytest.approx(
+        {"i2t_Cq": 4 / 3, "i2t_CB": 4, "i2t_C0": 0, "t2i_Cq": 1.0, "t2i_CB": 2, "t2i_C0": 1}
+    )
 
 
 def test_triplet_hardest_hand_counts():
     out = cocos_batch(HAND, EYE3, "triplet_hardest", {"margin": 0.2})
-    assert out == pytest.approx({"i2t_Cq": 1.0, "i2t_CB": 3, "i2t_C0": 0,
-                                 "t2i_Cq": 1.0, "t2i_CB": 2, "t2i_C0": 1})
+    assert out == pytest.approx(
+        {"i2t_Cq": 1.0, "i2t_CB": 3, "i2t_C0": 0, "t2i_Cq": 1.0, "t2i_CB": 2, "t2i_C0": 1}
+    )
 
 
 def test_triplet_margin_and_masked_duplicates():
@@ -65,15 +65,14 @@ def test_triplet_t2i_counts_per_caption_column():
     # Image 0 is close to captions 1 and 2, so captions 1 and 2 each have image 0 as a violating
     # negative. Both violations sit in row 0: per image row (the seed's t2i axis) the counts would be
     # [2, 0, 0] (C^q 2, C^0 2); per caption column, as they must be, [0, 1, 1] (C^q 1, C^0 1).
-    sim = t([[0.5, 0.7, 0.7],
-             [0.0, 0.6, 0.0],
-             [0.0, 0.0, 0.6]])
+    sim = t([[0.5, 0.7, 0.7], [0.0, 0.6, 0.0], [0.0, 0.0, 0.6]])
     out = cocos_batch(sim, EYE3, "triplet", {"margin": 0.2})
     assert (out["i2t_Cq"], out["i2t_CB"], out["i2t_C0"]) == (2.0, 2.0, 2.0)
     assert (out["t2i_Cq"], out["t2i_CB"], out["t2i_C0"]) == (1.0, 2.0, 1.0)
     flipped = cocos_batch(sim.T, EYE3, "triplet", {"margin": 0.2})  # captions become the rows
-    assert {k[4:]: v for k, v in flipped.items() if k.startswith("i2t")} == \
-        {k[4:]: v for k, v in out.items() if k.startswith("t2i")}
+    assert {k[4:]: v for k, v in flipped.items() if k.startswith("i2t")} == {
+        k[4:]: v for k, v in out.items() if k.startswith("t2i")
+    }
 
 
 def test_triplet_no_contribution_gives_nan_cq():
@@ -89,9 +88,11 @@ def test_triplet_rejects_image_level_batches():
 # --- NT-Xent: hand-computed ------------------------------------------------------------------------
 def test_ntxent_hand_weights():
     tau = 0.1
-    probs = [[0.7, 0.295, 0.005],  # one negative above 0.01 (0.295); 1 - p+ = 0.3
-             [0.1, 0.5, 0.4],  # both (0.1 + 0.4); 1 - p+ = 0.5
-             [0.02, 0.03, 0.95]]  # both (0.05); 1 - p+ = 0.05
+    probs = [
+        [0.7, 0.295, 0.005],  # one negative above 0.01 (0.295); 1 - p+ = 0.3
+        [0.1, 0.5, 0.4],  # both (0.1 + 0.4); 1 - p+ = 0.5
+        [0.02, 0.03, 0.95],
+    ]  # both (0.05); 1 - p+ = 0.05
     sim = tau * torch.log(t(probs))  # row softmax of sim / tau gives back probs
     out = cocos_batch(sim, EYE3, "ntxent", {"temperature": tau}, epsilon=0.01)
     assert out["i2t_Cqv_neg"] == pytest.approx(5 / 3)
@@ -112,10 +113,8 @@ def test_ntxent_several_positives_sum_their_weight():
 
 
 # --- SmoothAP: hand-computed -----------------------------------------------------------------------
-SAP = t([[0.5, 0.3, 0.505, 0.495, 0.3],
-         [0.0, 0.0, 0.9, 0.0, 0.0]])
-SAP_POS = torch.tensor([[True, True, False, False, False],
-                        [False, False, True, False, False]])
+SAP = t([[0.5, 0.3, 0.505, 0.495, 0.3], [0.0, 0.0, 0.9, 0.0, 0.0]])
+SAP_POS = torch.tensor([[True, True, False, False, False], [False, False, True, False, False]])
 
 
 def test_smoothap_hand_counts():
@@ -138,8 +137,7 @@ def test_smoothap_t2i_uses_each_captions_own_image():
     # 2 images x 2 captions each; caption query j has one positive image and one other candidate.
     # col 0: tie (D = 0): G(1-G) / R^2 = 0.25 / 1.5^2 = 0.111 -> counts; col 1: D = -0.5, no;
     # col 2: tie -> counts; col 3: D = 0.8, no.  C^q = 1 over the 2 counting captions, C^0 = 2.
-    sim = t([[0.5, 0.5, 0.2, 0.9],
-             [0.5, 0.0, 0.2, 0.1]])
+    sim = t([[0.5, 0.5, 0.2, 0.9], [0.5, 0.0, 0.2, 0.1]])
     pos = torch.tensor([[True, True, False, False], [False, False, True, True]])
     out = cocos_batch(sim, pos, "smoothap", {"tau": 0.01})
     assert (out["t2i_Cq"], out["t2i_C0"]) == (pytest.approx(1.0), 2)
@@ -257,8 +255,9 @@ def test_generic_threshold_is_scale_free():
             return {k: 1000.0 * v for k, v in super().terms(sim, pos).items()}
 
     sim, pos = caption_level(3, 0.3)
-    assert cocos_batch(sim, pos, "generic", objective=Scaled()) == \
-        cocos_batch(sim, pos, "generic", objective="triplet")
+    assert cocos_batch(sim, pos, "generic", objective=Scaled()) == cocos_batch(
+        sim, pos, "generic", objective="triplet"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(load_all()))
@@ -273,8 +272,14 @@ def test_generic_runs_for_every_objective(name):
 
 
 def test_counter_for():
-    assert [counter_for(n) for n in ("triplet", "triplet_hardest", "ntxent", "smoothap", "goal", "snm")] == \
-        ["triplet", "triplet_hardest", "ntxent", "smoothap", "generic", "generic"]
+    assert [counter_for(n) for n in ("triplet", "triplet_hardest", "ntxent", "smoothap", "goal", "snm")] == [
+        "triplet",
+        "triplet_hardest",
+        "ntxent",
+        "smoothap",
+        "generic",
+        "generic",
+    ]
     with pytest.raises(ValueError, match="unknown COCOS counter"):
         cocos_batch(HAND, EYE3, "bogus")
     with pytest.raises(ValueError, match="needs objective"):
@@ -283,8 +288,13 @@ def test_counter_for():
 
 # --- a tiny checkpoint end to end ------------------------------------------------------------------
 TINY_MODEL = [
-    "model.embed_dim=16", 'model.image.kind="cnn"', "model.image.width=4", "model.image.image_size=32",
-    'model.text.kind="gru"', "model.text.word_dim=8", "model.text.hidden=16",
+    "model.embed_dim=16",
+    'model.image.kind="cnn"',
+    "model.image.width=4",
+    "model.image.image_size=32",
+    'model.text.kind="gru"',
+    "model.text.word_dim=8",
+    "model.text.hidden=16",
 ]
 
 
@@ -295,8 +305,17 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
 
     root = tmp_path_factory.mktemp("cocos")
     write_dataset(root / "data", train=12, val=2, test=2, image_size=32, seed=0)
-    cfg = load_config(None, [f'data.path="{root / "data"}"', f'train.out="{root / "run"}"', "train.threads=1",
-                             'loss.name="triplet"', "train.val_every=0", *TINY_MODEL])
+    cfg = load_config(
+        None,
+        [
+            f'data.path="{root / "data"}"',
+            f'train.out="{root / "run"}"',
+            "train.threads=1",
+            'loss.name="triplet"',
+            "train.val_every=0",
+            *TINY_MODEL,
+        ],
+    )
     trainer = Trainer(cfg, progress=False)
     save_checkpoint(root / "ckpt", trainer.model, trainer.checkpoint_meta())
     return root / "data", root / "ckpt"
@@ -305,8 +324,12 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
 def test_run_cocos_matches_cocos_batch_on_the_planned_batch(tiny):
     data, ckpt = tiny
     result = run_cocos(ckpt, data, batch_size=8, max_batches=1, progress=False)
-    assert (result["objective"], result["counter"], result["batches"], result["sampling"]) == \
-        ("triplet", "triplet", 1, "caption")
+    assert (result["objective"], result["counter"], result["batches"], result["sampling"]) == (
+        "triplet",
+        "triplet",
+        1,
+        "caption",
+    )
     # the oracle: the first planned caption batch embedded by hand
     model, _ = load_checkpoint(ckpt)
     split = open_split(data, "train")
@@ -316,19 +339,32 @@ def test_run_cocos_matches_cocos_batch_on_the_planned_batch(tiny):
     ids = torch.from_numpy(plan.img_idx)
     expected = cocos_batch(img @ cap.T, ids[:, None] == ids[None, :], "triplet", {"margin": 0.2})
     assert {k: v["mean"] for k, v in result["metrics"].items()} == pytest.approx(
-        {k: (None if math.isnan(v) else v) for k, v in expected.items()})
+        {k: (None if math.isnan(v) else v) for k, v in expected.items()}
+    )
     assert result["metrics"]["i2t_Cq"]["symbol"] == "C^q"
 
 
 def test_run_cocos_other_objectives_and_counters(tiny):
     data, ckpt = tiny
     sap = run_cocos(ckpt, data, objective="smoothap", batch_size=2, max_batches=3, progress=False)
-    assert (sap["counter"], sap["sampling"], sap["batches"], sap["params"]["tau"]) == \
-        ("smoothap", "image", 3, 0.01)
+    assert (sap["counter"], sap["sampling"], sap["batches"], sap["params"]["tau"]) == (
+        "smoothap",
+        "image",
+        3,
+        0.01,
+    )
     assert set(sap["metrics"]) == {"i2t_Cq", "i2t_C0", "t2i_Cq", "t2i_C0"}
     assert 0 <= sap["metrics"]["t2i_C0"]["mean"] <= 10  # 2 images x 5 captions
-    gen = run_cocos(ckpt, data, objective="ntxent", params={"temperature": 0.05}, counter="generic",
-                    batch_size=8, max_batches=2, progress=False)
+    gen = run_cocos(
+        ckpt,
+        data,
+        objective="ntxent",
+        params={"temperature": 0.05},
+        counter="generic",
+        batch_size=8,
+        max_batches=2,
+        progress=False,
+    )
     assert gen["counter"] == "generic" and gen["params"]["temperature"] == 0.05
     assert "i2t_CB_pos" in gen["metrics"] and gen["metrics"]["i2t_CB"]["std"] >= 0
     with pytest.raises(ValueError, match="no parameter"):
@@ -342,8 +378,21 @@ def test_cli_writes_json_and_fails_cleanly(tiny, tmp_path):
 
     data, ckpt = tiny
     out = tmp_path / "cocos.json"
-    args = ["analyze", "cocos", "--checkpoint", str(ckpt), "--data", str(data), "--batch-size", "8",
-            "--max-batches", "2", "--device", "cpu", "--quiet"]
+    args = [
+        "analyze",
+        "cocos",
+        "--checkpoint",
+        str(ckpt),
+        "--data",
+        str(data),
+        "--batch-size",
+        "8",
+        "--max-batches",
+        "2",
+        "--device",
+        "cpu",
+        "--quiet",
+    ]
     run = CliRunner().invoke(app, [*args, "--set", "margin=0.1", "--json", str(out)])
     assert run.exit_code == 0, run.output
     assert "C^q" in run.output and "+-" in run.output

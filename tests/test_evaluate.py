@@ -150,7 +150,7 @@ def test_nan_scores_count_against_the_query() -> None:
 def test_similarity_accepts_tensors_and_arrays() -> None:
     rng = np.random.default_rng(3)
     img, cap = rng.standard_normal((4, 6)), rng.standard_normal((9, 6))
-    want = (img.astype(np.float32) @ cap.astype(np.float32).T)
+    want = img.astype(np.float32) @ cap.astype(np.float32).T
     for a, b in [(img, cap), (torch.from_numpy(img), torch.from_numpy(cap)), (torch.from_numpy(img), cap)]:
         got = similarity(a, b)
         assert got.dtype == np.float32 and got.shape == (4, 9)

@@ -41,10 +41,19 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
 
     root = tmp_path_factory.mktemp("evaluate")
     write_dataset(root / "data", train=40, val=12, test=12, image_size=32, seed=0)
-    cfg = load_config(None, [
-        f'data.path="{root / "data"}"', f'train.out="{root / "run"}"', "train.batch_size=8",
-        "train.epochs=1", "train.max_steps=3", "data.val_images=12", "train.threads=1", *TINY_MODEL,
-    ])
+    cfg = load_config(
+        None,
+        [
+            f'data.path="{root / "data"}"',
+            f'train.out="{root / "run"}"',
+            "train.batch_size=8",
+            "train.epochs=1",
+            "train.max_steps=3",
+            "data.val_images=12",
+            "train.threads=1",
+            *TINY_MODEL,
+        ],
+    )
     train(cfg, progress=False)
     return root / "data", root / "run" / "last"
 
@@ -149,7 +158,10 @@ def test_calibration_and_plots(report):
     assert "calibration" not in rep["annotations"]  # fitted on ground-truth labels
     paths = [Path(p) for p in rep["plots"]]
     assert {p.name for p in paths} == {
-        "pr-curve.png", "scores-annotations.png", "scores-ground_truth.png", "reliability-ground_truth.png",
+        "pr-curve.png",
+        "scores-annotations.png",
+        "scores-ground_truth.png",
+        "reliability-ground_truth.png",
         *(f"reliability-kinds-{m}.png" for m in ("per_query", "isotonic_served", "isotonic_all_pairs")),
     }
     for path in paths:
@@ -177,12 +189,19 @@ def test_relevance_section_judges_held_out_captions_on_the_distractors(report, t
     scores = cap @ gallery.T  # (60, 22)
     order = np.argsort(-scores, axis=1, kind="stable")
     top = np.take_along_axis(scores, order, 1)
-    scenes = SceneTable.concat([SceneTable.from_scenes(
-        [load_scenes(data).by_imgid[r] for r in range(52, 64)]), stream.scene_table()])
+    scenes = SceneTable.concat(
+        [SceneTable.from_scenes([load_scenes(data).by_imgid[r] for r in range(52, 64)]), stream.scene_table()]
+    )
     truth = relevance_matrix(split.captions, scenes)  # (60, 22)
     relevant = np.take_along_axis(truth, order, 1)
-    hits = HitLists(top, relevant, order >= 12, truth.sum(1), truth[:, 12:].sum(1),
-                    np.array([query_kind(parse_caption(c)) for c in split.captions]))
+    hits = HitLists(
+        top,
+        relevant,
+        order >= 12,
+        truth.sum(1),
+        truth[:, 12:].sum(1),
+        np.array([query_kind(parse_caption(c)) for c in split.captions]),
+    )
     # The maps are fitted inside the evaluation; what is checked here is the hit lists they are
     # judged on (rank figures and judged counts do not depend on a map). The threshold arithmetic
     # has its own oracle in test_threshold_honesty.py.
@@ -203,8 +222,9 @@ def test_distractor_embeddings_file(tiny, embedded, tmp_path):
     dis = rng.normal(size=(7, img.shape[1])).astype(np.float32)
     dis /= np.linalg.norm(dis, axis=1, keepdims=True)
     np.save(tmp_path / "dis.npy", dis)
-    options = EvalOptions(distractor_embeddings=tmp_path / "dis.npy", calibration_split=None, progress=False,
-                          batch_size=8)
+    options = EvalOptions(
+        distractor_embeddings=tmp_path / "dis.npy", calibration_split=None, progress=False, batch_size=8
+    )
     section = evaluate_checkpoint(ckpt, data, options)["distractors"]
     assert section["source"] == str(tmp_path / "dis.npy") and section["gallery_size"] == 12 + 7
     gallery = np.concatenate([cap @ img.T, cap @ dis.T], axis=1)  # (N_cap, 19)
@@ -214,8 +234,11 @@ def test_distractor_embeddings_file(tiny, embedded, tmp_path):
         assert section[f"t2i_r{k}"] == pytest.approx(100.0 * np.mean(ranks <= k)), k
     np.save(tmp_path / "wrong.npy", dis[:, :5])
     with pytest.raises(ValueError, match=r"must be a float \(N, 32\) array"):
-        evaluate_checkpoint(ckpt, data, EvalOptions(distractor_embeddings=tmp_path / "wrong.npy",
-                                                    calibration_split=None, progress=False))
+        evaluate_checkpoint(
+            ckpt,
+            data,
+            EvalOptions(distractor_embeddings=tmp_path / "wrong.npy", calibration_split=None, progress=False),
+        )
 
 
 # --- icr evaluate ----------------------------------------------------------------------------------
@@ -224,10 +247,25 @@ def test_cli_evaluate_writes_json(tiny, tmp_path):
 
     data, ckpt = tiny
     out = tmp_path / "eval.json"
-    run = CliRunner().invoke(app, [
-        "evaluate", "--checkpoint", str(ckpt), "--data", str(data), "--json", str(out), "--quiet",
-        "--distractors", "3", "--threshold", "0.25", "--calibration-method", "platt",
-    ])
+    run = CliRunner().invoke(
+        app,
+        [
+            "evaluate",
+            "--checkpoint",
+            str(ckpt),
+            "--data",
+            str(data),
+            "--json",
+            str(out),
+            "--quiet",
+            "--distractors",
+            "3",
+            "--threshold",
+            "0.25",
+            "--calibration-method",
+            "platt",
+        ],
+    )
     assert run.exit_code == 0, run.output
     assert "rsum" in run.output and "PR-AUC" in run.output and "t2i with distractors" in run.output
     rep = json.loads(out.read_text())
@@ -239,18 +277,35 @@ def test_cli_evaluate_writes_json(tiny, tmp_path):
     assert all(p.read_bytes()[:8] == PNG_SIGNATURE for p in plots)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--protocol", "10k"], "--protocol must be one of"),
-    (["--calibration-method", "beta"], "--calibration-method must be one of"),
-    (["--protocol", "5k"], "5,000-image"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--protocol", "10k"], "--protocol must be one of"),
+        (["--calibration-method", "beta"], "--calibration-method must be one of"),
+        (["--protocol", "5k"], "5,000-image"),
+    ],
+)
 def test_cli_evaluate_user_errors_exit_2(tiny, tmp_path, args, message):
     from icr.cli import app
 
     data, ckpt = tiny
     out = tmp_path / "eval.json"
-    run = CliRunner().invoke(app, ["evaluate", "-m", str(ckpt), "-d", str(data), "--quiet",
-                                   "--calibration-split", "none", "--json", str(out), *args])
+    run = CliRunner().invoke(
+        app,
+        [
+            "evaluate",
+            "-m",
+            str(ckpt),
+            "-d",
+            str(data),
+            "--quiet",
+            "--calibration-split",
+            "none",
+            "--json",
+            str(out),
+            *args,
+        ],
+    )
     assert run.exit_code == 2, run.output
     assert "error:" in run.output and message in run.output
     assert "Traceback" not in run.output and not out.exists()
@@ -260,9 +315,27 @@ def test_cli_evaluate_user_errors_exit_2(tiny, tmp_path, args, message):
 def compare_args(data: Path, runs: Path, report: Path, epochs: int = 1) -> list[str]:
     sets = ["train.max_steps=2", "train.threads=1", "data.val_images=12", *TINY_MODEL]
     return [
-        "analyze", "compare", "--data", str(data), "--variants", "ntxent", "--seeds", "0",
-        "--epochs", str(epochs), "--batch-size", "100", "--distractors", "3", "--cocos-batches", "1",
-        "--runs", str(runs), "--report", str(report), "--quiet",
+        "analyze",
+        "compare",
+        "--data",
+        str(data),
+        "--variants",
+        "ntxent",
+        "--seeds",
+        "0",
+        "--epochs",
+        str(epochs),
+        "--batch-size",
+        "100",
+        "--distractors",
+        "3",
+        "--cocos-batches",
+        "1",
+        "--runs",
+        str(runs),
+        "--report",
+        str(report),
+        "--quiet",
         *[arg for s in sets for arg in ("--set", s)],
     ]
 

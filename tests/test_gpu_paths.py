@@ -48,10 +48,21 @@ def exact_fp32():
 
 
 def _config(data: Path, out: Path, *extra: str, model: tuple[str, ...] = tuple(TINY_MODEL)) -> dict:
-    return load_config(None, [
-        f'data.path="{data}"', f'train.out="{out}"', "train.batch_size=8", "train.epochs=1",
-        "train.max_steps=4", "train.val_every=0", "train.log_every=1", "optim.lr=1e-3", *model, *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f'data.path="{data}"',
+            f'train.out="{out}"',
+            "train.batch_size=8",
+            "train.epochs=1",
+            "train.max_steps=4",
+            "train.val_every=0",
+            "train.log_every=1",
+            "optim.lr=1e-3",
+            *model,
+            *extra,
+        ],
+    )
 
 
 def _losses(run: Path) -> list[float]:
@@ -116,12 +127,16 @@ def test_torchvision_resnet50_tower_on_cuda(data, tmp_path):
     torch.manual_seed(0)
     torch.save(torchvision.models.resnet50(weights=None).state_dict(), weights)
     tower = (
-        "model.embed_dim=32", 'model.image.kind="resnet"', 'model.image.arch="resnet50"',
-        f'model.image.path="{weights}"', "model.image.image_size=64",
+        "model.embed_dim=32",
+        'model.image.kind="resnet"',
+        'model.image.arch="resnet50"',
+        f'model.image.path="{weights}"',
+        "model.image.image_size=64",
         *(line for line in TINY_MODEL if line.startswith("model.text")),
     )
-    cfg = _config(data, tmp_path / "run", 'train.device="cuda"', 'train.amp="bf16"', "train.max_steps=2",
-                  model=tower)
+    cfg = _config(
+        data, tmp_path / "run", 'train.device="cuda"', 'train.amp="bf16"', "train.max_steps=2", model=tower
+    )
     summary = train(cfg, progress=False)
     assert summary["steps"] == 2 and all(np.isfinite(_losses(tmp_path / "run")))
     model = Trainer(_config(data, tmp_path / "x", 'train.device="cpu"', model=tower), progress=False).model
@@ -172,15 +187,33 @@ def test_icr_index_build_gpu_on(data, tmp_path):
     run = tmp_path / "run"
     train(_config(data, run, 'train.device="cuda"', "train.max_steps=2"), progress=False)
     out = tmp_path / "idx"
-    build_image_index(run / "last", data, distractors=200, out=out, progress=False, gpu="on", device="cuda",
-                      factory="IVF8,Flat", batch_size=64)
+    build_image_index(
+        run / "last",
+        data,
+        distractors=200,
+        out=out,
+        progress=False,
+        gpu="on",
+        device="cuda",
+        factory="IVF8,Flat",
+        batch_size=64,
+    )
     manifest = Manifest.read(out)
     assert manifest.built_on == "gpu" and manifest.ntotal == 212
     index, _, metadata = load_index_dir(out)
     metadata.close()
     cpu = tmp_path / "cpu"
-    build_image_index(run / "last", data, distractors=200, out=cpu, progress=False, gpu="off", device="cpu",
-                      factory="Flat", batch_size=64)
+    build_image_index(
+        run / "last",
+        data,
+        distractors=200,
+        out=cpu,
+        progress=False,
+        gpu="off",
+        device="cpu",
+        factory="Flat",
+        batch_size=64,
+    )
     flat, _, metadata = load_index_dir(cpu)
     metadata.close()
     vectors = flat.reconstruct_n(0, flat.ntotal)  # (N, D) the gallery embedded on the CPU

@@ -23,8 +23,18 @@ def _encoded(size: tuple[int, int], fmt: str = "PNG", mode: str = "RGB") -> byte
     return out.getvalue()
 
 
-@pytest.mark.parametrize(("fmt", "mode"), [("PNG", "RGBA"), ("JPEG", "L"), ("WEBP", "RGB"), ("GIF", "P"),
-                                           ("BMP", "RGB"), ("PNG", "I;16"), ("PNG", "1")])
+@pytest.mark.parametrize(
+    ("fmt", "mode"),
+    [
+        ("PNG", "RGBA"),
+        ("JPEG", "L"),
+        ("WEBP", "RGB"),
+        ("GIF", "P"),
+        ("BMP", "RGB"),
+        ("PNG", "I;16"),
+        ("PNG", "1"),
+    ],
+)
 def test_accepted_formats_and_modes_decode_to_rgb(fmt: str, mode: str) -> None:
     image = open_image(_encoded((40, 30), fmt, mode))
     assert image.mode == "RGB" and image.size == (40, 30)
@@ -76,8 +86,13 @@ def test_thin_image_is_refused_on_its_header(tmp_path: Path) -> None:
         print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)  # KiB
         """
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    ).stdout.split()
     assert out[0] == "aspect_ratio"
     assert int(out[1]) < 20_000  # KiB of growth: nothing was decoded or resized
 
@@ -99,9 +114,21 @@ def test_gallery_loader_names_the_file_and_the_limit(tmp_path: Path) -> None:
 @given(
     width=st.integers(1, 400),
     height=st.integers(1, 400),
-    fmt_mode=st.sampled_from([("PNG", "RGB"), ("PNG", "RGBA"), ("PNG", "L"), ("PNG", "1"), ("PNG", "P"),
-                              ("JPEG", "RGB"), ("JPEG", "L"), ("WEBP", "RGBA"), ("GIF", "P"), ("BMP", "RGB"),
-                              ("TIFF", "RGB")]),
+    fmt_mode=st.sampled_from(
+        [
+            ("PNG", "RGB"),
+            ("PNG", "RGBA"),
+            ("PNG", "L"),
+            ("PNG", "1"),
+            ("PNG", "P"),
+            ("JPEG", "RGB"),
+            ("JPEG", "L"),
+            ("WEBP", "RGBA"),
+            ("GIF", "P"),
+            ("BMP", "RGB"),
+            ("TIFF", "RGB"),
+        ]
+    ),
     max_pixels=st.integers(1, 200_000),
     max_aspect=st.floats(1.0, 50.0),
     cut=st.none() | st.integers(0, 200),

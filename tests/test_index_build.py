@@ -55,10 +55,20 @@ def data(tmp_path_factory) -> Path:
 def _train(data: Path, run: Path, seed: int) -> Path:
     from icr.training.train import train  # the test trains a checkpoint; index/ itself never imports this
 
-    config = load_config(None, [
-        f'data.path="{data}"', f'train.out="{run}"', "train.batch_size=8", "train.epochs=1",
-        "train.max_steps=2", "data.val_images=12", "train.threads=1", f"train.seed={seed}", *TINY_MODEL,
-    ])
+    config = load_config(
+        None,
+        [
+            f'data.path="{data}"',
+            f'train.out="{run}"',
+            "train.batch_size=8",
+            "train.epochs=1",
+            "train.max_steps=2",
+            "data.val_images=12",
+            "train.threads=1",
+            f"train.seed={seed}",
+            *TINY_MODEL,
+        ],
+    )
     train(config, progress=False)
     return run / "last"
 
@@ -71,8 +81,9 @@ def checkpoint(data, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def built(data, checkpoint, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("indices") / "images"
-    build_image_index(checkpoint, data, distractors=N_DISTRACTORS, out=out, progress=False, gpu="off",
-                      batch_size=16)
+    build_image_index(
+        checkpoint, data, distractors=N_DISTRACTORS, out=out, progress=False, gpu="off", batch_size=16
+    )
     return out
 
 
@@ -107,14 +118,21 @@ def test_image_index_holds_the_gallery_then_the_distractors(built, data, checkpo
     scenes = load_scenes(data)
     test_imgids = sorted(i for i, s in scenes.by_imgid.items() if i >= 52)  # train 40 + val 12 first
     assert first["scene"] == as_json(scenes.by_imgid[test_imgids[0]].to_dict())
-    assert rows[0] == {"id": 13, "source": "distractor:1", "captions": [], "is_distractor": True,
-                       "scene": as_json(stream.scene(1).to_dict()), "image_id": None}
+    assert rows[0] == {
+        "id": 13,
+        "source": "distractor:1",
+        "captions": [],
+        "is_distractor": True,
+        "scene": as_json(stream.scene(1).to_dict()),
+        "image_id": None,
+    }
     metadata.close()
 
 
 def test_caption_index_with_ivf(data, checkpoint, tmp_path):
-    manifest = build_caption_index(checkpoint, data, out=tmp_path / "caps", factory="IVF4,Flat",
-                                   progress=False, gpu="off")
+    manifest = build_caption_index(
+        checkpoint, data, out=tmp_path / "caps", factory="IVF4,Flat", progress=False, gpu="off"
+    )
     assert (manifest.modality, manifest.ntotal, manifest.gallery_count) == ("text", 60, 60)
     assert manifest.factory == "IVF4,Flat" and manifest.recall_check["query_modality"] == "image"
     assert manifest.recall_check["nprobe"] in (1, 2, 4) and manifest.recall_check["queries"] == 12
@@ -141,18 +159,36 @@ def test_distractor_embeddings_from_a_file(data, checkpoint, tmp_path):
     emb = rng.normal(size=(20, 32)).astype(np.float32)
     np.save(tmp_path / "bad.npy", emb)
     with pytest.raises(ValueError, match="bad.npy: row 0 has norm .* L2-normalised"):
-        build_image_index(checkpoint, data, distractor_embeddings=tmp_path / "bad.npy", out=tmp_path / "x",
-                          progress=False, gpu="off")
+        build_image_index(
+            checkpoint,
+            data,
+            distractor_embeddings=tmp_path / "bad.npy",
+            out=tmp_path / "x",
+            progress=False,
+            gpu="off",
+        )
     assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.building-*"))
     np.save(tmp_path / "d.npy", emb / np.linalg.norm(emb, axis=1, keepdims=True))
-    manifest = build_image_index(checkpoint, data, distractor_embeddings=tmp_path / "d.npy",
-                                 out=tmp_path / "idx", progress=False, gpu="off")
+    manifest = build_image_index(
+        checkpoint,
+        data,
+        distractor_embeddings=tmp_path / "d.npy",
+        out=tmp_path / "idx",
+        progress=False,
+        gpu="off",
+    )
     assert (manifest.gallery_count, manifest.distractor_count) == (12, 20)
     assert manifest.data["distractor_source"] == str(tmp_path / "d.npy")
     np.save(tmp_path / "wrong_dim.npy", np.ones((3, 8), np.float32))
     with pytest.raises(ValueError, match=r"wrong_dim.npy: .*\(N, 32\)"):
-        build_image_index(checkpoint, data, distractor_embeddings=tmp_path / "wrong_dim.npy",
-                          out=tmp_path / "y", progress=False, gpu="off")
+        build_image_index(
+            checkpoint,
+            data,
+            distractor_embeddings=tmp_path / "wrong_dim.npy",
+            out=tmp_path / "y",
+            progress=False,
+            gpu="off",
+        )
 
 
 def test_manifest_round_trip_and_validation(built, tmp_path):
@@ -186,17 +222,27 @@ def test_checkpoint_mismatch_names_the_rebuild_command(built, data, checkpoint, 
         check_compatible(manifest, read_checkpoint_config(other), index_dir=built, checkpoint_path=other)
     message = str(err.value)
     assert "sha256" in message and f"index {built} does not match" in message
-    assert (f"`icr index build --checkpoint {other} --data {data} --split test "
-            f"--distractors {N_DISTRACTORS} --out {built}`") in message
+    assert (
+        f"`icr index build --checkpoint {other} --data {data} --split test "
+        f"--distractors {N_DISTRACTORS} --out {built}`"
+    ) in message
     with pytest.raises(ValueError, match=r"dim 32, the model embeds in dim 64.*index build --checkpoint C "):
         check_compatible(manifest, config["weights_sha256"], 64)
 
 
 def test_metadata_round_trip(tmp_path):
     path = tmp_path / "m.sqlite"
-    rows = [{"id": i, "source": f"img{i}.png", "captions": [f"caption {i}", "ünïcode"],
-             "is_distractor": i % 2 == 1, "scene": {"n": i} if i % 3 else None, "image_id": i}
-            for i in range(25_000)]  # more than one insert chunk
+    rows = [
+        {
+            "id": i,
+            "source": f"img{i}.png",
+            "captions": [f"caption {i}", "ünïcode"],
+            "is_distractor": i % 2 == 1,
+            "scene": {"n": i} if i % 3 else None,
+            "image_id": i,
+        }
+        for i in range(25_000)
+    ]  # more than one insert chunk
     with MetadataStore.create(path) as store:
         assert store.add(iter(rows)) == 25_000
     with pytest.raises(FileExistsError):
@@ -257,8 +303,9 @@ def test_interrupted_build_keeps_the_previous_index(built, data, checkpoint, tmp
 
     monkeypatch.setattr(icr.training.embedding, "embed_image_batch", interrupt_midway)
     with pytest.raises(KeyboardInterrupt):
-        build_image_index(checkpoint, data, distractors=N_DISTRACTORS, out=out, progress=False, gpu="off",
-                          batch_size=8)
+        build_image_index(
+            checkpoint, data, distractors=N_DISTRACTORS, out=out, progress=False, gpu="off", batch_size=8
+        )
     assert len(calls) == 3
     assert (out / MANIFEST_FILE).read_text() == before
     index, manifest, metadata = load_index_dir(out)
@@ -283,13 +330,15 @@ def test_rebuild_replaces_an_index_but_never_other_data(data, checkpoint, tmp_pa
 
 def test_bad_arguments_fail_before_embedding(data, checkpoint, tmp_path):
     with pytest.raises(ValueError, match="one distractor source"):
-        build_image_index(checkpoint, data, distractors=3, distractor_embeddings=tmp_path / "d.npy",
-                          out=tmp_path / "i")
+        build_image_index(
+            checkpoint, data, distractors=3, distractor_embeddings=tmp_path / "d.npy", out=tmp_path / "i"
+        )
     with pytest.raises(ValueError, match="unsupported index factory"):
         build_image_index(checkpoint, data, factory="IVF,Flat", out=tmp_path / "i")
     with pytest.raises(ValueError, match="needs at least 64 training vectors"):
-        build_image_index(checkpoint, data, factory="IVF64,Flat", out=tmp_path / "i", progress=False,
-                          gpu="off")
+        build_image_index(
+            checkpoint, data, factory="IVF64,Flat", out=tmp_path / "i", progress=False, gpu="off"
+        )
     assert not list(tmp_path.iterdir())
 
 
@@ -300,21 +349,79 @@ def test_cli_build(data, checkpoint, tmp_path):
     helped = runner.invoke(app, ["index", "build", "--help"])
     assert helped.exit_code == 0 and "Examples" in helped.output and "icr index build" in helped.output
     out = tmp_path / "idx"
-    result = runner.invoke(app, ["index", "build", "--checkpoint", str(checkpoint), "--data", str(data),
-                                 "--distractors", "10", "--gpu", "off", "--quiet", "--out", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "index",
+            "build",
+            "--checkpoint",
+            str(checkpoint),
+            "--data",
+            str(data),
+            "--distractors",
+            "10",
+            "--gpu",
+            "off",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert f"wrote {out}" in result.output and "ntotal" in result.output and "factory_reason" in result.output
     assert Manifest.read(out).ntotal == 22
-    text = runner.invoke(app, ["index", "build", "-m", str(checkpoint), "-d", str(data), "--modality", "text",
-                               "--quiet", "--gpu", "off", "--out", str(tmp_path / "caps")])
+    text = runner.invoke(
+        app,
+        [
+            "index",
+            "build",
+            "-m",
+            str(checkpoint),
+            "-d",
+            str(data),
+            "--modality",
+            "text",
+            "--quiet",
+            "--gpu",
+            "off",
+            "--out",
+            str(tmp_path / "caps"),
+        ],
+    )
     assert text.exit_code == 0, text.output
     assert Manifest.read(tmp_path / "caps").modality == "text"
-    bad = runner.invoke(app, ["index", "build", "-m", str(checkpoint), "-d", str(data), "--modality", "audio",
-                              "--out", str(tmp_path / "a")])
+    bad = runner.invoke(
+        app,
+        [
+            "index",
+            "build",
+            "-m",
+            str(checkpoint),
+            "-d",
+            str(data),
+            "--modality",
+            "audio",
+            "--out",
+            str(tmp_path / "a"),
+        ],
+    )
     assert bad.exit_code == 2 and "--modality must be image or text" in bad.output
     if faiss.get_num_gpus() == 0:
-        on = runner.invoke(app, ["index", "build", "-m", str(checkpoint), "-d", str(data), "--gpu", "on",
-                                 "--out", str(tmp_path / "g")])
+        on = runner.invoke(
+            app,
+            [
+                "index",
+                "build",
+                "-m",
+                str(checkpoint),
+                "-d",
+                str(data),
+                "--gpu",
+                "on",
+                "--out",
+                str(tmp_path / "g"),
+            ],
+        )
         assert on.exit_code == 2 and "--gpu on" in on.output
     assert os.path.isdir(out) and not (tmp_path / "a").exists()
 

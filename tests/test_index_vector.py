@@ -59,8 +59,9 @@ def queries(base) -> np.ndarray:
     return np.concatenate([normalise(q), base[:5]])  # the last five hit duplicated vectors exactly
 
 
-def assert_brute_force(scores: list[np.ndarray], ids: list[np.ndarray], base: np.ndarray,
-                       queries: np.ndarray, k: int) -> None:
+def assert_brute_force(
+    scores: list[np.ndarray], ids: list[np.ndarray], base: np.ndarray, queries: np.ndarray, k: int
+) -> None:
     """Tie-aware: the returned ids are a valid exact top-k (any of several tied vectors will do)."""
     assert len(scores) == len(ids) == len(queries)
     for q, s, i in zip(queries, scores, ids, strict=True):
@@ -278,7 +279,7 @@ def test_rescored_scores_do_not_depend_on_the_batch(factory: str) -> None:
     results = []
     for batch in (1, 19, 21, 64):  # FAISS switches to BLAS at 20 queries
         queries = np.concatenate([query, rng.standard_normal((batch - 1, 32)).astype(np.float32)])
-        scores, ids = rescored(rescore, queries, *search(index, queries, 100))
+        scores, ids = rescored(rescore, queries, search(index, queries, 100)[1])
         results.append((scores[0], ids[0]))
     for scores, ids in results[1:]:
         assert np.array_equal(scores, results[0][0]) and np.array_equal(ids, results[0][1])

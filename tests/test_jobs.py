@@ -185,8 +185,9 @@ def test_a_running_job_is_interrupted_only_when_its_lease_is_gone(store, monkeyp
     import socket
 
     here = socket.gethostname()
-    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+    dead_pid = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     owners = {
         "elsewhere": "another-host:1:a",  # another machine: trusted until its lease expires
         "alive": f"{here}:{os.getpid()}:b",  # this process: alive
@@ -200,7 +201,10 @@ def test_a_running_job_is_interrupted_only_when_its_lease_is_gone(store, monkeyp
     assert store.reap(owner_alive) == 2
     status = {name: store.get(i)["status"] for name, i in ids.items()}
     assert status == {
-        "elsewhere": "running", "alive": "running", "dead": "interrupted", "legacy": "interrupted"
+        "elsewhere": "running",
+        "alive": "running",
+        "dead": "interrupted",
+        "legacy": "interrupted",
     }
     assert "no lease renewal" in store.get(ids["dead"])["error"]
     # the owner renews; nobody else can; once the lease has run out another server takes it away
@@ -229,11 +233,17 @@ def test_cancel_queue_count_and_retention(store):
     assert store.cancel("nope") is None
     fresh = store.submit("synthetic", "test", "full", 0)
     with sqlite3.connect(store.path) as db:  # two jobs finished 40 days ago
-        db.execute("UPDATE jobs SET finished_at = '2000-01-01T00:00:00+00:00' WHERE id IN (?, ?)",
-                   (queued["id"], done["id"]))
+        db.execute(
+            "UPDATE jobs SET finished_at = '2000-01-01T00:00:00+00:00' WHERE id IN (?, ?)",
+            (queued["id"], done["id"]),
+        )
     assert store.purge(30) == 2
     assert [store.get(i) is None for i in (queued["id"], done["id"], running["id"], fresh["id"])] == [
-        True, True, False, False]
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 def test_a_schema_1_database_is_migrated_and_its_running_job_interrupted(tmp_path):
@@ -340,7 +350,7 @@ class _Scripted(JobRunner):
         super().__init__(store, Path("unused"), {"synthetic": Path("unused")}, poll_s=0.2)
         self.script = script
 
-    def command(self, job_id: str, attempt: int, data: Path) -> list[str]:
+    def command(self, _job_id: str, _attempt: int, _data: Path) -> list[str]:
         return [sys.executable, "-c", self.script]
 
 

@@ -21,8 +21,15 @@ STAGES = ("training", "index", "service")
 # What the server must never import: the training loop and its entry points, the objectives, target
 # decoding (LTD/ITD), the analysis tools, the CLI and the benchmarks.
 NOT_FOR_THE_SERVER = (
-    "icr.training.train", "icr.training.cli.train", "icr.training.losses", "icr.training.target_decoding",
-    "icr.training.analysis", "icr.training.cli.evaluate", "icr.cli", "icr.demo", "bench",
+    "icr.training.train",
+    "icr.training.cli.train",
+    "icr.training.losses",
+    "icr.training.target_decoding",
+    "icr.training.analysis",
+    "icr.training.cli.evaluate",
+    "icr.cli",
+    "icr.demo",
+    "bench",
 )
 
 
@@ -54,7 +61,7 @@ def _imports(path: Path) -> set[str]:
 
 def _reachable(start: list[str]) -> dict[str, str]:
     """Every project module reachable by imports from ``start`` -> the module that first imports it."""
-    seen: dict[str, str] = {m: "" for m in start}
+    seen: dict[str, str] = dict.fromkeys(start, "")
     todo = list(start)
     while todo:
         module = todo.pop()
@@ -72,8 +79,10 @@ def _reachable(start: list[str]) -> dict[str, str]:
 
 
 def test_the_server_reaches_no_training_loop_objective_or_analysis_even_lazily() -> None:
-    server = ["icr.service." + ".".join(p.relative_to(ROOT / "service").with_suffix("").parts)
-              for p in (ROOT / "service").rglob("*.py")]
+    server = [
+        "icr.service." + ".".join(p.relative_to(ROOT / "service").with_suffix("").parts)
+        for p in (ROOT / "service").rglob("*.py")
+    ]
     reached = _reachable([m.removesuffix(".__init__") for m in server])
     bad = {m: by for m, by in reached.items() if m.startswith(NOT_FOR_THE_SERVER)}
     assert not bad, f"the server imports (module: imported by) {bad}"
@@ -105,7 +114,8 @@ def test_only_the_icr_namespace_is_installed(monkeypatch) -> None:
     assert {p.split(".")[0] for p in packages} == {"icr"}
     on_disk = {
         "icr." + ".".join(p.parent.relative_to(ROOT).parts)
-        for stage in STAGES for p in (ROOT / stage).rglob("__init__.py")
+        for stage in STAGES
+        for p in (ROOT / stage).rglob("__init__.py")
     }
     assert on_disk <= set(packages), on_disk - set(packages)  # no subpackage left out
     assert not any(p.startswith(("icr.bench", "icr.tests", "icr.api_tests")) for p in packages)
@@ -131,5 +141,6 @@ def test_the_readme_lists_every_registered_objective() -> None:
     start = next(i for i, line in enumerate(lines) if line.startswith("| name |"))  # the first table
     table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
     listed = {m.group(1) for line in table if (m := re.match(r"\| `(\w+)` \|", line))}
-    assert listed == set(load_all()), f"README only: {listed - set(load_all())}; registry only: " \
-                                      f"{set(load_all()) - listed}"
+    assert listed == set(load_all()), (
+        f"README only: {listed - set(load_all())}; registry only: {set(load_all()) - listed}"
+    )

@@ -27,8 +27,15 @@ from icr.training.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS, Goal
 from icr.training.losses.triplet_hardest import TripletHardest
 
 COMBOS = list(itertools.product(TRIPLET_WEIGHTS, PAIR_WEIGHTS))
-PARAMS = {"margin": 0.2, "tau": 10.0, "alpha": 2.0, "beta": 10.0, "lam": 0.5, "ms_margin": 0.1,
-          "cir_relaxation": 0.5}
+PARAMS = {
+    "margin": 0.2,
+    "tau": 10.0,
+    "alpha": 2.0,
+    "beta": 10.0,
+    "lam": 0.5,
+    "ms_margin": 0.1,
+    "cir_relaxation": 0.5,
+}
 # less noise, image 9 next to caption 0 (tied hardest negative) and caption 9 redrawn around it
 caption_batch = functools.partial(_caption_batch, noise=0.6, hardest_tie=True, redraw_tie_caption=True)
 
@@ -150,7 +157,8 @@ def test_batches_exercise_every_branch() -> None:
         sim, pos = (img @ cap.T).tolist(), (ids[:, None] == ids[None, :]).tolist()
         sim_t, pos_t = [list(c) for c in zip(*sim, strict=True)], [list(c) for c in zip(*pos, strict=True)]
         for anchor in oracle_weights(sim, pos, "con", "lin_ms", PARAMS) + oracle_weights(
-                sim_t, pos_t, "con", "lin_ms", PARAMS):
+            sim_t, pos_t, "con", "lin_ms", PARAMS
+        ):
             hinge.add(anchor[1])
             pos_set.add(anchor[4] > 0)
             neg_set.add(anchor[5] > 0)
@@ -204,10 +212,13 @@ def test_nothing_to_contrast_gives_zero_and_finite_grads(ids: list[int], tw: str
     assert torch.equal(grad_img, torch.zeros_like(img)) and torch.equal(grad_cap, torch.zeros_like(cap))
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"triplet_weight": "hinge"}, "con, nca, cir"),
-    ({"pair_weight": "ms"}, "con, lin, sig, lin_ms, sig_ms"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"triplet_weight": "hinge"}, "con, nca, cir"),
+        ({"pair_weight": "ms"}, "con, lin, sig, lin_ms, sig_ms"),
+    ],
+)
 def test_unknown_weight_names_list_the_valid_ones(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Goal(**kwargs)

@@ -55,7 +55,8 @@ def naive_smoothap_direction(scores: Tensor, pos: Tensor, tau: float, sigmoid=No
 
 def naive_smoothap(sim: Tensor, pos: Tensor, tau: float, sigmoid=None) -> Tensor:
     return 0.5 * naive_smoothap_direction(sim, pos, tau, sigmoid) + 0.5 * naive_smoothap_direction(
-        sim.T, pos.T, tau, sigmoid)
+        sim.T, pos.T, tau, sigmoid
+    )
 
 
 @pytest.mark.parametrize("tau", [0.01, 0.1])

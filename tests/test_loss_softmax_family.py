@@ -21,12 +21,14 @@ from icr.training.losses.softmax_family import kept_count, masked_logsumexp
 
 
 # --- naive oracle ------------------------------------------------------------------------------
-def oracle_loss(img, cap, img_ids, name, direction="t2i", scale=20.0, keep_fraction=0.5, k=None,
-                mask_duplicates=True):
+def oracle_loss(
+    img, cap, img_ids, name, direction="t2i", scale=20.0, keep_fraction=0.5, k=None, mask_duplicates=True
+):
     """The paper's formulas with python loops: -log(e^p / (e^p + sum over the negative set e^n))."""
     n = img.shape[0]
-    score = [[scale * sum(img[i, d] * cap[j, d] for d in range(img.shape[1])) for j in range(n)]
-             for i in range(n)]
+    score = [
+        [scale * sum(img[i, d] * cap[j, d] for d in range(img.shape[1])) for j in range(n)] for i in range(n)
+    ]
     ids = img_ids.tolist()
 
     def is_negative(i, j):  # image row i vs caption column j
@@ -113,8 +115,9 @@ def test_matches_naive_loop(cls, name, params, direction, n, seed, mask_duplicat
     expected_names = {"i2t", "t2i"} if direction == "both" else {direction}
     assert set(terms) == expected_names
     got = sum(terms.values())
-    want = oracle_loss(img, cap, img_ids, name, direction=direction, scale=scale,
-                       mask_duplicates=mask_duplicates, **params)
+    want = oracle_loss(
+        img, cap, img_ids, name, direction=direction, scale=scale, mask_duplicates=mask_duplicates, **params
+    )
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch.autograd.grad(got, (img, cap)), torch.autograd.grad(want, (img, cap)))
 
@@ -149,11 +152,14 @@ def test_single_negative_keeps_its_gradient():
     for cls in (SampledSoftmaxLoss, StochasticNegativeMiningLoss):  # (mining shares its one kept negative)
         value = sum(terms_of(cls(direction="i2t"), img, cap, img_ids).values())
         s = img @ cap.T
-        want = (torch.nn.functional.softplus(20 * (s[0, 1] - s[0, 0]))
-                + torch.nn.functional.softplus(20 * (s[1, 0] - s[1, 1]))) / 2
+        want = (
+            torch.nn.functional.softplus(20 * (s[0, 1] - s[0, 0]))
+            + torch.nn.functional.softplus(20 * (s[1, 0] - s[1, 1]))
+        ) / 2
         torch.testing.assert_close(value, want)
-        torch.testing.assert_close(torch.autograd.grad(value, (img, cap)),
-                                   torch.autograd.grad(want, (img, cap)))
+        torch.testing.assert_close(
+            torch.autograd.grad(value, (img, cap)), torch.autograd.grad(want, (img, cap))
+        )
 
 
 def test_cross_example_penalises_another_query_s_negative():
@@ -185,20 +191,28 @@ def test_registered_names_and_defaults():
     assert LOSSES["cross_example_softmax"] is CrossExampleSoftmaxLoss
     assert LOSSES["cross_example_mining"] is CrossExampleMiningLoss
     assert StochasticNegativeMiningLoss.defaults() == {
-        "mask_duplicates": True, "scale": 20.0, "direction": "t2i", "keep_fraction": 0.5, "k": None}
+        "mask_duplicates": True,
+        "scale": 20.0,
+        "direction": "t2i",
+        "keep_fraction": 0.5,
+        "k": None,
+    }
     assert CrossExampleMiningLoss(keep_fraction=0.25, direction="both").params()["keep_fraction"] == 0.25
     assert all(cls.sampling == "caption" for cls in (SampledSoftmaxLoss, CrossExampleSoftmaxLoss))
 
 
-@pytest.mark.parametrize(("cls", "params", "message"), [
-    (SampledSoftmaxLoss, {"direction": "text"}, "direction"),
-    (SampledSoftmaxLoss, {"scale": 0.0}, "scale"),
-    (CrossExampleSoftmaxLoss, {"scale": float("nan")}, "scale"),
-    (StochasticNegativeMiningLoss, {"keep_fraction": 0.0}, "keep_fraction"),
-    (StochasticNegativeMiningLoss, {"k": 0}, "k must be"),
-    (StochasticNegativeMiningLoss, {"k": True}, "k must be"),
-    (CrossExampleMiningLoss, {"keep_fraction": 1.5}, "keep_fraction"),
-])
+@pytest.mark.parametrize(
+    ("cls", "params", "message"),
+    [
+        (SampledSoftmaxLoss, {"direction": "text"}, "direction"),
+        (SampledSoftmaxLoss, {"scale": 0.0}, "scale"),
+        (CrossExampleSoftmaxLoss, {"scale": float("nan")}, "scale"),
+        (StochasticNegativeMiningLoss, {"keep_fraction": 0.0}, "keep_fraction"),
+        (StochasticNegativeMiningLoss, {"k": 0}, "k must be"),
+        (StochasticNegativeMiningLoss, {"k": True}, "k must be"),
+        (CrossExampleMiningLoss, {"keep_fraction": 1.5}, "keep_fraction"),
+    ],
+)
 def test_bad_parameters_raise(cls, params, message):
     with pytest.raises(ValueError, match=message):
         cls(**params)

@@ -102,8 +102,9 @@ def test_input_decoder_ignores_extra_padding_columns():
     tokens, lengths = itd_batch()
     cap = torch.randn(3, 5)
     wide = torch.cat([tokens, torch.zeros(3, 10, dtype=torch.long)], dim=1)  # fixed-width padding
-    torch.testing.assert_close(decoder.reconstruction_loss(cap, wide, lengths),
-                               decoder.reconstruction_loss(cap, tokens, lengths))
+    torch.testing.assert_close(
+        decoder.reconstruction_loss(cap, wide, lengths), decoder.reconstruction_loss(cap, tokens, lengths)
+    )
 
 
 def test_input_decoder_rejects_bad_lengths():
@@ -289,20 +290,28 @@ def test_itd_terms_and_nested_state_dict():
         decoding.terms(cap, {"tokens": tokens})
 
 
-@pytest.mark.parametrize(("args", "kwargs", "message"), [
-    (("xtd", 4), {}, "kind"),
-    (("ltd", 4), {"mode": "penalty"}, "mode"),
-    (("itd", 4), {}, "vocabulary"),
-])
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (("xtd", 4), {}, "kind"),
+        (("ltd", 4), {"mode": "penalty"}, "mode"),
+        (("itd", 4), {}, "vocabulary"),
+    ],
+)
 def test_target_decoding_rejects_bad_settings(args, kwargs, message):
     with pytest.raises(ValueError, match=message):
         TargetDecoding(*args, **kwargs)
 
 
 # --- latent targets (all-MiniLM-L6-v2, a few seconds) --------------------------------------------
-CAPTIONS = ["A dog runs on the beach.", "Two men ride bicycles down a busy street at night.",
-            "a cat", "A plate of food with broccoli and rice.", "Children play football in a park.",
-            "A red bus."]
+CAPTIONS = [
+    "A dog runs on the beach.",
+    "Two men ride bicycles down a busy street at night.",
+    "a cat",
+    "A plate of food with broccoli and rice.",
+    "Children play football in a park.",
+    "A red bus.",
+]
 
 
 @pytest.fixture(scope="module")

@@ -198,8 +198,11 @@ def test_pr_curve_without_relevant_pairs_is_an_error():
 def test_best_f1_is_the_best_over_every_threshold(case):
     _, sim, relevance, dense = case
     positives = int(dense.sum())
-    f1s = {t: 2 * tp / (tp + fp) * (tp / positives) / (tp / (tp + fp) + tp / positives)
-           for t, tp, fp in walk(sim, dense) if tp}
+    f1s = {
+        t: 2 * tp / (tp + fp) * (tp / positives) / (tp / (tp + fp) + tp / positives)
+        for t, tp, fp in walk(sim, dense)
+        if tp
+    }
     best = pr_curve(sim, relevance).best_f1()
     assert best["f1"] == pytest.approx(max(f1s.values()), rel=1e-12)
     assert f1s[best["threshold"]] == pytest.approx(best["f1"], rel=1e-12)
@@ -381,23 +384,26 @@ def test_calibration_json_round_trip(method):
     assert np.array_equal(back(sim), cal(sim))
 
 
-@pytest.mark.parametrize("bad", [
-    None,
-    [],
-    {"method": "platt", "a": 1.0, "b": 0.0},  # no format version
-    {"format_version": 99, "method": "platt", "a": 1.0, "b": 0.0},
-    {"format_version": 1, "method": "histogram"},
-    {"format_version": 1, "method": "platt", "a": 1.0},
-    {"format_version": 1, "method": "platt", "a": "steep", "b": 0.0},
-    {"format_version": 1, "method": "platt", "a": None, "b": 0.0},
-    {"format_version": 1, "method": "isotonic", "x": [0.0, 1.0], "y": [0.5]},
-    {"format_version": 1, "method": "isotonic", "x": [], "y": []},
-    {"format_version": 1, "method": "isotonic", "x": [1.0, 0.0], "y": [0.1, 0.2]},
-    {"format_version": 1, "method": "isotonic", "x": [0.0, 1.0], "y": [0.9, 0.2]},
-    {"format_version": 1, "method": "isotonic", "x": 3, "y": [0.2]},
-    {"format_version": 1, "method": "isotonic", "y": [0.2]},
-    {"format_version": 1, "method": "isotonic", "x": [0.0], "y": [0.2], "fit": 7},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        None,
+        [],
+        {"method": "platt", "a": 1.0, "b": 0.0},  # no format version
+        {"format_version": 99, "method": "platt", "a": 1.0, "b": 0.0},
+        {"format_version": 1, "method": "histogram"},
+        {"format_version": 1, "method": "platt", "a": 1.0},
+        {"format_version": 1, "method": "platt", "a": "steep", "b": 0.0},
+        {"format_version": 1, "method": "platt", "a": None, "b": 0.0},
+        {"format_version": 1, "method": "isotonic", "x": [0.0, 1.0], "y": [0.5]},
+        {"format_version": 1, "method": "isotonic", "x": [], "y": []},
+        {"format_version": 1, "method": "isotonic", "x": [1.0, 0.0], "y": [0.1, 0.2]},
+        {"format_version": 1, "method": "isotonic", "x": [0.0, 1.0], "y": [0.9, 0.2]},
+        {"format_version": 1, "method": "isotonic", "x": 3, "y": [0.2]},
+        {"format_version": 1, "method": "isotonic", "y": [0.2]},
+        {"format_version": 1, "method": "isotonic", "x": [0.0], "y": [0.2], "fit": 7},
+    ],
+)
 def test_malformed_calibration_dicts_raise_value_error(bad):
     with pytest.raises(ValueError):
         Calibration.from_dict(bad)
@@ -484,8 +490,10 @@ def test_score_distribution_curves_are_naive_counts(queries):
         "i2t": np.sort(rng_picks.choice(9, size=min(queries, 9), replace=False)),
         "t2i": np.sort(rng_picks.choice(27, size=min(queries, 27), replace=False)),
     }
-    sampled = {"i2t": (sim[picks["i2t"]], dense[picks["i2t"]]),
-               "t2i": (sim.T[picks["t2i"]], dense.T[picks["t2i"]])}
+    sampled = {
+        "i2t": (sim[picks["i2t"]], dense[picks["i2t"]]),
+        "t2i": (sim.T[picks["t2i"]], dense.T[picks["t2i"]]),
+    }
     everything = np.concatenate([s.ravel() for s, _ in sampled.values()])
     for direction, (scores, rel) in sampled.items():
         section = out[direction]

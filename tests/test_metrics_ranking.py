@@ -108,10 +108,12 @@ def five_per_image(rng: np.random.Generator, n_img: int) -> np.ndarray:
 
 # --- hand-computed cases ---------------------------------------------------------------------------
 # 2 images x 6 captions, captions 0-2 written for image 0, captions 3-5 for image 1.
-HAND_SIM = np.array([
-    [0.9, 0.05, 0.5, 0.8, 0.5, 0.1],
-    [0.3, 0.7, 0.6, 0.4, 0.65, 0.35],
-])
+HAND_SIM = np.array(
+    [
+        [0.9, 0.05, 0.5, 0.8, 0.5, 0.1],
+        [0.3, 0.7, 0.6, 0.4, 0.65, 0.35],
+    ]
+)
 HAND_LAYOUT = np.array([0, 0, 0, 1, 1, 1])
 
 
@@ -124,17 +126,34 @@ def test_hand_two_images_six_captions():
     # t2i ranks (2 candidates, 1 relevant): c0 1, c1 2, c2 2, c3 2, c4 1, c5 1.
     got = ranking_metrics(HAND_SIM, Relevance.annotations(HAND_LAYOUT))
     expected = {
-        "i2t_queries": 2, "i2t_queries_without_relevant": 0,
-        "i2t_r1": 50.0, "i2t_r5": 100.0, "i2t_r10": 100.0, "i2t_ar": 250 / 3,
-        "i2t_medr": 1.0, "i2t_meanr": 1.5,
-        "i2t_map5": (0.5 + 1.6 / 3) / 2, "i2t_map5_ecir": (0.75 + 1.6 / 3) / 2,
-        "i2t_map10": (2 / 3 + 1.6 / 3) / 2, "i2t_map10_ecir": (2 / 3 + 1.6 / 3) / 2,
-        "i2t_rprec": 1 / 3, "i2t_map": 0.6,
-        "t2i_queries": 6, "t2i_queries_without_relevant": 0,
-        "t2i_r1": 50.0, "t2i_r5": 100.0, "t2i_r10": 100.0, "t2i_ar": 250 / 3,
-        "t2i_medr": 1.0, "t2i_meanr": 1.5,
-        "t2i_map5": 0.75, "t2i_map5_ecir": 0.75, "t2i_map10": 0.75, "t2i_map10_ecir": 0.75,
-        "t2i_rprec": 0.5, "t2i_map": 0.75,
+        "i2t_queries": 2,
+        "i2t_queries_without_relevant": 0,
+        "i2t_r1": 50.0,
+        "i2t_r5": 100.0,
+        "i2t_r10": 100.0,
+        "i2t_ar": 250 / 3,
+        "i2t_medr": 1.0,
+        "i2t_meanr": 1.5,
+        "i2t_map5": (0.5 + 1.6 / 3) / 2,
+        "i2t_map5_ecir": (0.75 + 1.6 / 3) / 2,
+        "i2t_map10": (2 / 3 + 1.6 / 3) / 2,
+        "i2t_map10_ecir": (2 / 3 + 1.6 / 3) / 2,
+        "i2t_rprec": 1 / 3,
+        "i2t_map": 0.6,
+        "t2i_queries": 6,
+        "t2i_queries_without_relevant": 0,
+        "t2i_r1": 50.0,
+        "t2i_r5": 100.0,
+        "t2i_r10": 100.0,
+        "t2i_ar": 250 / 3,
+        "t2i_medr": 1.0,
+        "t2i_meanr": 1.5,
+        "t2i_map5": 0.75,
+        "t2i_map5_ecir": 0.75,
+        "t2i_map10": 0.75,
+        "t2i_map10_ecir": 0.75,
+        "t2i_rprec": 0.5,
+        "t2i_map": 0.75,
         "rsum": 500.0,
     }
     assert_metrics(got, expected)
@@ -167,16 +186,20 @@ def test_collapsed_model_gets_the_worst_ranks():
 
 def test_hand_queries_without_relevant_are_excluded_and_counted():
     # 3 images x 4 captions; image 2 and caption 3 have no relevant item
-    rel = np.array([
-        [True, False, True, False],
-        [False, True, False, False],
-        [False, False, False, False],
-    ])
-    sim = np.array([
-        [0.1, 0.9, 0.8, 0.5],  # image 0: c1, c2 (R), c3, c0 (R) -> positions [2, 4]
-        [0.2, 0.3, 0.1, 0.4],  # image 1: c3, c1 (R) -> position 2
-        [0.9, 0.9, 0.9, 0.9],  # no relevant caption: never averaged in
-    ])
+    rel = np.array(
+        [
+            [True, False, True, False],
+            [False, True, False, False],
+            [False, False, False, False],
+        ]
+    )
+    sim = np.array(
+        [
+            [0.1, 0.9, 0.8, 0.5],  # image 0: c1, c2 (R), c3, c0 (R) -> positions [2, 4]
+            [0.2, 0.3, 0.1, 0.4],  # image 1: c3, c1 (R) -> position 2
+            [0.9, 0.9, 0.9, 0.9],  # no relevant caption: never averaged in
+        ]
+    )
     got = ranking_metrics(sim, Relevance.matrix(rel))
     assert got["i2t_queries"] == 3 and got["i2t_queries_without_relevant"] == 1
     assert got["i2t_r1"] == 0.0 and got["i2t_medr"] == 2.0 and got["i2t_meanr"] == 2.0
@@ -257,7 +280,7 @@ def test_positions_match_the_oracle_per_query():
         expected = oracle_positions(scores[q], relevant[q])
         assert counts[q] == len(expected)
         assert positions[q, : counts[q]].tolist() == expected
-        assert not positions[q, counts[q]:].any()
+        assert not positions[q, counts[q] :].any()
 
 
 def test_first_relevant_ranks_equal_retrieval_ranks_and_the_oracle():
@@ -325,8 +348,9 @@ def test_1k_folds_equal_sequential_blocks_sliced_by_hand():
         sum(got["metrics"][f"{d}_r{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10))
     )
     # the folds are not the whole matrix: pooled metrics differ
-    assert got["metrics"]["i2t_meanr"] != pytest.approx(ranking_metrics(sim, Relevance.annotations(layout))[
-        "i2t_meanr"])
+    assert got["metrics"]["i2t_meanr"] != pytest.approx(
+        ranking_metrics(sim, Relevance.annotations(layout))["i2t_meanr"]
+    )
 
 
 def test_1k_with_dense_ground_truth_uses_the_subset():

@@ -119,7 +119,13 @@ def test_thresholds_and_pages_match_a_numpy_oracle(retriever: Retriever, text: s
 def test_min_relevance_reports_the_equivalent_raw_score(retriever: Retriever) -> None:
     query = retriever.encode_text("a green triangle")
     page = retriever.search(
-        retriever.images, query, k=100, offset=0, depth=100, min_relevance=0.3, text="a green triangle",
+        retriever.images,
+        query,
+        k=100,
+        offset=0,
+        depth=100,
+        min_relevance=0.3,
+        text="a green triangle",
         timings={},
     )
     # this query's equivalent: the lowest retrieved score that passed (None when none did)

@@ -30,11 +30,21 @@ def data(tmp_path_factory) -> Path:
 
 
 def tiny_config(data: Path, out: Path, *extra: str) -> dict:
-    return load_config(None, [
-        f'data.path="{data}"', f'train.out="{out}"', "train.batch_size=8", "train.epochs=2",
-        "data.val_images=12", "train.log_every=1", "optim.lr=1e-3",
-        "train.threads=1", *TINY_MODEL, *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f'data.path="{data}"',
+            f'train.out="{out}"',
+            "train.batch_size=8",
+            "train.epochs=2",
+            "data.val_images=12",
+            "train.log_every=1",
+            "optim.lr=1e-3",
+            "train.threads=1",
+            *TINY_MODEL,
+            *extra,
+        ],
+    )
 
 
 def weights(run: Path, which: str = "last") -> dict[str, torch.Tensor]:
@@ -59,14 +69,23 @@ def test_every_objective_trains_a_few_steps(data, tmp_path, name):
     assert {"image_encoder", "text_encoder"} <= changed  # the objective's gradient reached both towers
 
 
-@pytest.mark.parametrize("decoding", [
-    ['decoding.kind="ltd"', 'decoding.mode="dual"'],
-    ['decoding.kind="ltd"', 'decoding.mode="constraint"'],
-    ['decoding.kind="itd"', 'decoding.mode="constraint"'],
-])
+@pytest.mark.parametrize(
+    "decoding",
+    [
+        ['decoding.kind="ltd"', 'decoding.mode="dual"'],
+        ['decoding.kind="ltd"', 'decoding.mode="constraint"'],
+        ['decoding.kind="itd"', 'decoding.mode="constraint"'],
+    ],
+)
 def test_target_decoding_trains(data, tmp_path, decoding):
-    cfg = tiny_config(data, tmp_path / "run", "train.max_steps=3", "train.epochs=1",
-                      f'data.cache_dir="{tmp_path / "cache"}"', *decoding)
+    cfg = tiny_config(
+        data,
+        tmp_path / "run",
+        "train.max_steps=3",
+        "train.epochs=1",
+        f'data.cache_dir="{tmp_path / "cache"}"',
+        *decoding,
+    )
     train(cfg, progress=False)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if r["event"] == "train"]
@@ -98,8 +117,11 @@ def test_resume_equals_uninterrupted_run(data, tmp_path):
 def test_resume_refuses_a_different_config(data, tmp_path):
     train(tiny_config(data, tmp_path / "run", "train.max_steps=2"), progress=False)
     with pytest.raises(ValueError, match="different config"):
-        train(tiny_config(data, tmp_path / "run", "train.max_steps=4", "optim.lr=0.5"), resume=True,
-              progress=False)
+        train(
+            tiny_config(data, tmp_path / "run", "train.max_steps=4", "optim.lr=0.5"),
+            resume=True,
+            progress=False,
+        )
 
 
 def test_same_seed_same_weights_and_validation_selects_best(data, tmp_path):
@@ -117,8 +139,14 @@ def test_same_seed_same_weights_and_validation_selects_best(data, tmp_path):
 
 def test_swa_averages_the_snapshots_of_the_epoch_end(data, tmp_path):
     # 25 steps per epoch; swa_fraction 0.16 -> the last 4 steps, 2 snapshots: after steps 22 and 24
-    swa = tiny_config(data, tmp_path / "swa", "train.epochs=1", "train.swa=true", "train.swa_fraction=0.16",
-                      "train.swa_snapshots=2")
+    swa = tiny_config(
+        data,
+        tmp_path / "swa",
+        "train.epochs=1",
+        "train.swa=true",
+        "train.swa_fraction=0.16",
+        "train.swa_snapshots=2",
+    )
     train(swa, progress=False)
     for steps in (22, 24):
         train(tiny_config(data, tmp_path / f"plain{steps}", f"train.max_steps={steps}"), progress=False)
@@ -128,19 +156,56 @@ def test_swa_averages_the_snapshots_of_the_epoch_end(data, tmp_path):
 
 
 def test_two_gloo_processes_match_one_process_with_the_global_batch(data, tmp_path):
-    args = ["--set", f'data.path="{data}"', "--set", "train.batch_size=8", "--set", "train.epochs=1",
-            "--set", "train.max_steps=3", "--set", "train.val_every=0", "--set", "optim.lr=1e-3",
-            "--set", "train.threads=1", "--set", 'train.device="cpu"', "--quiet"]  # gloo, also beside a GPU
+    args = [
+        "--set",
+        f'data.path="{data}"',
+        "--set",
+        "train.batch_size=8",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.max_steps=3",
+        "--set",
+        "train.val_every=0",
+        "--set",
+        "optim.lr=1e-3",
+        "--set",
+        "train.threads=1",
+        "--set",
+        'train.device="cpu"',
+        "--quiet",
+    ]  # gloo, also beside a GPU
     for item in TINY_MODEL:
         args += ["--set", item]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = [sys.executable, "-m", "icr.cli", "train", "--config", "synthetic-ntxent"]
-    subprocess.run([*one, *args, "--set", f'train.out="{tmp_path / "one"}"'], check=True, env=env,
-                   capture_output=True, timeout=300)
-    two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "icr.cli", "train", "--config", "synthetic-ntxent"]
-    result = subprocess.run([*two, *args, "--set", f'train.out="{tmp_path / "two"}"'], env=env,
-                            capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [*one, *args, "--set", f'train.out="{tmp_path / "one"}"'],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    two = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "icr.cli",
+        "train",
+        "--config",
+        "synthetic-ntxent",
+    ]
+    result = subprocess.run(
+        [*two, *args, "--set", f'train.out="{tmp_path / "two"}"'],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
     for key in a:
@@ -184,8 +249,15 @@ def test_ground_truth_positives_reach_the_objective(data, tmp_path):
     from icr.training.data.training_data import plan_epoch
     from icr.training.losses.base import ContrastiveLoss
 
-    cfg = tiny_config(data, tmp_path / "run", 'data.positives="ground_truth"', 'loss.name="ntxent_multi"',
-                      "train.max_steps=2", "train.epochs=1", "train.val_every=0")
+    cfg = tiny_config(
+        data,
+        tmp_path / "run",
+        'data.positives="ground_truth"',
+        'loss.name="ntxent_multi"',
+        "train.max_steps=2",
+        "train.epochs=1",
+        "train.val_every=0",
+    )
     trainer = Trainer(cfg, progress=False)
     seen = []
     forward = ContrastiveLoss.forward
@@ -201,12 +273,18 @@ def test_ground_truth_positives_reach_the_objective(data, tmp_path):
     plans = plan_epoch(trainer.train_data, "image", 8, 0, 0)
     for (img_ids, _, relevant), plan in zip(seen, plans, strict=False):
         assert relevant is not None and relevant.dtype == torch.bool
-        want = [[is_relevant(trainer.train_data.captions[c], scenes[int(i)]) for c in plan.cap_idx]
-                for i in img_ids]
+        want = [
+            [is_relevant(trainer.train_data.captions[c], scenes[int(i)]) for c in plan.cap_idx]
+            for i in img_ids
+        ]
         assert relevant.tolist() == want
         # the annotated pairs are among them (every caption is true of its own image)
-        assert all(relevant[r, c] for r, i in enumerate(img_ids) for c, cap in enumerate(plan.cap_idx)
-                   if trainer.train_data.img_of_cap[cap] == i)
+        assert all(
+            relevant[r, c]
+            for r, i in enumerate(img_ids)
+            for c, cap in enumerate(plan.cap_idx)
+            if trainer.train_data.img_of_cap[cap] == i
+        )
 
 
 def test_ground_truth_positives_need_the_embedded_benchmark(tmp_path):
@@ -214,9 +292,16 @@ def test_ground_truth_positives_need_the_embedded_benchmark(tmp_path):
     for split, n in (("train", 4), ("dev", 2)):
         np.save(tmp_path / f"{split}_ims.npy", rng.standard_normal((n, 3, 8)).astype(np.float32))
         (tmp_path / f"{split}_caps.txt").write_text("\n".join(["a red dog"] * 5 * n) + "\n")
-    cfg = load_config(None, [f'data.path="{tmp_path}"', 'data.positives="ground_truth"',
-                             'data.val_split="dev"', 'model.image.kind="precomp"',
-                             "model.image.feature_dim=8"])
+    cfg = load_config(
+        None,
+        [
+            f'data.path="{tmp_path}"',
+            'data.positives="ground_truth"',
+            'data.val_split="dev"',
+            'model.image.kind="precomp"',
+            "model.image.feature_dim=8",
+        ],
+    )
     with pytest.raises(ValueError, match="data.positives=ground_truth needs the embedded benchmark"):
         Trainer(cfg, progress=False)
     with pytest.raises(ValueError, match="data.positives must be annotations or ground_truth"):
@@ -236,9 +321,18 @@ def test_precomp_region_features_train(tmp_path):
         np.save(tmp_path / f"{split}_ims.npy", rng.standard_normal((n, 6, 16)).astype(np.float32))
         lines = [" ".join(rng.choice(words, size=5)) for _ in range(5 * n)]
         (tmp_path / f"{split}_caps.txt").write_text("\n".join(lines) + "\n")
-    overrides = [f'data.path="{tmp_path}"', 'data.val_split="dev"', f'train.out="{tmp_path / "run"}"',
-                 "train.batch_size=10", "train.epochs=2", "model.embed_dim=16", 'model.image.kind="precomp"',
-                 "model.image.feature_dim=16", "model.text.word_dim=8", "model.text.hidden=16"]
+    overrides = [
+        f'data.path="{tmp_path}"',
+        'data.val_split="dev"',
+        f'train.out="{tmp_path / "run"}"',
+        "train.batch_size=10",
+        "train.epochs=2",
+        "model.embed_dim=16",
+        'model.image.kind="precomp"',
+        "model.image.feature_dim=16",
+        "model.text.word_dim=8",
+        "model.text.hidden=16",
+    ]
     summary = train(load_config(None, overrides), progress=False)
     assert summary["steps"] == 12 and summary["best_rsum"] is not None  # 60 captions / 10 x 2 epochs
     model, config = load_checkpoint(tmp_path / "run" / "best")

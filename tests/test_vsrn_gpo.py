@@ -89,7 +89,7 @@ def test_gpo_special_cases_max_and_mean() -> None:
     means = torch.stack([features[b, :n].mean(0) for b, n in enumerate(lengths.tolist())])
     assert_close(pooled, means)
     # weights one-hot on rank 0 -> max over the valid rows
-    gpo.pool_weights = lambda lengths, n, device: F.one_hot(torch.zeros_like(lengths), n).float()
+    gpo.pool_weights = lambda lengths, n, _device: F.one_hot(torch.zeros_like(lengths), n).float()
     pooled, _ = gpo(features, lengths)
     maxes = torch.stack([features[b, :n].amax(0) for b, n in enumerate(lengths.tolist())])
     assert_close(pooled, maxes)

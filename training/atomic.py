@@ -63,4 +63,3 @@ def replace_dir(new: str | os.PathLike[str], target: str | os.PathLike[str]) -> 
         raise
     shutil.rmtree(old, ignore_errors=True)
     return target
-

@@ -150,22 +150,28 @@ def _check(config: dict[str, Any]) -> None:
         raise ValueError(f"optim.optimizer must be adam or adamw, got {optim['optimizer']!r}")
     if optim["schedule"] not in ("step", "cosine", "linear", "constant"):
         raise ValueError(
-            f"optim.schedule must be step, cosine, linear or constant, got {optim['schedule']!r}")
+            f"optim.schedule must be step, cosine, linear or constant, got {optim['schedule']!r}"
+        )
     if train["amp"] not in AMP_CHOICES:
         raise ValueError(f"train.amp must be one of {', '.join(AMP_CHOICES)}, got {train['amp']!r}")
     if config["data"]["positives"] not in ("annotations", "ground_truth"):
         raise ValueError(
-            f"data.positives must be annotations or ground_truth, got {config['data']['positives']!r}")
+            f"data.positives must be annotations or ground_truth, got {config['data']['positives']!r}"
+        )
     from icr.training.losses import load_all
 
     registry = load_all()
     if config["loss"].get("name") not in registry:
-        raise ValueError(f"loss.name={config['loss'].get('name')!r} is not an objective; choose one of "
-                         f"{', '.join(sorted(registry))}")
+        raise ValueError(
+            f"loss.name={config['loss'].get('name')!r} is not an objective; choose one of "
+            f"{', '.join(sorted(registry))}"
+        )
     for key, value in config["loss"].items():
         if key != "name" and (key not in registry or not isinstance(value, dict)):
-            raise ValueError(f"[loss] may hold name and one parameter table per objective "
-                             f"([loss.ntxent] temperature = 0.05); {key!r} is neither")
+            raise ValueError(
+                f"[loss] may hold name and one parameter table per objective "
+                f"([loss.ntxent] temperature = 0.05); {key!r} is neither"
+            )
     if not os.fspath(config["data"]["path"]):
         raise ValueError("data.path is empty; set it to a dataset folder, e.g. --set data.path=icr-demo/data")
 

@@ -15,8 +15,13 @@ from icr.training.data.training_data import SplitData
 
 @torch.no_grad()
 def embed_images(
-    model: nn.Module, data: SplitData, indices: np.ndarray | None = None, *, batch_size: int = 256,
-    device: str | torch.device = "cpu", progress: bool = False,
+    model: nn.Module,
+    data: SplitData,
+    indices: np.ndarray | None = None,
+    *,
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
 ) -> np.ndarray:
     """(N, D) float32 embeddings of ``data``'s images (all, or ``indices``), eval preprocessing."""
     from tqdm import tqdm
@@ -40,7 +45,7 @@ def embed_image_batch(
     model.eval()
     try:
         # eval transforms are deterministic; the generator argument is never called
-        x = transform.stack(images, lambda j: np.random.default_rng(0)).to(device)  # (b, ...)
+        x = transform.stack(images, lambda _j: np.random.default_rng(0)).to(device)  # (b, ...)
         return model.encode_image(x).float().cpu().numpy()  # (b, D)
     finally:
         model.train(was_training)
@@ -48,7 +53,11 @@ def embed_image_batch(
 
 @torch.no_grad()
 def embed_captions(
-    model: nn.Module, captions: list[str], *, batch_size: int = 512, device: str | torch.device = "cpu",
+    model: nn.Module,
+    captions: list[str],
+    *,
+    batch_size: int = 512,
+    device: str | torch.device = "cpu",
     progress: bool = False,
 ) -> np.ndarray:
     """(N, D) float32 embeddings of ``captions``."""
@@ -77,4 +86,3 @@ def open_embeddings(path: str | Path, dim: int) -> np.ndarray:
             f"{emb.dtype} {emb.shape}"
         )
     return emb
-

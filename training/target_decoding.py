@@ -69,8 +69,10 @@ class LatentTargetDecoder(nn.Module):
     def __init__(self, embed_dim: int, target_dim: int = LATENT_TARGET_DIM, hidden: int = 512) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(embed_dim, hidden), nn.ReLU(),
-            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(embed_dim, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
             nn.Linear(hidden, target_dim),
         )
         for layer in self.net:
@@ -86,8 +88,10 @@ class LatentTargetDecoder(nn.Module):
     def reconstruction_loss(decoded: Tensor, targets: Tensor) -> Tensor:
         """``mean_b (1 - cos(decoded_b, target_b))`` (paper Eq. 6), a scalar in [0, 2]."""
         if decoded.shape != targets.shape:
-            raise ValueError(f"decoded {tuple(decoded.shape)} and latent targets {tuple(targets.shape)} must "
-                             f"have the same shape; were the targets computed with {LATENT_TARGET_MODEL}?")
+            raise ValueError(
+                f"decoded {tuple(decoded.shape)} and latent targets {tuple(targets.shape)} must "
+                f"have the same shape; were the targets computed with {LATENT_TARGET_MODEL}?"
+            )
         decoded, targets = _at_least_fp32(decoded), _at_least_fp32(targets).to(decoded.dtype)
         return (1.0 - F.cosine_similarity(decoded, targets, dim=-1)).mean()
 
@@ -102,12 +106,15 @@ class InputTargetDecoder(nn.Module):
     re-tune eta for the constraint mode.
     """
 
-    def __init__(self, embed_dim: int, vocab_size: int, word_dim: int = 300,
-                 hidden: int | None = None) -> None:
+    def __init__(
+        self, embed_dim: int, vocab_size: int, word_dim: int = 300, hidden: int | None = None
+    ) -> None:
         super().__init__()
         if vocab_size <= Vocabulary.UNK:
-            raise ValueError(f"vocab_size must count the {len(Vocabulary.SPECIALS)} specials and the words, "
-                             f"got {vocab_size}")
+            raise ValueError(
+                f"vocab_size must count the {len(Vocabulary.SPECIALS)} specials and the words, "
+                f"got {vocab_size}"
+            )
         hidden = embed_dim if hidden is None else hidden
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=Vocabulary.PAD)
         self.init_hidden: nn.Module = nn.Identity() if hidden == embed_dim else nn.Linear(embed_dim, hidden)
@@ -135,12 +142,16 @@ class InputTargetDecoder(nn.Module):
         ``lengths`` (B,) counts ``<start>`` and ``<end>``; ``<start>`` itself is not predicted.
         """
         if tokens.dim() != 2 or lengths.shape != (tokens.shape[0],):
-            raise ValueError(f"expected tokens (B, T) and lengths (B,), got {tuple(tokens.shape)} and "
-                             f"{tuple(lengths.shape)}")
+            raise ValueError(
+                f"expected tokens (B, T) and lengths (B,), got {tuple(tokens.shape)} and "
+                f"{tuple(lengths.shape)}"
+            )
         lengths = lengths.to(tokens.device)
         if bool((lengths < 2).any()) or bool((lengths > tokens.shape[1]).any()):
-            raise ValueError(f"every length must be in [2, T={tokens.shape[1]}] (a caption is at least "
-                             f"<start> <end>, and cannot be longer than the padded batch)")
+            raise ValueError(
+                f"every length must be in [2, T={tokens.shape[1]}] (a caption is at least "
+                f"<start> <end>, and cannot be longer than the padded batch)"
+            )
         tokens = tokens[:, : int(lengths.max())]  # fixed-width padding (for all-gather) costs nothing
         log_probs = self(cap_emb, tokens)  # (B, T-1, V)
         target_logp = log_probs.gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, T-1)
@@ -163,8 +174,15 @@ class LagrangeMultiplier(nn.Module):
     of the violation (``buf <- 0.9 buf + 0.1 g``, initialised with the first g).
     """
 
-    def __init__(self, bound: float, start: float = 1.0, max_value: float = 100.0, lr: float = 5e-3,
-                 momentum: float = 0.9, dampening: float = 0.9) -> None:
+    def __init__(
+        self,
+        bound: float,
+        start: float = 1.0,
+        max_value: float = 100.0,
+        lr: float = 5e-3,
+        momentum: float = 0.9,
+        dampening: float = 0.9,
+    ) -> None:
         super().__init__()
         if not (math.isfinite(bound) and bound > 0):
             raise ValueError(f"the constraint bound (eta) must be positive, got {bound!r}")
@@ -233,11 +251,22 @@ class TargetDecoding(nn.Module):
     tensor, or a mapping with key ``"target"``) and :meth:`encode_captions`'s output for itd.
     """
 
-    def __init__(self, kind: str, embed_dim: int, *, mode: str = "constraint", beta: float = 1.0,
-                 eta: float | None = None, vocab: Vocabulary | None = None, max_tokens: int = 64,
-                 target_dim: int = LATENT_TARGET_DIM, multiplier_start: float = 1.0,
-                 multiplier_max: float = 100.0, multiplier_lr: float = 5e-3,
-                 multiplier_alpha: float = 0.9) -> None:
+    def __init__(
+        self,
+        kind: str,
+        embed_dim: int,
+        *,
+        mode: str = "constraint",
+        beta: float = 1.0,
+        eta: float | None = None,
+        vocab: Vocabulary | None = None,
+        max_tokens: int = 64,
+        target_dim: int = LATENT_TARGET_DIM,
+        multiplier_start: float = 1.0,
+        multiplier_max: float = 100.0,
+        multiplier_lr: float = 5e-3,
+        multiplier_alpha: float = 0.9,
+    ) -> None:
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"decoding.kind must be one of none, {', '.join(KINDS)}; got {kind!r}")
@@ -251,12 +280,22 @@ class TargetDecoding(nn.Module):
         self.eta = DEFAULT_ETA[kind] if eta is None else float(eta)
         self.vocab = vocab if kind == "itd" else None
         self.decoder: LatentTargetDecoder | InputTargetDecoder = (
-            InputTargetDecoder(embed_dim, len(vocab)) if kind == "itd" and vocab is not None
-            else LatentTargetDecoder(embed_dim, target_dim))
-        self.multiplier = (LagrangeMultiplier(self.eta, start=multiplier_start, max_value=multiplier_max,
-                                              lr=multiplier_lr, momentum=multiplier_alpha,
-                                              dampening=multiplier_alpha)
-                           if mode == "constraint" else None)
+            InputTargetDecoder(embed_dim, len(vocab))
+            if kind == "itd" and vocab is not None
+            else LatentTargetDecoder(embed_dim, target_dim)
+        )
+        self.multiplier = (
+            LagrangeMultiplier(
+                self.eta,
+                start=multiplier_start,
+                max_value=multiplier_max,
+                lr=multiplier_lr,
+                momentum=multiplier_alpha,
+                dampening=multiplier_alpha,
+            )
+            if mode == "constraint"
+            else None
+        )
 
     def decoder_parameters(self) -> Iterator[nn.Parameter]:
         """The parameters the model optimizer trains (the multiplier has its own optimizer)."""
@@ -287,13 +326,16 @@ class TargetDecoding(nn.Module):
             if isinstance(target, Mapping):
                 target = target.get("target")  # type: ignore[assignment]
             if not isinstance(target, Tensor):
-                raise ValueError("decoding.kind='ltd' needs the latent targets (B, 384): a tensor or "
-                                 "{'target': tensor}")
+                raise ValueError(
+                    "decoding.kind='ltd' needs the latent targets (B, 384): a tensor or {'target': tensor}"
+                )
             return self.decoder.reconstruction_loss(self.decoder(cap_emb), target.to(cap_emb.device))
         if isinstance(target, Mapping):
             if "tokens" not in target or "lengths" not in target:
-                raise ValueError(f"decoding.kind='itd' needs 'tokens' and 'lengths' (encode_captions); "
-                                 f"got keys {sorted(target)}")
+                raise ValueError(
+                    f"decoding.kind='itd' needs 'tokens' and 'lengths' (encode_captions); "
+                    f"got keys {sorted(target)}"
+                )
             tokens, lengths = target["tokens"], target["lengths"]
         elif isinstance(target, tuple) and len(target) == 2:
             tokens, lengths = target
@@ -337,8 +379,9 @@ class TargetDecoding(nn.Module):
         return {"kind": self.kind, "mode": self.mode, "beta": self.beta, "eta": self.eta}
 
 
-def build_decoding(config: Mapping[str, Any], embed_dim: int,
-                   vocab: Vocabulary | None = None) -> TargetDecoding | None:
+def build_decoding(
+    config: Mapping[str, Any], embed_dim: int, vocab: Vocabulary | None = None
+) -> TargetDecoding | None:
     """The ``[decoding]`` config section as a :class:`TargetDecoding`, or None for ``kind = "none"``.
 
     Keys: ``kind`` (none | ltd | itd) and :class:`TargetDecoding`'s keyword parameters (mode, beta,
@@ -348,15 +391,21 @@ def build_decoding(config: Mapping[str, Any], embed_dim: int,
     kind = options.pop("kind", "none")
     if kind == "none":
         if options:
-            raise ValueError(f"decoding.kind is 'none' but decoding also sets {', '.join(sorted(options))}; "
-                             f"set decoding.kind to ltd or itd, or remove them")
+            raise ValueError(
+                f"decoding.kind is 'none' but decoding also sets {', '.join(sorted(options))}; "
+                f"set decoding.kind to ltd or itd, or remove them"
+            )
         return None
-    allowed = [name for name in inspect.signature(TargetDecoding).parameters
-               if name not in ("kind", "embed_dim", "vocab")]
+    allowed = [
+        name
+        for name in inspect.signature(TargetDecoding).parameters
+        if name not in ("kind", "embed_dim", "vocab")
+    ]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
-        raise ValueError(f"decoding has no setting(s) {', '.join(unknown)}; "
-                         f"valid: kind, {', '.join(allowed)}")
+        raise ValueError(
+            f"decoding has no setting(s) {', '.join(unknown)}; valid: kind, {', '.join(allowed)}"
+        )
     return TargetDecoding(kind, embed_dim, vocab=vocab if kind == "itd" else None, **options)
 
 
@@ -391,8 +440,9 @@ def _load_cached_targets(cache_path: Path, meta: dict[str, Any]) -> np.ndarray |
     return array
 
 
-def compute_latent_targets(captions: Sequence[str], cache_path: str | os.PathLike[str], batch_size: int = 256,
-                           progress: bool = True) -> np.ndarray:
+def compute_latent_targets(
+    captions: Sequence[str], cache_path: str | os.PathLike[str], batch_size: int = 256, progress: bool = True
+) -> np.ndarray:
     """Unit-norm all-MiniLM-L6-v2 embeddings of ``captions``, (N, 384) float32, cached at ``cache_path``.
 
     The cache (``cache_path`` .npy plus ``<name>.json`` with the captions' sha256) is reused when it
@@ -404,8 +454,13 @@ def compute_latent_targets(captions: Sequence[str], cache_path: str | os.PathLik
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     cache_path = Path(cache_path)
-    meta = {"format_version": LATENT_CACHE_FORMAT, "model": LATENT_TARGET_MODEL, "dim": LATENT_TARGET_DIM,
-            "count": len(captions), "captions_sha256": captions_sha256(captions)}
+    meta = {
+        "format_version": LATENT_CACHE_FORMAT,
+        "model": LATENT_TARGET_MODEL,
+        "dim": LATENT_TARGET_DIM,
+        "count": len(captions),
+        "captions_sha256": captions_sha256(captions),
+    }
     cached = _load_cached_targets(cache_path, meta)
     if cached is not None:
         return cached
@@ -415,8 +470,13 @@ def compute_latent_targets(captions: Sequence[str], cache_path: str | os.PathLik
         from sentence_transformers import SentenceTransformer
 
         model = SentenceTransformer(str(get_model_path()), device="cpu")
-        targets = model.encode(list(captions), batch_size=batch_size, normalize_embeddings=True,
-                               convert_to_numpy=True, show_progress_bar=progress)
+        targets = model.encode(
+            list(captions),
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=progress,
+        )
         targets = np.ascontiguousarray(targets, dtype=np.float32)
     else:
         targets = np.zeros((0, LATENT_TARGET_DIM), dtype=np.float32)

@@ -113,12 +113,18 @@ class Trainer:
 
         self.loss_fn = build_loss(config["loss"]["name"], **loss_params(config))
         per_image = int(dcfg["captions_per_image"])
-        self.train_data = open_split(dcfg["path"], dcfg["train_split"], captions_per_image=per_image,
-                                     preload=dcfg["preload"], progress=self.progress)
+        self.train_data = open_split(
+            dcfg["path"],
+            dcfg["train_split"],
+            captions_per_image=per_image,
+            preload=dcfg["preload"],
+            progress=self.progress,
+        )
         self.val_data: SplitData | None = None
         if int(tcfg["val_every"]) > 0:
-            self.val_data = open_split(dcfg["path"], dcfg["val_split"], captions_per_image=per_image,
-                                       preload=False).head(int(dcfg["val_images"]))
+            self.val_data = open_split(
+                dcfg["path"], dcfg["val_split"], captions_per_image=per_image, preload=False
+            ).head(int(dcfg["val_images"]))
 
         self.pair_truth = self._pair_truth(dcfg["positives"])
         model_cfg = normalize_model_config(config["model"])
@@ -213,8 +219,11 @@ class Trainer:
             "cap_ids": torch.from_numpy(plan.cap_idx.astype(np.int64)),
         }
         if self.decoding is not None:
-            batch["target"] = (torch.from_numpy(self.targets[plan.cap_idx]) if self.decoding.kind == "ltd"
-                               else self.decoding.encode_captions(captions))
+            batch["target"] = (
+                torch.from_numpy(self.targets[plan.cap_idx])
+                if self.decoding.kind == "ltd"
+                else self.decoding.encode_captions(captions)
+            )
         return batch
 
     def _batches(self, plans: list[PlannedBatch], epoch: int, start: int) -> Iterator[dict[str, Any]]:
@@ -224,7 +233,9 @@ class Trainer:
                 yield self._make_batch(self._local_slice(plans[k]), epoch, k)
             return
         loader = torch.utils.data.DataLoader(
-            list(range(start, len(plans))), batch_size=None, num_workers=workers,
+            list(range(start, len(plans))),
+            batch_size=None,
+            num_workers=workers,
             collate_fn=lambda k: self._make_batch(self._local_slice(plans[k]), epoch, k),
         )
         yield from loader
@@ -250,8 +261,11 @@ class Trainer:
         logged = {f"loss/{k}": v for k, v in terms.items() if k != "loss"}
         if self.decoding is not None:
             target = batch["target"]
-            target = ({k: dist.all_gather_nograd(v.to(dev)) for k, v in target.items()}
-                      if isinstance(target, dict) else dist.all_gather_nograd(target.to(dev)))
+            target = (
+                {k: dist.all_gather_nograd(v.to(dev)) for k, v in target.items()}
+                if isinstance(target, dict)
+                else dist.all_gather_nograd(target.to(dev))
+            )
             dec_loss, dec_logged = self.decoding(cap_all, target)
             total = total + dec_loss
             logged.update(dec_logged)
@@ -287,18 +301,32 @@ class Trainer:
             epoch = self.state.epoch
             plans = plan_epoch(self.train_data, self.loss_fn.sampling, self.batch_size, self.seed, epoch)
             if not plans:
-                raise ValueError(f"train.batch_size={self.batch_size} is larger than the training split "
-                                 f"({len(self.train_data.captions)} captions); lower it")
+                raise ValueError(
+                    f"train.batch_size={self.batch_size} is larger than the training split "
+                    f"({len(self.train_data.captions)} captions); lower it"
+                )
             self.loss_fn.on_epoch_start(epoch)
             swa_from = len(plans) - max(1, int(len(plans) * float(tcfg["swa_fraction"])))
             swa_every = max(1, (len(plans) - swa_from) // max(1, int(tcfg["swa_snapshots"])))
-            bar = tqdm(total=len(plans), initial=self.state.step_in_epoch, desc=f"epoch {epoch + 1}/{epochs}",
-                       unit="step", disable=not self.progress, leave=False)
+            bar = tqdm(
+                total=len(plans),
+                initial=self.state.step_in_epoch,
+                desc=f"epoch {epoch + 1}/{epochs}",
+                unit="step",
+                disable=not self.progress,
+                leave=False,
+            )
             window_start, window_samples = time.perf_counter(), 0
-            for k, batch in enumerate(self._batches(plans, epoch, self.state.step_in_epoch),
-                                      start=self.state.step_in_epoch):
-                lr = learning_rate(self.config["optim"], epochs, epoch, self.state.global_step,
-                                   max_steps or epochs * len(plans))
+            for k, batch in enumerate(
+                self._batches(plans, epoch, self.state.step_in_epoch), start=self.state.step_in_epoch
+            ):
+                lr = learning_rate(
+                    self.config["optim"],
+                    epochs,
+                    epoch,
+                    self.state.global_step,
+                    max_steps or epochs * len(plans),
+                )
                 logged = self._step(batch, lr)
                 self.state.global_step += 1
                 self.state.step_in_epoch = k + 1
@@ -309,13 +337,22 @@ class Trainer:
                 if not math.isfinite(logged["loss"]):
                     raise FloatingPointError(
                         f"loss became {logged['loss']} at step {self.state.global_step}; lower optim.lr or "
-                        "check the data (train_state.pt keeps the last good state)")
+                        "check the data (train_state.pt keeps the last good state)"
+                    )
                 bar.update(1)
                 bar.set_postfix(loss=f"{logged['loss']:.4f}")
                 if self.state.global_step % log_every == 0:
                     now = time.perf_counter()
-                    self._log({"event": "train", "epoch": epoch, "step": self.state.global_step, "lr": lr,
-                               "samples_per_s": window_samples / max(now - window_start, 1e-9), **logged})
+                    self._log(
+                        {
+                            "event": "train",
+                            "epoch": epoch,
+                            "step": self.state.global_step,
+                            "lr": lr,
+                            "samples_per_s": window_samples / max(now - window_start, 1e-9),
+                            **logged,
+                        }
+                    )
                     window_start, window_samples = now, 0
                 if self.state.global_step % save_every == 0:
                     self.save_state()
@@ -359,8 +396,12 @@ class Trainer:
                 self.state.best_rsum, self.state.best_epoch = metrics["rsum"], epoch
                 self._save_checkpoint("best", metrics)
             if self.progress:
-                print(f"epoch {epoch + 1}: val rsum {metrics['rsum']:.2f} "
-                      f"(best {self.state.best_rsum:.2f} at epoch {self.state.best_epoch + 1})", flush=True)
+                from tqdm import tqdm  # above the progress bars, not through them
+
+                tqdm.write(
+                    f"epoch {epoch + 1}: val rsum {metrics['rsum']:.2f} "
+                    f"(best {self.state.best_rsum:.2f} at epoch {self.state.best_epoch + 1})"
+                )
         dist.barrier()
         self.save_state()
 
@@ -388,8 +429,12 @@ class Trainer:
         return {
             "objective": {"name": self.loss_fn.name, "params": self.loss_fn.params()},
             "decoding": self.config["decoding"],
-            "data": {"path": str(self.train_data.source), "kind": self.train_data.kind,
-                     "train_split": self.train_data.name, "fingerprint": self.train_data.fingerprint},
+            "data": {
+                "path": str(self.train_data.source),
+                "kind": self.train_data.kind,
+                "train_split": self.train_data.name,
+                "fingerprint": self.train_data.fingerprint,
+            },
             "step": self.state.global_step,
             "epoch": self.state.epoch,
             "val_metrics": metrics,
@@ -415,7 +460,9 @@ class Trainer:
             "decoding": self.decoding.state_dict() if self.decoding is not None else None,
             "swa": self.swa.state_dict() if self.swa is not None else None,
             "rng": {
-                "torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                "torch": torch.get_rng_state(),
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             },
         }
@@ -431,8 +478,10 @@ class Trainer:
         except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
             raise ValueError(f"{path}: cannot read the training state ({e}); delete it to restart") from None
         if _comparable(state["config"]) != _comparable(self.config):
-            raise ConfigMismatchError(f"{path} was written by a run with a different config; resume with the "
-                                      "same config and --set values, or choose a new train.out")
+            raise ConfigMismatchError(
+                f"{path} was written by a run with a different config; resume with the "
+                "same config and --set values, or choose a new train.out"
+            )
         self.state = RunState(**state["run"])
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -477,8 +526,10 @@ def train(config: dict[str, Any], *, resume: bool = False, progress: bool = True
             if not trainer.load_state():
                 raise FileNotFoundError(f"--resume: no {STATE_FILE} in {trainer.out}; run without --resume")
         elif state_file.exists():
-            raise FileExistsError(f"{trainer.out} already holds a run ({STATE_FILE}); pass --resume to "
-                                  "continue it, or set a new train.out")
+            raise FileExistsError(
+                f"{trainer.out} already holds a run ({STATE_FILE}); pass --resume to "
+                "continue it, or set a new train.out"
+            )
         summary = trainer.fit()
         return summary if dist.is_main() else None  # evaluated before the process group goes away
     finally:

@@ -33,7 +33,8 @@ def _splits(data: Path) -> list[str]:
 
 
 @lru_cache(maxsize=8)
-def _karpathy_splits(json_path: Path, mtime_ns: int, size: int) -> tuple[str, ...]:
+def _karpathy_splits(json_path: Path, _mtime_ns: int, _size: int) -> tuple[str, ...]:
+    """The splits of a Karpathy JSON; the file's mtime and size are only part of the cache key."""
     from icr.training.data.karpathy import load_karpathy
 
     return tuple(sorted(load_karpathy(json_path, check_images=False).splits))

@@ -120,8 +120,10 @@ def cocos_batch(
     ``params``, at epoch 0) or a built loss.
     """
     if sim.dim() != 2 or tuple(pos.shape) != tuple(sim.shape):
-        raise ValueError(f"cocos: expected sim and pos of one (Ni, Nc) shape, got {tuple(sim.shape)} "
-                         f"and {tuple(pos.shape)}")
+        raise ValueError(
+            f"cocos: expected sim and pos of one (Ni, Nc) shape, got {tuple(sim.shape)} "
+            f"and {tuple(pos.shape)}"
+        )
     if counter not in COUNTERS:
         raise ValueError(f"unknown COCOS counter {counter!r}; choose one of: {', '.join(COUNTERS)}")
     if not (math.isfinite(epsilon) and epsilon >= 0):
@@ -166,8 +168,10 @@ def _count_stats(direction: str, per_query: Tensor) -> dict[str, float]:
 def _triplet(sim: Tensor, pos: Tensor, margin: float, hardest: bool) -> dict[str, float]:
     n = sim.shape[0]
     if sim.shape[1] != n or not bool(pos.diagonal().all()):
-        raise ValueError("the triplet COCOS counters need a caption-level batch: (N, N) with the positive "
-                         f"of query i at [i, i], got {tuple(sim.shape)}; use counter='generic' otherwise")
+        raise ValueError(
+            "the triplet COCOS counters need a caption-level batch: (N, N) with the positive "
+            f"of query i at [i, i], got {tuple(sim.shape)}; use counter='generic' otherwise"
+        )
     cost_i2t, cost_t2i = hinge_costs(sim, pos, margin)  # (N, N) each, [image, caption], 0 off negatives
     out: dict[str, float] = {}
     # t2i: caption query j is column j of cost_t2i (the seed summed rows here, i.e. per image)
@@ -256,7 +260,7 @@ def _direction_gradients(terms: dict[str, Tensor], leaf: Tensor) -> dict[str, Te
         return {d: grad(terms[d]) if d in terms else zero for d in DIRECTIONS}
     # terms not named by direction: the gradient of the loss (as ContrastiveLoss.forward sums them)
     total = grad(torch.stack(list(terms.values())).sum())
-    return {d: total for d in DIRECTIONS}
+    return dict.fromkeys(DIRECTIONS, total)
 
 
 def _generic(sim: Tensor, pos: Tensor, loss: ContrastiveLoss, epsilon: float) -> dict[str, float]:
@@ -354,8 +358,13 @@ def run_cocos(
     # the same captions per image as in training, so batches and positives match the trained ones
     per_image = int(((config.get("train_config") or {}).get("data") or {}).get("captions_per_image", 5))
     # a few batches touch few images: decoding the whole split first (preload) would dominate
-    split_data = open_split(data, split, captions_per_image=per_image,
-                            preload="auto" if max_batches is None else False, progress=progress)
+    split_data = open_split(
+        data,
+        split,
+        captions_per_image=per_image,
+        preload="auto" if max_batches is None else False,
+        progress=progress,
+    )
     plans = plan_epoch(split_data, loss.sampling, batch_size, seed, epoch=0)[:max_batches]
     if not plans:
         unit = "images" if loss.sampling == "image" else "captions"

@@ -15,31 +15,49 @@ COUNTER_CHOICES = ("auto", "generic")
 
 @fail_cleanly
 def cocos(
-    checkpoint: Annotated[Path, typer.Option(
-        help="Checkpoint directory written by `icr train` (e.g. runs/x/best).")],
-    data: Annotated[Path, typer.Option(
-        help="Dataset: Karpathy JSON (file or folder) or a precomp folder.")],
+    checkpoint: Annotated[
+        Path, typer.Option(help="Checkpoint directory written by `icr train` (e.g. runs/x/best).")
+    ],
+    data: Annotated[Path, typer.Option(help="Dataset: Karpathy JSON (file or folder) or a precomp folder.")],
     split: Annotated[str, typer.Option(help="Split to iterate (the paper: the training set).")] = "train",
-    objective: Annotated[str | None, typer.Option(
-        help="Objective to analyse (default: the checkpoint's; see `icr train --list-losses`).")] = None,
-    set_: Annotated[list[str] | None, typer.Option(
-        "--set", help="One objective parameter, e.g. --set margin=0.1 (repeatable; TOML values).")] = None,
-    counter: Annotated[str, typer.Option(
-        help="auto: the objective's own COCOS definition (triplet, triplet_hardest, ntxent, smoothap; "
-             "others: generic); generic: entries whose loss gradient exceeds epsilon x the largest "
-             "negative gradient of the batch.")
+    objective: Annotated[
+        str | None,
+        typer.Option(help="Objective to analyse (default: the checkpoint's; see `icr train --list-losses`)."),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", help="One objective parameter, e.g. --set margin=0.1 (repeatable; TOML values)."
+        ),
+    ] = None,
+    counter: Annotated[
+        str,
+        typer.Option(
+            help="auto: the objective's own COCOS definition (triplet, triplet_hardest, ntxent, smoothap; "
+            "others: generic); generic: entries whose loss gradient exceeds epsilon x the largest "
+            "negative gradient of the batch."
+        ),
     ] = "auto",
-    epsilon: Annotated[float, typer.Option(
-        help="Threshold: softmax weight (ntxent), sim(D)/R^2 (smoothap), relative gradient (generic).")
+    epsilon: Annotated[
+        float,
+        typer.Option(
+            help="Threshold: softmax weight (ntxent), sim(D)/R^2 (smoothap), relative gradient (generic)."
+        ),
     ] = 0.01,
-    batch_size: Annotated[int, typer.Option(
-        help="Captions per batch (images per batch for image-level objectives such as smoothap).")] = 128,
-    max_batches: Annotated[int | None, typer.Option(
-        help="Stop after this many batches (default: all).")] = None,
+    batch_size: Annotated[
+        int,
+        typer.Option(
+            help="Captions per batch (images per batch for image-level objectives such as smoothap)."
+        ),
+    ] = 128,
+    max_batches: Annotated[
+        int | None, typer.Option(help="Stop after this many batches (default: all).")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the batch order.")] = 0,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
-    json_out: Annotated[Path | None, typer.Option(
-        "--json", help="Also write the result as JSON here (atomically).")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the result as JSON here (atomically).")
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Count contributing samples (COCOS, Bleeker & de Rijke ECIR 2022) of a trained checkpoint.
@@ -69,13 +87,23 @@ def cocos(
     for item in set_ or []:
         keys, value = parse_override(item)
         if len(keys) != 1:
-            raise ValueError(f"--set {item!r}: takes one objective parameter (e.g. margin=0.1), "
-                             "not a dotted key")
+            raise ValueError(
+                f"--set {item!r}: takes one objective parameter (e.g. margin=0.1), not a dotted key"
+            )
         params[keys[0]] = value
     result = run_cocos(
-        checkpoint, data, split=split, objective=objective, params=params, counter=counter,
-        batch_size=batch_size, epsilon=epsilon, max_batches=max_batches, seed=seed,
-        device=choose_device(device), progress=not quiet,
+        checkpoint,
+        data,
+        split=split,
+        objective=objective,
+        params=params,
+        counter=counter,
+        batch_size=batch_size,
+        epsilon=epsilon,
+        max_batches=max_batches,
+        seed=seed,
+        device=choose_device(device),
+        progress=not quiet,
     )
     print_table(result)
     if json_out is not None:
@@ -92,13 +120,21 @@ def _cell(metric: dict[str, Any] | None) -> str:
 def print_table(result: dict[str, Any]) -> None:
     """One row per COCOS symbol, i2t and t2i columns (mean +- std over batches)."""
     params = ", ".join(f"{k}={v}" for k, v in result["params"].items())
-    typer.echo(f"COCOS {result['checkpoint']} [{result['split']}]: {result['objective']}({params}), "
-               f"counter {result['counter']}, epsilon {result['epsilon']}, "
-               f"{result['batches']} batches of {result['batch_size']} ({result['sampling']}-level)")
+    typer.echo(
+        f"COCOS {result['checkpoint']} [{result['split']}]: {result['objective']}({params}), "
+        f"counter {result['counter']}, epsilon {result['epsilon']}, "
+        f"{result['batches']} batches of {result['batch_size']} ({result['sampling']}-level)"
+    )
     metrics = result["metrics"]
     keys = list(dict.fromkeys(name.split("_", 1)[1] for name in metrics))  # in counter order
-    rows = [(metrics[f"i2t_{k}"]["symbol"] if f"i2t_{k}" in metrics else k,
-             _cell(metrics.get(f"i2t_{k}")), _cell(metrics.get(f"t2i_{k}"))) for k in keys]
+    rows = [
+        (
+            metrics[f"i2t_{k}"]["symbol"] if f"i2t_{k}" in metrics else k,
+            _cell(metrics.get(f"i2t_{k}")),
+            _cell(metrics.get(f"t2i_{k}")),
+        )
+        for k in keys
+    ]
     widths = [max(len(r[i]) for r in [("symbol", "i2t", "t2i"), *rows]) for i in range(3)]
     for row in [("symbol", "i2t", "t2i"), *rows]:
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

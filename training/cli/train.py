@@ -11,10 +11,16 @@ from icr.training.cli.support import fail_cleanly, print_summary
 
 @fail_cleanly
 def train_command(
-    config: Annotated[str | None, typer.Option(
-        "--config", "-c", help="A TOML file, or the name of a shipped config (see --list-configs).")] = None,
-    set_: Annotated[list[str] | None, typer.Option(
-        "--set", help="Override one key, e.g. --set train.epochs=3 (repeatable; TOML values).")] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config", "-c", help="A TOML file, or the name of a shipped config (see --list-configs)."
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override one key, e.g. --set train.epochs=3 (repeatable; TOML values)."),
+    ] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in train.out from train_state.pt.")] = False,
     list_configs: Annotated[bool, typer.Option(help="List the shipped configs and exit.")] = False,
     list_losses: Annotated[bool, typer.Option(help="List the objectives and their parameters.")] = False,

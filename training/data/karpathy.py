@@ -185,9 +185,11 @@ def load_image(path: str | os.PathLike[str]) -> Image.Image:
             "image file not found.", path=path, hint="Check the image folder (image_root) for this dataset."
         ) from None
     except (ImageRefused, OSError) as err:
-        hint = ("The file is corrupt or not an image; re-download it or remove it from the dataset."
-                if getattr(err, "reason", "corrupt") in ("corrupt", "format")
-                else "Crop or downscale it, or remove it from the dataset.")
+        hint = (
+            "The file is corrupt or not an image; re-download it or remove it from the dataset."
+            if getattr(err, "reason", "corrupt") in ("corrupt", "format")
+            else "Crop or downscale it, or remove it from the dataset."
+        )
         raise DatasetError(f"cannot decode image ({err}).", path=path, hint=hint) from None
 
 

@@ -70,7 +70,11 @@ def is_precomp(path: Path) -> bool:
 
 
 def open_split(
-    path: str | Path, split: str, *, captions_per_image: int = 5, preload: str | bool = "auto",
+    path: str | Path,
+    split: str,
+    *,
+    captions_per_image: int = 5,
+    preload: str | bool = "auto",
     progress: bool = False,
 ) -> SplitData:
     """Load ``split`` of the dataset at ``path`` (Karpathy JSON or folder, or a precomp folder)."""

@@ -238,8 +238,9 @@ def evaluate_model(
         from icr.training.evaluation.relevance import QuerySide
 
         sides = {
-            name: QuerySide.start(s.data.captions, s.cap_emb, s.data.img_of_cap, s.img_emb,
-                                  options.relevance_depth)
+            name: QuerySide.start(
+                s.data.captions, s.cap_emb, s.data.img_of_cap, s.img_emb, options.relevance_depth
+            )
             for name, s in (("test", test), ("fit", held_out))
         }
     distractor_scenes: list[Any] = []
@@ -341,13 +342,20 @@ def _relevance_section(
             from icr.training.data.synthetic.scene import SceneTable
             from icr.training.evaluation.relevance import synthetic_hits
 
-            table = SceneTable.concat([split_scene_table(synthetic_dir(split.data), split.data.name),
-                                       *distractor_scenes])
+            table = SceneTable.concat(
+                [split_scene_table(synthetic_dir(split.data), split.data.name), *distractor_scenes]
+            )
             # the test captions are judged on the distractors (when there are any), the fit on
             # every image but the caption's own
-            hits[name] = synthetic_hits(side.captions, side.top.scores, side.top.ids, table,
-                                        split.data.num_images, own_image=side.own_image,
-                                        judge_distractors=name == "test" and bool(distractor_scenes))
+            hits[name] = synthetic_hits(
+                side.captions,
+                side.top.scores,
+                side.top.ids,
+                table,
+                split.data.num_images,
+                own_image=side.own_image,
+                judge_distractors=name == "test" and bool(distractor_scenes),
+            )
         else:
             hits[name] = annotation_hits(side)
     per_query, served = fit_served_maps(hits["fit"], held_out.cap_emb, held_out.data.captions)
@@ -359,11 +367,16 @@ def _relevance_section(
         "gallery": {
             "images": test.data.num_images,
             "distractors": sides["test"].top.ntotal - test.data.num_images,
-            "judged": "generated distractors" if synthetic and distractor_scenes
+            "judged": "generated distractors"
+            if synthetic and distractor_scenes
             else "every image but the caption's own",
         },
-        "fit": {"split": held_out.data.name, "queries": len(hits["fit"]),
-                "per_query": per_query.fit, "isotonic_served": served.fit},
+        "fit": {
+            "split": held_out.data.name,
+            "queries": len(hits["fit"]),
+            "per_query": per_query.fit,
+            "isotonic_served": served.fit,
+        },
         "maps": honesty_report(hits["test"], test.cap_emb, test.data.captions, maps),
     }
     plots: list[Path] = []
@@ -371,10 +384,13 @@ def _relevance_section(
         from icr.training.evaluation.plots import plot_reliability_by_kind
 
         for name, figures in section["maps"].items():
-            plots.append(plot_reliability_by_kind(
-                figures, Path(options.plots_dir) / f"reliability-kinds-{name}.png",
-                f"{name}: held-out {test.data.name} captions, depth {options.relevance_depth}",
-            ))
+            plots.append(
+                plot_reliability_by_kind(
+                    figures,
+                    Path(options.plots_dir) / f"reliability-kinds-{name}.png",
+                    f"{name}: held-out {test.data.name} captions, depth {options.relevance_depth}",
+                )
+            )
     return section, plots
 
 

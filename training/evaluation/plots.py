@@ -106,8 +106,9 @@ def plot_reliability_by_kind(figures: Mapping[str, Any], path: str | Path, title
             linewidth=2.5 if name == "pooled" else 1.2,
             label=f"{name} ({group['queries']})",
         )
-    left.set(xlabel="predicted relevance", ylabel="fraction truly relevant", xlim=(0, 1), ylim=(0, 1),
-             title=title)
+    left.set(
+        xlabel="predicted relevance", ylabel="fraction truly relevant", xlim=(0, 1), ylim=(0, 1), title=title
+    )
     left.grid(alpha=0.3)
     left.legend(fontsize=7)
     targets = list(figures["pooled"]["thresholds"])
@@ -115,13 +116,21 @@ def plot_reliability_by_kind(figures: Mapping[str, Any], path: str | Path, title
     width = 0.8 / max(len(targets), 1)
     for k, target in enumerate(targets):
         values = [g["thresholds"][target]["precision"] for _, g in groups]
-        bars = right.bar(x + k * width, [v if v is not None else 0.0 for v in values], width,
-                         label=f"min_relevance {target}")
+        bars = right.bar(
+            x + k * width,
+            [v if v is not None else 0.0 for v in values],
+            width,
+            label=f"min_relevance {target}",
+        )
         right.axhline(float(target), color=bars.patches[0].get_facecolor(), linestyle="--", linewidth=1)
-    right.set_xticks(x + width * (len(targets) - 1) / 2, [n for n, _ in groups], rotation=30, ha="right",
-                     fontsize=8)
-    right.set(ylabel="delivered precision (no bar: nothing passed)", ylim=(0, 1),
-              title="precision of the hits passing each threshold")
+    right.set_xticks(
+        x + width * (len(targets) - 1) / 2, [n for n, _ in groups], rotation=30, ha="right", fontsize=8
+    )
+    right.set(
+        ylabel="delivered precision (no bar: nothing passed)",
+        ylim=(0, 1),
+        title="precision of the hits passing each threshold",
+    )
     right.legend(fontsize=7)
     return _save(plt, fig, path)
 

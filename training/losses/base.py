@@ -74,8 +74,10 @@ class ContrastiveLoss(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """``(sim, pos)``, (Ni, Nc) each, as :meth:`terms` receives them (checked layout, masks applied)."""
         if img.dim() != 2 or cap.dim() != 2 or img.shape[1] != cap.shape[1]:
-            raise ValueError(f"{self.name}: expected (Ni, D) and (Nc, D) embeddings, got {tuple(img.shape)} "
-                             f"and {tuple(cap.shape)}")
+            raise ValueError(
+                f"{self.name}: expected (Ni, D) and (Nc, D) embeddings, got {tuple(img.shape)} "
+                f"and {tuple(cap.shape)}"
+            )
         if img_ids.shape != (img.shape[0],) or cap_img_ids.shape != (cap.shape[0],):
             raise ValueError(f"{self.name}: ids must be 1-D and match the embeddings' first dimension")
         # fp32 even under autocast (softmax/sigmoid need it); fp64 inputs stay fp64 (oracle tests)
@@ -84,8 +86,10 @@ class ContrastiveLoss(nn.Module):
         pos = img_ids[:, None] == cap_img_ids[None, :]  # (Ni, Nc)
         if self.sampling == "caption":
             if img.shape[0] != cap.shape[0]:
-                raise ValueError(f"{self.name} needs caption-level batches (one image row per caption), "
-                                 f"got {img.shape[0]} images and {cap.shape[0]} captions")
+                raise ValueError(
+                    f"{self.name} needs caption-level batches (one image row per caption), "
+                    f"got {img.shape[0]} images and {cap.shape[0]} captions"
+                )
             if not bool(pos.diagonal().all()):
                 raise ValueError(f"{self.name}: row i of the images must be the image of caption i")
             if not self.mask_duplicates:
@@ -94,8 +98,10 @@ class ContrastiveLoss(nn.Module):
             raise ValueError(f"{self.name}: every caption's image must be in the batch")
         if relevant is not None:
             if relevant.shape != pos.shape or relevant.dtype != torch.bool:
-                raise ValueError(f"{self.name}: relevant must be a bool tensor of shape {tuple(pos.shape)}, "
-                                 f"got {relevant.dtype} {tuple(relevant.shape)}")
+                raise ValueError(
+                    f"{self.name}: relevant must be a bool tensor of shape {tuple(pos.shape)}, "
+                    f"got {relevant.dtype} {tuple(relevant.shape)}"
+                )
             pos = pos | relevant
         return sim, pos
 
@@ -130,6 +136,8 @@ def build_loss(name: str, **params: Any) -> ContrastiveLoss:
     allowed = cls.defaults()
     unknown = sorted(set(params) - set(allowed))
     if unknown:
-        raise ValueError(f"loss {name!r} has no parameter(s) {', '.join(unknown)}; "
-                         f"its parameters are: {', '.join(f'{k}={v!r}' for k, v in allowed.items())}")
+        raise ValueError(
+            f"loss {name!r} has no parameter(s) {', '.join(unknown)}; "
+            f"its parameters are: {', '.join(f'{k}={v!r}' for k, v in allowed.items())}"
+        )
     return cls(**params)

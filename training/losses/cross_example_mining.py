@@ -24,13 +24,18 @@ class CrossExampleMiningLoss(SoftmaxFamilyLoss):
     the term).
     """
 
-    def __init__(self, keep_fraction: float = 0.5, scale: float = 20.0, direction: str = "t2i",
-                 mask_duplicates: bool = True) -> None:
+    def __init__(
+        self,
+        keep_fraction: float = 0.5,
+        scale: float = 20.0,
+        direction: str = "t2i",
+        mask_duplicates: bool = True,
+    ) -> None:
         super().__init__(scale=scale, direction=direction, mask_duplicates=mask_duplicates)
         check_keep_fraction(keep_fraction)
         self.keep_fraction = keep_fraction
 
-    def negative_lse(self, logits: Tensor, neg: Tensor, direction: str) -> Tensor:
+    def negative_lse(self, logits: Tensor, neg: Tensor, direction: str) -> Tensor:  # noqa: ARG002 (shared set)
         flat, valid = logits.flatten(), neg.flatten()  # (N*N,)
         mined = top_mask(flat, valid, kept_count(valid.sum(), self.keep_fraction), dim=0)  # (N*N,)
         return masked_logsumexp(flat, mined, dim=0).expand(logits.shape[0])  # (N,)

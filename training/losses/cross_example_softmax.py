@@ -18,6 +18,6 @@ class CrossExampleSoftmaxLoss(SoftmaxFamilyLoss):
     kept for a uniform interface with the other softmax losses.
     """
 
-    def negative_lse(self, logits: Tensor, neg: Tensor, direction: str) -> Tensor:
+    def negative_lse(self, logits: Tensor, neg: Tensor, direction: str) -> Tensor:  # noqa: ARG002 (shared set)
         shared = masked_logsumexp(logits.flatten(), neg.flatten(), dim=0)  # () over the N*N - N* negatives
         return shared.expand(logits.shape[0])  # (N,)

@@ -82,11 +82,14 @@ class Goal(ContrastiveLoss):
     ) -> None:
         super().__init__(mask_duplicates=mask_duplicates)
         if triplet_weight not in TRIPLET_WEIGHTS:
-            raise ValueError(f"goal: unknown triplet_weight {triplet_weight!r}; "
-                             f"choose one of: {', '.join(TRIPLET_WEIGHTS)}")
+            raise ValueError(
+                f"goal: unknown triplet_weight {triplet_weight!r}; "
+                f"choose one of: {', '.join(TRIPLET_WEIGHTS)}"
+            )
         if pair_weight not in PAIR_WEIGHTS:
-            raise ValueError(f"goal: unknown pair_weight {pair_weight!r}; "
-                             f"choose one of: {', '.join(PAIR_WEIGHTS)}")
+            raise ValueError(
+                f"goal: unknown pair_weight {pair_weight!r}; choose one of: {', '.join(PAIR_WEIGHTS)}"
+            )
         self.triplet_weight = triplet_weight
         self.pair_weight = pair_weight
         self.margin = margin
@@ -156,5 +159,7 @@ class Goal(ContrastiveLoss):
         neg_gap = s - s_neg[:, None]  # (N, N) S_ij - s_n (<= 0 on negatives)
         if self.pair_weight == "lin_ms":
             return _masked_mean(pos_gap, in_pos_set), _masked_mean(-neg_gap, in_neg_set)
-        return (_masked_mean(torch.exp(self.alpha * pos_gap), in_pos_set),
-                _masked_mean(torch.exp(self.beta * neg_gap), in_neg_set))
+        return (
+            _masked_mean(torch.exp(self.alpha * pos_gap), in_pos_set),
+            _masked_mean(torch.exp(self.beta * neg_gap), in_neg_set),
+        )

@@ -25,8 +25,14 @@ class StochasticNegativeMiningLoss(SoftmaxFamilyLoss):
     fraction). The paper keeps "the 50% largest scores from the respective negative sets".
     """
 
-    def __init__(self, keep_fraction: float = 0.5, k: int | None = None, scale: float = 20.0,
-                 direction: str = "t2i", mask_duplicates: bool = True) -> None:
+    def __init__(
+        self,
+        keep_fraction: float = 0.5,
+        k: int | None = None,
+        scale: float = 20.0,
+        direction: str = "t2i",
+        mask_duplicates: bool = True,
+    ) -> None:
         super().__init__(scale=scale, direction=direction, mask_duplicates=mask_duplicates)
         check_keep_fraction(keep_fraction)
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):

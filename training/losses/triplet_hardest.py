@@ -24,8 +24,9 @@ class TripletHardest(ContrastiveLoss):
     def __init__(self, margin: float = 0.2, warmup_epochs: int = 0, mask_duplicates: bool = True) -> None:
         super().__init__(mask_duplicates=mask_duplicates)
         if warmup_epochs < 0:
-            raise ValueError(f"triplet_hardest: warmup_epochs must be >= 0 (epochs of VSE0 first), "
-                             f"got {warmup_epochs}")
+            raise ValueError(
+                f"triplet_hardest: warmup_epochs must be >= 0 (epochs of VSE0 first), got {warmup_epochs}"
+            )
         self.margin = margin
         self.warmup_epochs = warmup_epochs
 

@@ -139,7 +139,7 @@ class FeatureTransform:
 
     feature_dim: int
 
-    def __call__(self, features: Any, rng: np.random.Generator | None = None) -> Tensor:
+    def __call__(self, features: Any, rng: np.random.Generator | None = None) -> Tensor:  # noqa: ARG002 (no aug.)
         arr = np.asarray(features, dtype=np.float32)
         if arr.ndim not in (1, 2) or arr.shape[-1] != self.feature_dim:
             raise ValueError(
@@ -148,7 +148,7 @@ class FeatureTransform:
             )
         return torch.from_numpy(np.ascontiguousarray(arr))
 
-    def stack(self, features: Sequence[Any], rng_of: Callable[[int], np.random.Generator]) -> Tensor:
+    def stack(self, features: Sequence[Any], rng_of: Callable[[int], np.random.Generator]) -> Tensor:  # noqa: ARG002
         """(N, R, F) or (N, F): the samples' features stacked (no randomness)."""
         return torch.stack([self(f) for f in features])
 

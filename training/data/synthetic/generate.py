@@ -103,8 +103,11 @@ def write_dataset(
     try:
         images, scenes = [], []
         imgid = 0
-        chunks = [(seed, split, lo, min(lo + SYNTH_CHUNK, counts[split]), image_size)
-                  for split in SPLITS for lo in range(0, counts[split], SYNTH_CHUNK)]
+        chunks = [
+            (seed, split, lo, min(lo + SYNTH_CHUNK, counts[split]), image_size)
+            for split in SPLITS
+            for lo in range(0, counts[split], SYNTH_CHUNK)
+        ]
         workers = render_workers() if sum(counts.values()) >= 4 * SYNTH_CHUNK else 1
         with _progress(sum(counts.values()), progress, "synthesising") as bar:
             rendered = _ordered_map(_synth_items, chunks, workers)
@@ -308,8 +311,10 @@ class DistractorStream:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        args = [(self.seed, self.image_size, lo, min(lo + batch_size, self.n))
-                for lo in range(start, self.n, batch_size)]
+        args = [
+            (self.seed, self.image_size, lo, min(lo + batch_size, self.n))
+            for lo in range(start, self.n, batch_size)
+        ]
         yield from _ordered_map(_render_batch, args, workers)
 
     def scene_table(self, start: int = 0, stop: int | None = None, chunk: int = 100_000) -> SceneTable:

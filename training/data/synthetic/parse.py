@@ -174,7 +174,7 @@ class _Parser:
             self.pending_position = self.merge_position(self.pending_position or (None, None), (row, col))
         return j - i
 
-    def run(self) -> Query:
+    def run(self) -> Query:  # noqa: C901 (one branch per word class of the caption grammar)
         t = self.tokens
         if not t:
             raise self.fail("it is empty")

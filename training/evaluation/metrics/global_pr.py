@@ -154,7 +154,7 @@ def threshold_metrics(
     same pairs, whose counts are reused for thresholds it already holds (best F1, precision
     targets), so only other thresholds cost a pass of sorting every block.
     """
-    probes = np.asarray(sorted(set(float(t) for t in thresholds)), dtype=np.float64)
+    probes = np.asarray(sorted({float(t) for t in thresholds}), dtype=np.float64)
     returned = np.zeros(probes.size, dtype=np.int64)  # pairs >= t
     tp = np.zeros(probes.size, dtype=np.int64)  # relevant pairs >= t
     at = {} if curve is None else {float(t): i for i, t in enumerate(curve.thresholds)}
