@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 
 def _wait(client: httpx.Client, job_id: str, statuses: set[str], timeout: float = 120.0) -> dict:
@@ -33,7 +34,7 @@ def test_a_job_runs_in_the_background_and_reports_metrics(client: httpx.Client) 
         job = client.get(f"/v1/benchmarks/{job['id']}").json()
         seen_progress.add((job["stage"], job["progress"]))
         time.sleep(0.1)
-    assert job["status"] == "succeeded", job
+    assert job["status"] == "succeeded", job.get("error")
     assert job["progress"] == 1.0 and job["started_at"] and job["finished_at"] and job["error"] is None
     metrics = job["metrics"]
     assert set(metrics) == {"annotations", "ground_truth"}
@@ -107,6 +108,7 @@ def test_keys_guard_reading_and_jobs_before_the_body_is_read(make_server) -> Non
     server.stop()
 
 
+@pytest.mark.slow
 def test_a_restart_in_the_middle_marks_the_running_job_and_keeps_the_queued_one(
     make_server, tmp_path
 ) -> None:
@@ -139,6 +141,7 @@ def test_a_restart_in_the_middle_marks_the_running_job_and_keeps_the_queued_one(
     second.stop()
 
 
+@pytest.mark.slow
 def test_a_killed_server_leaves_no_job_running(make_server, tmp_path) -> None:
     jobs_db = tmp_path / "jobs.sqlite"
     first = make_server(jobs_db=jobs_db).start()
@@ -163,6 +166,7 @@ def _running_pid(jobs_db, job_id: str) -> int:
         return db.execute("SELECT pid FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
 
 
+@pytest.mark.slow
 def test_two_servers_share_one_job_database(make_server, tmp_path) -> None:
     """Replicas: a full queue answers 429; a second server leaves the first one's running job alone
     (its lease is renewed) and runs the queued one; DELETE through one server cancels the other's

@@ -9,6 +9,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 CLIENTS = 8
 QUERIES_PER_CLIENT = 200
@@ -16,6 +17,7 @@ WORDS = ["red", "blue", "green", "yellow", "purple", "orange", "pink", "cyan"]
 SHAPES = ["circle", "square", "triangle", "diamond", "star", "cross", "hexagon"]
 
 
+@pytest.mark.slow
 def test_concurrent_clients_get_consistent_answers(server, client: httpx.Client, record_property) -> None:
     texts = [f"a {c} {s}" for c in WORDS for s in SHAPES]
 

@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keys", [False, True], ids=["open", "with-keys"])
 def test_schemathesis_finds_nothing(make_server, keys: bool) -> None:
     """With keys, Schemathesis sends the admin key and also checks that leaving it out is refused."""

@@ -29,7 +29,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from icr.index.manifest import MANIFEST_FILE, Manifest
+from icr.index.manifest import MANIFEST_FILE, Manifest, Modality
 from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.vector_index import (
     ExactTopK,
@@ -44,6 +44,7 @@ from icr.index.vector_index import (
 )
 from icr.training.atomic import replace_dir
 from icr.training.data.training_data import SplitData
+from icr.training.devices import resolve_device
 
 INDEX_FILE = "index.faiss"
 # Default memory budget for the index's codes: raw float32 vectors up to 2 GiB (1M x 512), PQ above.
@@ -188,16 +189,8 @@ def _check_replaceable(out: Path) -> None:
         )
 
 
-def _embed_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def _build(
-    modality: str,
+    modality: Modality,
     checkpoint: str | os.PathLike[str],
     data_path: str | os.PathLike[str],
     *,
@@ -220,10 +213,10 @@ def _build(
 
     started = time.perf_counter()
     out = Path(out)
-    device = _embed_device(device)
+    device = resolve_device(device)
     model, config = load_checkpoint(checkpoint, device)
     dim = int(config["embed_dim"])
-    data = open_split(data_path, split, progress=progress)
+    data = open_split(Path(data_path), split, progress=progress)
     if data.num_images == 0:
         raise ValueError(f"{data_path}: split {split!r} has no images to index")
 
@@ -297,7 +290,7 @@ def _build(
                 "kind": data.kind,
                 "distractor_source": _distractor_source(distractors, distractor_path),
             },
-            built_on=built["built_on"],
+            built_on="gpu" if built["built_on"] == "gpu" else "cpu",
             extra={
                 "embed_device": device,
                 **throughput,
@@ -357,7 +350,7 @@ def _timed(it: Iterator[Any], timings: dict[str, float], key: str) -> Iterator[A
         yield item
 
 
-def _bar(total: int, desc: str, progress: bool):
+def _bar(total: int, desc: str, progress: bool) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="img" if "caption" not in desc else "cap", disable=not progress)
@@ -397,7 +390,7 @@ def _image_gallery(model: Any, data: SplitData, batch_size: int, device: str, pr
     return _Stream(chunks(), data.num_images, timings)
 
 
-def _image_sources(data: SplitData) -> tuple[list[str], list[dict] | None]:
+def _image_sources(data: SplitData) -> tuple[list[str], list[dict[str, Any]] | None]:
     """Per split image: its source (absolute path, or precomp file and row) and scene dict if synthetic."""
     if data.kind == "precomp":
         features = Path(data.source) / f"{data.name}_ims.npy"
@@ -544,7 +537,7 @@ def _folder_distractors(
                 timings["distractor_embed_seconds"] = timings.get("distractor_embed_seconds", 0.0) + (
                     time.perf_counter() - t0
                 )
-                rows = [
+                rows: list[dict[str, Any]] = [
                     {
                         "id": first_id + lo + j,
                         "source": str(p),
@@ -578,7 +571,7 @@ def _file_distractors(path: Path, dim: int, first_id: int, chunk: int, progress:
                         f"{path}: row {lo + int(bad[0])} has norm {norms[bad[0]]:.4f}; distractor embeddings "
                         "must be L2-normalised (divide each row by its norm)"
                     )
-                rows = [
+                rows: list[dict[str, Any]] = [
                     {
                         "id": first_id + k,
                         "source": f"distractor:{k}",

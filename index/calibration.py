@@ -35,6 +35,7 @@ import numpy as np
 
 from icr.index.manifest import Manifest, check_compatible
 from icr.training.atomic import atomic_write_text
+from icr.training.devices import resolve_device
 
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_FORMAT = 2
@@ -53,7 +54,7 @@ def calibrate_index(
     eval_split: str | None = "test",
     method: str = "isotonic",
     depth: int = DEFAULT_DEPTH,
-    device: str = "cpu",
+    device: str = "auto",
     progress: bool = True,
 ) -> dict[str, Any]:
     """Fit, evaluate and write ``calibration.json`` into ``index_dir``; returns its content.
@@ -75,6 +76,7 @@ def calibrate_index(
     manifest = Manifest.read(index_dir)
     checkpoint = Path(checkpoint or manifest.checkpoint_path)
     data = Path(data or manifest.data["path"])
+    device = resolve_device(device)
     model, config = load_checkpoint(checkpoint, device)
     check_compatible(manifest, config, index_dir=index_dir, checkpoint_path=checkpoint)
     fit_split = calibration_split_for(data, split)
@@ -312,7 +314,8 @@ class ServedCalibration:
         scores = np.asarray(scores, dtype=np.float64)
         if self.per_query is None or len(scores) == 0 or text is None:
             return self.global_map(scores)
-        return self.per_query(scores[None, :], query, [text])[0]
+        mapped: np.ndarray = self.per_query(scores[None, :], query, [text])[0]  # (n,)
+        return mapped
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> ServedCalibration:

@@ -6,11 +6,12 @@ Heavy modules (torch, faiss) are imported inside the commands so `icr --help` st
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import typer
 
 from icr.training.cli.support import fail_cleanly, print_summary
+from icr.training.devices import Device
 
 index_app = typer.Typer(
     help="FAISS indices over a checkpoint's embeddings: gallery images (+ distractors) or captions.",
@@ -51,17 +52,19 @@ def build(
         ),
     ] = "auto",
     gpu: Annotated[
-        str, typer.Option(help="FAISS on the GPU: auto (when one is visible), on (required) or off.")
+        Literal["auto", "on", "off"],
+        typer.Option(help="FAISS on the GPU: auto (when one is visible), on (required) or off."),
     ] = "auto",
     modality: Annotated[
-        str, typer.Option(help="image: index images for text->image search; text: captions for image->text.")
+        Literal["image", "text"],
+        typer.Option(help="image: index images for text->image search; text: captions for image->text."),
     ] = "image",
     memory_budget_mb: Annotated[
         int, typer.Option(help="auto: raw vectors up to this size, PQ codes above.")
     ] = 2048,
     batch_size: Annotated[int, typer.Option(help="Images per embedding batch.")] = 256,
     device: Annotated[
-        str, typer.Option(help="Where the model embeds: auto (CUDA if present), cpu, cuda.")
+        Device, typer.Option(help="Where the model embeds: auto (CUDA if present), cpu, cuda.")
     ] = "auto",
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
@@ -88,7 +91,7 @@ def build(
     """
     from icr.index.build import build_caption_index, build_image_index
 
-    common = {
+    common: dict[str, Any] = {  # the options both builders take
         "split": split,
         "factory": factory,
         "gpu": gpu,
@@ -111,8 +114,8 @@ def build(
         if distractors or distractor_embeddings is not None or distractor_images is not None:
             raise ValueError("distractors are images: they go into an image index (--modality image)")
         manifest = build_caption_index(checkpoint, data, **common)
-    else:
-        raise ValueError(f"--modality must be image or text, got {modality!r}")
+    else:  # the option's choices allow nothing else
+        raise AssertionError(modality)
     typer.echo(f"wrote {out}")
     print_summary(manifest.to_dict())
 
@@ -133,7 +136,9 @@ def calibrate(
     data: Annotated[
         Path | None, typer.Option("--data", "-d", help="Default: the one in the manifest.")
     ] = None,
-    device: Annotated[str, typer.Option(help="cpu or cuda (embedding).")] = "cpu",
+    device: Annotated[
+        Device, typer.Option(help="Where the model embeds: auto (CUDA if present), cpu, cuda.")
+    ] = "auto",
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
     """Fit score -> probability of relevance where thresholds act; writes calibration.json.
@@ -171,7 +176,7 @@ def calibrate(
     typer.echo(f"wrote {index_dir / CALIBRATION_FILE}")
 
 
-def format_evaluation(evaluation: dict) -> str:
+def format_evaluation(evaluation: dict[str, Any]) -> str:
     """What min_relevance delivers on held-out captions, per map and query kind."""
     lines = [
         f"held-out {evaluation['split']} captions ({evaluation['queries']:,}), top {evaluation['depth']}, "

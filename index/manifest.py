@@ -8,60 +8,111 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
-FORMAT = "icr-index"
-FORMAT_VERSION = 1
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from icr.training.contracts import field_errors, validated
+
+FORMAT: Final = "icr-index"
+FORMAT_VERSION: Final = 1
 MANIFEST_FILE = "manifest.json"
-METRIC = "inner_product"  # on L2-normalised vectors: cosine similarity
-MODALITIES = ("image", "text")
+METRIC: Final = "inner_product"  # on L2-normalised vectors: cosine similarity
+Modality = Literal["image", "text"]
+MODALITIES: tuple[Modality, ...] = ("image", "text")
 # The checkpoint's name for the same metric (its embeddings are normalised for cosine scoring).
 COMPATIBLE_CHECKPOINT_METRICS = ("cosine", METRIC)
 
 
-@dataclass
-class Manifest:
-    """Fields of ``manifest.json`` (format ``icr-index``, version 1).
+class _RecallCheck(BaseModel):
+    """``recall_check``: ANN recall@k against exact search on held-out queries (and the tuned nprobe)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    k: int = Field(ge=1)
+    recall: float | None
+    queries: int = Field(ge=0)
+    nprobe: int | None = None
+
+
+class _DataSource(BaseModel):
+    """``data``: the dataset folder and split the gallery came from, plus where distractors came from."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    path: str
+    split: str
+
+
+def _checked(model: type[BaseModel], value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` unchanged if ``model`` accepts it; else one ValueError listing the bad keys."""
+    try:
+        model.model_validate(value)
+    except ValidationError as err:
+        raise ValueError(field_errors(err.errors())) from None
+    return value
+
+
+class Manifest(BaseModel):
+    """Fields of ``manifest.json`` (format ``icr-index``, version 1), validated on read.
 
     ``modality``: what the index holds (``image`` for text->image search, ``text`` for captions,
     image->text). ``recall_check``: ``{k, recall, queries, nprobe}``, ANN recall@k against exact
     search on held-out queries. ``peak_rss_mb``: the building process's peak resident memory.
-    ``data``: ``{path, split}`` plus where distractors came from.
+    ``data``: ``{path, split}`` plus where distractors came from. ``recall_check`` and ``data`` stay
+    plain dicts for their readers; their required keys are checked by the models above.
     """
 
-    modality: str
+    # strict: a count written as 3.0 or "3", or a bool, is a broken file, not something to coerce
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    format: Literal["icr-index"] = FORMAT
+    format_version: Literal[1] = FORMAT_VERSION
+    modality: Modality
     checkpoint_sha256: str
     checkpoint_path: str
-    dim: int
+    dim: int = Field(ge=1)
     factory: str
     factory_reason: str
-    ntotal: int
-    gallery_count: int
-    distractor_count: int
+    ntotal: int = Field(ge=0)
+    gallery_count: int = Field(ge=0)
+    distractor_count: int = Field(ge=0)
     recall_check: dict[str, Any]
     build_seconds: float
     peak_rss_mb: float
     created: str
     data: dict[str, Any]
-    built_on: str = "cpu"  # cpu | gpu: where FAISS trained and filled the index
-    metric: str = METRIC
-    format: str = FORMAT
-    format_version: int = FORMAT_VERSION
-    extra: dict[str, Any] = field(default_factory=dict)  # free-form build details (not validated)
+    built_on: Literal["cpu", "gpu"] = "cpu"  # where FAISS trained and filled the index
+    metric: Literal["inner_product"] = METRIC
+    extra: dict[str, Any] = Field(default_factory=dict)  # free-form build details (not validated)
+
+    @field_validator("recall_check")
+    @classmethod
+    def _recall_check(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _checked(_RecallCheck, value)
+
+    @field_validator("data")
+    @classmethod
+    def _data(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _checked(_DataSource, value)
+
+    @model_validator(mode="after")
+    def _counts_add_up(self) -> Manifest:
+        if self.gallery_count + self.distractor_count != self.ntotal:
+            raise ValueError(
+                f"gallery_count {self.gallery_count} + distractor_count {self.distractor_count} "
+                f"!= ntotal {self.ntotal}"
+            )
+        return self
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        # format first: a reader sees what the file is before anything else
-        return {"format": d.pop("format"), "format_version": d.pop("format_version"), **d}
+        return self.model_dump()  # format and format_version first: a reader sees what the file is
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
 
     @classmethod
     def from_dict(cls, d: Any, source: str = MANIFEST_FILE) -> Manifest:
-        """Validated manifest; ValueError naming ``source`` and the bad field. Unknown keys are ignored."""
+        """Validated manifest; ValueError naming ``source`` and the bad fields. Unknown keys are ignored."""
         hint = "Rebuild the index with `icr index build`."
         if not isinstance(d, dict):
             raise ValueError(f"{source}: an index manifest is a JSON object. {hint}")
@@ -72,50 +123,7 @@ class Manifest:
                 f"{source}: index format_version {d.get('format_version')!r}, this code reads version "
                 f"{FORMAT_VERSION}. {hint}"
             )
-        names = [f.name for f in fields(cls)]
-        optional = {"built_on", "extra"}
-        missing = [n for n in names if n not in d and n not in optional]
-        if missing:
-            raise ValueError(f"{source}: manifest lacks {missing}. {hint}")
-        m = cls(**{n: d[n] for n in names if n in d})
-        problems = m._problems()
-        if problems:
-            raise ValueError(f"{source}: invalid manifest: {'; '.join(problems)}. {hint}")
-        return m
-
-    def _problems(self) -> list[str]:
-        p = []
-        if self.modality not in MODALITIES:
-            p.append(f"modality {self.modality!r} is not one of {MODALITIES}")
-        if self.metric != METRIC:
-            p.append(f"metric {self.metric!r}, expected {METRIC!r}")
-        for name in ("dim", "ntotal", "gallery_count", "distractor_count"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                p.append(f"{name} must be a non-negative integer, got {value!r}")
-        if not p and self.dim < 1:
-            p.append("dim must be >= 1")
-        if not p and self.gallery_count + self.distractor_count != self.ntotal:
-            p.append(
-                f"gallery_count {self.gallery_count} + distractor_count {self.distractor_count} "
-                f"!= ntotal {self.ntotal}"
-            )
-        for name in ("checkpoint_sha256", "checkpoint_path", "factory", "factory_reason", "created"):
-            if not isinstance(getattr(self, name), str):
-                p.append(f"{name} must be a string")
-        for name in ("build_seconds", "peak_rss_mb"):
-            if not isinstance(getattr(self, name), int | float):
-                p.append(f"{name} must be a number")
-        check = self.recall_check
-        if not isinstance(check, dict) or not {"k", "recall", "queries"} <= set(check):
-            p.append("recall_check must be an object with k, recall and queries")
-        if not isinstance(self.data, dict) or not {"path", "split"} <= set(self.data):
-            p.append("data must be an object with path and split")
-        if self.built_on not in ("cpu", "gpu"):
-            p.append(f"built_on {self.built_on!r} is not cpu or gpu")
-        if not isinstance(self.extra, dict):
-            p.append("extra must be an object")
-        return p
+        return validated(cls, d, source, "index manifest", hint)
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> Manifest:

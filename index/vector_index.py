@@ -167,7 +167,8 @@ def build_index(
     if "pq" in spec:
         # Polysemous training (on by default) adds ~12 s of annealing for codes that only a
         # Hamming-filtered search uses, which this module never does.
-        faiss.downcast_index(faiss.extract_index_ivf(index)).do_polysemous_training = False
+        ivfpq = faiss.downcast_index(faiss.extract_index_ivf(index))  # an IndexIVFPQ; the stub says Index
+        ivfpq.do_polysemous_training = False  # type: ignore[attr-defined]
     resources = None  # must outlive the GPU index: it holds the index's GPU memory and streams
     if on_gpu:
         index, resources = _to_gpu(index, factory, gpu, report)
@@ -283,7 +284,8 @@ def search(
         ivf = _ivf(index)
         if ivf is None:
             raise ValueError(f"nprobe applies to IVF indices only, not {type(index).__name__}")
-        params = faiss.SearchParametersIVF(nprobe=max(1, min(int(nprobe), ivf.nlist)))
+        params = faiss.SearchParametersIVF()
+        params.nprobe = max(1, min(int(nprobe), ivf.nlist))
     scores, ids = index.search(queries, kk, params=params)  # (Q, kk) each
     keep = ids >= 0
     return (

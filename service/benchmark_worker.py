@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from icr.service.jobs import JobStore
+from icr.training.devices import DEVICES
 
 HEADLINE = ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "i2t_map10", "t2i_rprec")
 GLOBAL = ("pr_auc", "best_f1", "best_f1_threshold")
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("--db", "--job", "--checkpoint", "--data"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--attempt", type=int, required=True)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="auto", choices=DEVICES)
     parser.add_argument("--nice", type=int, default=10, help="Priority increment (search comes first).")
     parser.add_argument("--parent-pid", type=int, default=None, help="Exit if this is not the parent.")
     args = parser.parse_args(argv)

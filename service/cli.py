@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from icr.training.cli.support import fail_cleanly
 
+if TYPE_CHECKING:
+    from icr.service.config import Settings
 
-def settings_from(config: Path | None, **overrides: Any):
+
+def settings_from(config: Path | None, **overrides: Any) -> Settings:
     """Settings from ICR_* variables and the ``--config`` file, with command-line options on top."""
     from pydantic import ValidationError
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from icr.training.devices import Device
+
 DATASET_NAMES = ("flickr30k", "coco", "synthetic")
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -27,7 +29,9 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    device: str = Field("cpu", description="cpu or cuda: where queries are encoded.")
+    device: Device = Field(
+        "auto", description="auto (CUDA when a GPU is visible), cpu or cuda: where queries are encoded."
+    )
     gpu: str = Field("auto", description="FAISS on the GPU: auto, on or off.")
     faiss_threads: int = Field(
         1,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -55,14 +55,14 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "body"
 
 
-def _one(error: dict[str, Any]) -> str:
+def _one(error: Mapping[str, Any]) -> str:
     if error.get("type") == "json_invalid":
         return 'the body is not valid JSON; send e.g. {"text": "a red circle", "k": 10}'
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
     return f"{_field(tuple(error.get('loc', ())))}: {message}"
 
 
-def validation_message(errors: list[dict[str, Any]]) -> str:
+def validation_message(errors: Sequence[Mapping[str, Any]]) -> str:
     """``k: Input should be less than or equal to 100; text: Field required``."""
     return "; ".join(_one(e) for e in errors)
 

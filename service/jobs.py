@@ -177,7 +177,7 @@ class JobStore:
     def list(self, limit: int = 50) -> list[dict[str, Any]]:
         with self._connect() as db:
             rows = db.execute("SELECT * FROM jobs ORDER BY created_at DESC, rowid DESC LIMIT ?", (limit,))
-            return [self._row(r, with_report=False) for r in rows]
+            return [job for r in rows if (job := self._row(r, with_report=False)) is not None]
 
     def count_queued(self) -> int:
         with self._connect() as db:
@@ -201,6 +201,7 @@ class JobStore:
             )
             db.execute("COMMIT")
             job = self._row(db.execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone(), False)
+            assert job is not None  # claimed inside this transaction: the row exists
             job["attempt"] = db.execute("SELECT attempt FROM jobs WHERE id = ?", (row["id"],)).fetchone()[0]
             return job
 

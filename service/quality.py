@@ -42,7 +42,7 @@ _UNKNOWN_WORD = re.compile(r"unknown word '([^']*)'")
 def over_embedded_benchmark(data: dict[str, Any]) -> bool:
     """Whether an index manifest's ``data`` is an embedded-benchmark dataset (it has scenes.json)."""
     path = data.get("path")
-    return bool(path) and (Path(path) / SCENES_NAME).is_file()
+    return path is not None and bool(path) and (Path(path) / SCENES_NAME).is_file()
 
 
 def benchmark_kind(text: str) -> tuple[str | None, str | None]:

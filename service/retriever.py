@@ -31,6 +31,7 @@ from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
 from icr.index.metadata import MetadataStore
 from icr.service.batcher import MicroBatcher
 from icr.service.quality import TOP_N, over_embedded_benchmark
+from icr.training.devices import resolve_device
 
 log = logging.getLogger("icr.service")
 DISTRACTOR_PREFIX = "distractor:"
@@ -234,6 +235,7 @@ class Retriever:
 
         checkpoint, _ = preflight(index, checkpoint, caption_index)
         t0 = time.perf_counter()
+        device = resolve_device(device)
         model, config = load_checkpoint(checkpoint, device)
         images = _load_index(Path(index), gpu, micro_batch, faiss_threads)
         captions = (
@@ -248,7 +250,7 @@ class Retriever:
     @property
     def accepts_images(self) -> bool:
         """False for checkpoints whose image tower reads precomputed region features."""
-        return self.model.preprocessing.get("input") == "image"
+        return bool(self.model.preprocessing.get("input") == "image")
 
     def encode_text(self, text: str) -> np.ndarray:
         """(1, D) float32, L2-normalised by the model."""
@@ -256,7 +258,8 @@ class Retriever:
 
         with torch.inference_mode():
             batch = {k: v.to(self.device) for k, v in self.model.tokenize([text]).items()}
-            return self.model.encode_text(batch).float().cpu().numpy()  # (1, D)
+            out: np.ndarray = self.model.encode_text(batch).float().cpu().numpy()  # (1, D)
+            return out
 
     def encode_image(self, image: Any) -> np.ndarray:
         """(1, D) float32 of a PIL image (RGB)."""
@@ -265,7 +268,8 @@ class Retriever:
         with torch.inference_mode():
             x = self._image_transform(image, np.random.default_rng(0))  # (C, S, S)
             x = x.unsqueeze(0).to(self.device)  # (1, C, S, S)
-            return self.model.encode_image(x).float().cpu().numpy()  # (1, D)
+            out: np.ndarray = self.model.encode_image(x).float().cpu().numpy()  # (1, D)
+            return out
 
     # --- searching --------------------------------------------------------------------------------
     def search(
@@ -308,6 +312,7 @@ class Retriever:
             keep = scores >= min_score
             threshold = {"kind": "min_score", "value": min_score, "score": min_score}
         elif min_relevance is not None:
+            assert relevance is not None  # min_relevance without a calibration was refused above
             keep = relevance >= min_relevance
             # Relevance never rises down a best-first list, so the passing hits are a prefix and
             # their lowest score is this query's raw-score equivalent of the threshold.

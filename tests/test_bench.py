@@ -197,6 +197,7 @@ def test_relevance_targets_hold_every_kind_with_enough_queries() -> None:
     assert "| per_query | count |" in text
 
 
+@pytest.mark.slow
 def test_a_failing_objective_is_reported_and_the_others_still_run(tmp_path, monkeypatch) -> None:
     """Real child processes on a tiny benchmark: a loss that cannot train (here an unknown name, on a
     GPU machine an optional package that is missing) is listed with its error, not fatal."""

@@ -218,6 +218,9 @@ CORRUPTIONS = {
     "corrupt safetensors": (_garbage_with_matching_sha, "model.safetensors", ValueError),
     "weights do not fit config": (_wrong_architecture, "model.safetensors", ValueError),
     "bad vocabulary": (lambda p: _edit_config(p, vocab={"words": 3}), "config.json", ValueError),
+    "embed_dim a string": (lambda p: _edit_config(p, embed_dim="32"), "config.json", ValueError),
+    "sha256 not hex": (lambda p: _edit_config(p, weights_sha256="abc"), "config.json", ValueError),
+    "unknown metric": (lambda p: _edit_config(p, metric="l2"), "config.json", ValueError),
 }
 
 
@@ -232,6 +235,12 @@ def test_load_errors_name_the_file_and_the_fix(
         load_checkpoint(path)
     message = str(err.value)
     assert str(path / file_name) in message and "icr train" in message, message
+    field = {
+        "embed_dim a string": "embed_dim: ",
+        "sha256 not hex": "weights_sha256: ",
+        "unknown metric": "metric: ",
+    }
+    assert case not in field or f"invalid checkpoint config: {field[case]}" in message, message
 
 
 def test_load_errors_for_missing_or_wrong_directories(tmp_path: Path) -> None:

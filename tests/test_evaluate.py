@@ -209,6 +209,7 @@ def test_evaluate_embeddings_matches_oracle_metrics(layout_kind: str) -> None:
     assert 0 < metrics["rsum"] < 600  # neither trivial nor perfect
 
 
+@pytest.mark.slow
 def test_coco_5k_scale_runs_blockwise() -> None:
     # Full COCO 5K size: 5,000 images x 25,000 captions must work in bounded memory.
     rng = np.random.default_rng(5)

@@ -20,7 +20,6 @@ from icr.index.build import build_image_index, load_index_dir
 from icr.index.manifest import Manifest
 from icr.index.vector_index import build_index, search
 from icr.training.config import load_config
-from icr.training.data.synthetic.generate import write_dataset
 from icr.training.losses import load_all
 from icr.training.train import Trainer, amp_dtype, train
 
@@ -32,10 +31,8 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("synth") / "data"
-    write_dataset(out, train=40, val=12, test=12, image_size=32, seed=0)
-    return out
+def data(tiny_benchmark) -> Path:
+    return tiny_benchmark
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.vector_index import search
 from icr.training.checkpoint import load_checkpoint, read_checkpoint_config
 from icr.training.config import load_config
-from icr.training.data.synthetic.generate import DistractorStream, load_scenes, write_dataset
+from icr.training.data.synthetic.generate import DistractorStream, load_scenes
 from icr.training.data.training_data import open_split
 from icr.training.embedding import embed_image_batch, embed_images
 
@@ -46,10 +46,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("synth") / "data"
-    write_dataset(out, train=40, val=12, test=12, image_size=32, seed=0)
-    return out
+def data(tiny_benchmark) -> Path:
+    return tiny_benchmark
 
 
 def _train(data: Path, run: Path, seed: int) -> Path:
@@ -74,8 +72,8 @@ def _train(data: Path, run: Path, seed: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(data, tmp_path_factory) -> Path:
-    return _train(data, tmp_path_factory.mktemp("run") / "run", seed=0)
+def checkpoint(tiny_checkpoint) -> Path:
+    return tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -199,9 +197,23 @@ def test_manifest_round_trip_and_validation(built, tmp_path):
     cases = {
         "not an icr index manifest": {**manifest.to_dict(), "format": "other"},
         "format_version 2": {**manifest.to_dict(), "format_version": 2},
-        "lacks \\['dim'\\]": {k: v for k, v in manifest.to_dict().items() if k != "dim"},
+        "dim: Field required": {k: v for k, v in manifest.to_dict().items() if k != "dim"},
+        "dim: Input should be greater than or equal to 1": {**manifest.to_dict(), "dim": 0},
+        "ntotal: Input should be a valid integer": {**manifest.to_dict(), "ntotal": "22"},
+        "gallery_count: Input should be a valid integer": {**manifest.to_dict(), "gallery_count": True},
         "!= ntotal": {**manifest.to_dict(), "ntotal": 99},
-        "modality 'audio'": {**manifest.to_dict(), "modality": "audio"},
+        "modality: Input should be 'image' or 'text'": {**manifest.to_dict(), "modality": "audio"},
+        "built_on: Input should be 'cpu' or 'gpu'": {**manifest.to_dict(), "built_on": "tpu"},
+        "data: split: Field required": {**manifest.to_dict(), "data": {"path": "x"}},
+        "recall_check: k: Input should be a valid integer": {
+            **manifest.to_dict(),
+            "recall_check": {**manifest.recall_check, "k": 1.5},
+        },
+        "build_seconds: Input should be a valid number; created: Input should be a valid string": {
+            **manifest.to_dict(),
+            "build_seconds": "fast",
+            "created": 3,
+        },
     }
     for message, payload in cases.items():
         path.write_text(json.dumps(payload))
@@ -405,7 +417,7 @@ def test_cli_build(data, checkpoint, tmp_path):
             str(tmp_path / "a"),
         ],
     )
-    assert bad.exit_code == 2 and "--modality must be image or text" in bad.output
+    assert bad.exit_code == 2 and "Invalid value for '--modality'" in bad.output
     if faiss.get_num_gpus() == 0:
         on = runner.invoke(
             app,

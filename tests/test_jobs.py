@@ -269,6 +269,7 @@ def test_a_schema_1_database_is_migrated_and_its_running_job_interrupted(tmp_pat
 # --- the runner and its worker processes ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_runner_marks_cut_off_jobs_and_runs_queued_ones(store, tiny):
     data, checkpoint = tiny
     cut_off = store.submit("synthetic", "test", "full", 0)

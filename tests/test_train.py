@@ -17,16 +17,13 @@ from tiny_model import TINY_MODEL
 
 from icr.training.checkpoint import load_checkpoint
 from icr.training.config import load_config, loss_params, shipped_configs
-from icr.training.data.synthetic.generate import write_dataset
 from icr.training.losses import load_all
 from icr.training.train import Trainer, train
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("synth") / "data"
-    write_dataset(out, train=40, val=12, test=4, image_size=32, seed=0)
-    return out
+def data(tiny_benchmark) -> Path:
+    return tiny_benchmark
 
 
 def tiny_config(data: Path, out: Path, *extra: str) -> dict:
@@ -155,6 +152,7 @@ def test_swa_averages_the_snapshots_of_the_epoch_end(data, tmp_path):
         torch.testing.assert_close(averaged[key], (a[key] + b[key]) / 2, msg=key)
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one_process_with_the_global_batch(data, tmp_path):
     args = [
         "--set",

@@ -19,14 +19,16 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save_file
 
 from icr.training.atomic import replace_dir
+from icr.training.contracts import validated
 from icr.training.data.vocab import Vocabulary
 from icr.training.models import DualEncoder, build_model
 
@@ -147,6 +149,25 @@ def save_checkpoint(directory: str | os.PathLike[str], model: DualEncoder, meta:
     return directory
 
 
+class CheckpointMeta(BaseModel):
+    """What ``config.json`` must hold for a checkpoint to load (checked by :func:`read_checkpoint_config`).
+
+    Readers keep the plain dict (its training keys, ``objective``, ``data``, ``val_metrics``, ... are
+    free-form and optional); this model only states the contract every reader relies on.
+    """
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    format: Literal["icr-checkpoint"]
+    format_version: Literal[1]
+    model: dict[str, Any]
+    vocab: dict[str, Any] | None
+    tokenizer: str | None  # the tokenizer folder inside the checkpoint, for transformer towers
+    preprocessing: dict[str, Any] = Field(default_factory=dict)
+    embed_dim: int = Field(ge=1)
+    metric: Literal["cosine", "inner_product"]
+    weights_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 # --- reading --------------------------------------------------------------------------------------
 def _checkpoint_dir(directory: str | os.PathLike[str]) -> Path:
     directory = Path(directory)
@@ -180,11 +201,7 @@ def read_checkpoint_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path}: checkpoint format_version {version!r}, this code reads version {FORMAT_VERSION} "
             f"(use the icr release that wrote it). {HINT}"
         )
-    missing = [
-        k for k in ("model", "weights_sha256", "embed_dim", "metric", "vocab", "tokenizer") if k not in config
-    ]
-    if missing:
-        raise ValueError(f"{path}: checkpoint config lacks {missing}. {HINT}")
+    validated(CheckpointMeta, config, str(path), "checkpoint config", HINT)
     return config
 
 

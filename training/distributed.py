@@ -227,9 +227,12 @@ def init_from_env(backend: str | None = None, timeout: timedelta | None = None) 
                 f"start at most one process per GPU (torchrun --nproc-per-node)"
             )
         torch.cuda.set_device(local_rank)
-    kwargs = {} if timeout is None else {"timeout": timeout}
-    dist.init_process_group(
-        backend=backend, init_method="env://", rank=values["RANK"], world_size=values["WORLD_SIZE"], **kwargs
+    dist.init_process_group(  # timeout None: torch's default
+        backend=backend,
+        init_method="env://",
+        timeout=timeout,
+        rank=values["RANK"],
+        world_size=values["WORLD_SIZE"],
     )
     return True
 

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from icr.training.data.training_data import SplitData
+
+if TYPE_CHECKING:  # annotations only: importing this module loads no model code
+    from icr.training.models import DualEncoder
 
 
 @torch.no_grad()
 def embed_images(
-    model: nn.Module,
+    model: DualEncoder,
     data: SplitData,
     indices: np.ndarray | None = None,
     *,
@@ -37,7 +39,7 @@ def embed_images(
 
 @torch.no_grad()
 def embed_image_batch(
-    model: nn.Module, images: Sequence[Any], *, device: str | torch.device = "cpu"
+    model: DualEncoder, images: Sequence[Any], *, device: str | torch.device = "cpu"
 ) -> np.ndarray:
     """(b, D) float32 embeddings of one batch of images (PIL, (H, W, 3) uint8, or precomp features)."""
     transform = model.image_transform(train=False)
@@ -53,7 +55,7 @@ def embed_image_batch(
 
 @torch.no_grad()
 def embed_captions(
-    model: nn.Module,
+    model: DualEncoder,
     captions: list[str],
     *,
     batch_size: int = 512,

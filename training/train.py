@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from torch import nn
 from icr.training import distributed as dist
 from icr.training.atomic import atomic_write
 from icr.training.data.training_data import PlannedBatch, SplitData, open_split, plan_epoch
+
+if TYPE_CHECKING:  # annotations only: target decoding is imported when the config asks for it
+    from icr.training.target_decoding import TargetDecoding
 
 STATE_FILE = "train_state.pt"
 METRICS_FILE = "metrics.jsonl"
@@ -166,7 +169,7 @@ class Trainer:
         queries = [parse_caption(c) for c in self.train_data.captions]
         return PairTruth(queries, split_scene_table(directory, self.train_data.name))
 
-    def _decoding(self) -> nn.Module | None:
+    def _decoding(self) -> TargetDecoding | None:
         from icr.training.target_decoding import build_decoding
 
         decoding = build_decoding(self.config["decoding"], embed_dim=self.model.embed_dim, vocab=self.vocab)
@@ -232,11 +235,19 @@ class Trainer:
             for k in range(start, len(plans)):
                 yield self._make_batch(self._local_slice(plans[k]), epoch, k)
             return
+
+        def make(k: int) -> dict[str, Any]:
+            return self._make_batch(self._local_slice(plans[k]), epoch, k)
+
+        # A list is a map-style dataset at run time (__getitem__ and __len__); torch types it as the
+        # Dataset class, not a protocol.
+        steps = cast("torch.utils.data.Dataset[int]", list(range(start, len(plans))))
         loader = torch.utils.data.DataLoader(
-            list(range(start, len(plans))),
+            steps,
             batch_size=None,
             num_workers=workers,
-            collate_fn=lambda k: self._make_batch(self._local_slice(plans[k]), epoch, k),
+            # batch_size=None: collate_fn gets one step number, not the list torch's annotation expects
+            collate_fn=make,  # type: ignore[arg-type]
         )
         yield from loader
 

@@ -10,12 +10,13 @@ from icr.service.retriever import Retriever
 
 
 def settings_of(request: Request) -> Settings:
-    return request.app.state.settings
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 def retriever_of(request: Request) -> Retriever:
     """The loaded retriever, or 503 while the model and index are still loading (or failed to)."""
-    retriever = request.app.state.retriever
+    retriever: Retriever | None = request.app.state.retriever
     if retriever is None:
         error = request.app.state.load_error
         if error is not None:

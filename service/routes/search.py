@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
+import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from pydantic import ValidationError
 
@@ -51,7 +52,7 @@ def _check_paging(settings: Settings, k: int, offset: int) -> None:
 def _search(
     retriever: Retriever,
     target: LoadedIndex,
-    query,
+    query: np.ndarray,  # (1, D)
     fields: ThresholdFields,
     settings: Settings,
     timings: dict[str, float],
@@ -283,7 +284,8 @@ def search_image(
         page = _search(retriever, retriever.captions, query, fields, settings, timings)
         info, hits = _page_info(page), _caption_hits(page, retriever.captions.manifest.data.get("path"))
         assessment = _assessment(retriever.captions, page, None, retriever.benchmark)
-    else:
+    else:  # no caption index: the route refused unless include_images, so similar is set
+        assert similar is not None
         info, hits = similar.model_dump(exclude={"hits"}), []
         assessment = _assessment(retriever.images, None, None, retriever.benchmark)
     response = ImageSearchResponse(

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from icr.training.cli.support import fail_cleanly
+from icr.training.devices import Device
 
 COUNTER_CHOICES = ("auto", "generic")
 
@@ -54,7 +55,7 @@ def cocos(
         int | None, typer.Option(help="Stop after this many batches (default: all).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the batch order.")] = 0,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
+    device: Annotated[Device, typer.Option(help="auto (CUDA if present), cpu or cuda.")] = "auto",
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the result as JSON here (atomically).")
     ] = None,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
 from icr.training.cli.support import fail_cleanly
+from icr.training.devices import Device
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -170,7 +171,8 @@ def evaluate_command(
     ],
     split: Annotated[str, typer.Option(help="Split to evaluate (precomp COCO 5K: testall).")] = "test",
     protocol: Annotated[
-        str, typer.Option(help="full (all images), 1k (5 folds of 1,000 images, averaged) or 5k.")
+        Literal["full", "1k", "5k"],
+        typer.Option(help="full (all images), 1k (5 folds of 1,000 images, averaged) or 5k."),
     ] = "full",
     distractors: Annotated[
         int, typer.Option(help="Embedded benchmark: add N generated distractor images to the t2i gallery.")
@@ -215,7 +217,7 @@ def evaluate_command(
             help="Threshold honesty: search held-out captions this deep, as the service does (0: skip)."
         ),
     ] = 1000,
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    device: Annotated[Device, typer.Option(help="auto (CUDA if present), cpu or cuda.")] = "auto",
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
     """Evaluate a checkpoint: R@K, medr, mAP@k, R-precision, PR-AUC, thresholds, ECE, distractors.
@@ -235,10 +237,6 @@ def evaluate_command(
     """
     from icr.training.atomic import atomic_write_text
     from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
-    from icr.training.evaluation.metrics.protocols import PROTOCOLS
-
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     from icr.training.evaluation.metrics.calibration import CALIBRATION_METHODS
 
     if calibration_method not in CALIBRATION_METHODS:

@@ -130,7 +130,7 @@ def _read_table(table: str, path: Path) -> CxCPairs:
 
         if len(row) != len(expected):
             raise bad(f"{len(row)} fields, expected {len(expected)} ({','.join(expected)})")
-        ids = []
+        ids: list[int | str] = []  # caption ids are sentids, image ids file names
         for kind, cell in zip(kinds, row[:2], strict=True):
             cell = cell.strip()
             if kind == "caption":

@@ -52,7 +52,7 @@ class DatasetError(ValueError):
             text = f"{text}{'' if text.endswith(chr(10)) else ' '}{self.hint}"
         return text
 
-    def __reduce__(self):  # type: ignore[override]
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
         # The default pickling calls cls(*self.args) with the *formatted* message, which would
         # lose the keyword parts and prefix the location twice (e.g. across multiprocessing).
         rebuild = functools.partial(

@@ -30,7 +30,7 @@ def describe_karpathy(dataset: KarpathyDataset) -> dict:
             **({"from_restval": restval} if restval else {}),
             **_length_stats(split.caption_tokens),
         }
-    out = {
+    out: dict[str, object] = {
         "dataset": dataset.name,
         "json": str(dataset.json_path),
         "image_root": str(dataset.image_root),

@@ -8,6 +8,7 @@ batches and augmentations as an uninterrupted one.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,7 @@ def is_precomp(path: Path) -> bool:
 
 
 def open_split(
-    path: str | Path,
+    path: str | os.PathLike[str],
     split: str,
     *,
     captions_per_image: int = 5,

@@ -13,21 +13,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch import nn
 
 from icr.training.checkpoint import checkpoint_sha256, load_checkpoint
 from icr.training.data.training_data import SplitData, open_split
+from icr.training.devices import resolve_device
 from icr.training.embedding import embed_captions, embed_image_batch, embed_images, open_embeddings
 from icr.training.evaluation.metrics.calibration import Calibration, fit_calibration, score_histogram
 from icr.training.evaluation.metrics.distractors import DistractorRecall, distractor_recall
 from icr.training.evaluation.metrics.relevance import Relevance
 from icr.training.evaluation.metrics.report import full_metrics, json_ready
+from icr.training.models import DualEncoder
 
 REPORT_FORMAT = "icr-evaluation"
 REPORT_VERSION = 1
@@ -43,7 +44,7 @@ class EvalOptions:
     calibration_method: str = "isotonic"
     thresholds: tuple[float, ...] = ()
     batch_size: int = 256
-    device: str = "cpu"
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda
     progress: bool = True
     plots_dir: Path | None = None  # PR curve, score distributions, reliability diagram (PNG)
     cxc: Path | None = None  # folder of CxC sits/sts/sis_{val,test}.csv: adds the "cxc" section
@@ -105,7 +106,7 @@ def ground_truth_relevance(data: SplitData) -> Relevance | None:
     return Relevance.matrix(np.ascontiguousarray(truth.T)).union(annotations)
 
 
-def embed_split(model: nn.Module, data_path: Path, split: str, options: EvalOptions) -> EmbeddedSplit:
+def embed_split(model: DualEncoder, data_path: Path, split: str, options: EvalOptions) -> EmbeddedSplit:
     data = open_split(data_path, split, progress=options.progress)
     img = embed_images(
         model, data, batch_size=options.batch_size, device=options.device, progress=options.progress
@@ -125,7 +126,7 @@ def fit_split_calibration(split: EmbeddedSplit, method: str) -> Calibration:
 
 
 def _synthetic_distractors(
-    model: nn.Module, directory: Path, n: int, options: EvalOptions
+    model: DualEncoder, directory: Path, n: int, options: EvalOptions
 ) -> Iterator[tuple[np.ndarray, Any]]:
     """Embedded-benchmark distractors: (embeddings (b, D), their scenes as a SceneTable) per batch."""
     from tqdm import tqdm
@@ -163,7 +164,7 @@ def calibration_split_for(data_path: Path, requested: str | None) -> str | None:
 
 
 def evaluate_model(
-    model: nn.Module, data_path: str | Path, options: EvalOptions = EvalOptions()
+    model: DualEncoder, data_path: str | Path, options: EvalOptions = EvalOptions()
 ) -> dict[str, Any]:
     """The full report (JSON-ready) for an already loaded model."""
     data_path = Path(data_path)
@@ -269,7 +270,7 @@ def evaluate_model(
 
 
 def _distractor_section(
-    model: nn.Module, test: EmbeddedSplit, options: EvalOptions, sides: Any, scenes: list[Any]
+    model: DualEncoder, test: EmbeddedSplit, options: EvalOptions, sides: Any, scenes: list[Any]
 ) -> dict[str, Any]:
     """t2i recall with the distractors in the gallery; every batch also goes to the ``sides``'
     top-depth lists, and on the embedded benchmark its scenes are appended to ``scenes``."""
@@ -294,6 +295,8 @@ def _distractor_section(
 
     directory = synthetic_dir(test.data)
     assert directory is not None  # checked in evaluate_model
+    # embed_split gives every split of the embedded benchmark (directory above) its ground truth
+    assert test.ground_truth is not None
     queries = [parse_caption(c) for c in test.data.captions]
     # One pass over the distractors feeds both label sets: with the annotations every distractor
     # is a negative; with the ground truth one that satisfies the caption is a hit.
@@ -342,9 +345,9 @@ def _relevance_section(
             from icr.training.data.synthetic.scene import SceneTable
             from icr.training.evaluation.relevance import synthetic_hits
 
-            table = SceneTable.concat(
-                [split_scene_table(synthetic_dir(split.data), split.data.name), *distractor_scenes]
-            )
+            directory = synthetic_dir(split.data)
+            assert directory is not None  # ground truth (synthetic) exists only where the scenes do
+            table = SceneTable.concat([split_scene_table(directory, split.data.name), *distractor_scenes])
             # the test captions are judged on the distractors (when there are any), the fit on
             # every image but the caption's own
             hits[name] = synthetic_hits(
@@ -471,6 +474,7 @@ def evaluate_checkpoint(
     checkpoint: str | Path, data_path: str | Path, options: EvalOptions = EvalOptions()
 ) -> dict[str, Any]:
     """Load ``checkpoint`` and :func:`evaluate_model` it; the report names the checkpoint."""
+    options = replace(options, device=resolve_device(options.device))  # auto -> cuda or cpu
     model, config = load_checkpoint(checkpoint, options.device)
     report = evaluate_model(model, data_path, options)
     report["checkpoint"] = {

@@ -84,6 +84,7 @@ def _check_layout(img_of_cap: np.ndarray | torch.Tensor, n_img: int, n_cap: int)
             f"({n_cap},), got {layout.shape}"
         )
     relevance = Relevance.annotations(layout, n_img)
+    assert relevance.img_of_cap is not None  # annotations() builds the annotation layout
     captions_per_image = np.bincount(relevance.img_of_cap, minlength=n_img)  # (N_img,)
     if n_img == 0 or (captions_per_image == 0).any():
         missing = np.flatnonzero(captions_per_image == 0)[:5].tolist()
@@ -108,7 +109,8 @@ def retrieval_ranks(
     relevance = _check_layout(img_of_cap, *sim.shape)
     if block_rows is not None and block_rows < 1:
         raise ValueError(f"block_rows must be a positive number of rows, got {block_rows}")
-    return tuple(first_relevant_ranks(sim, relevance, d, block_rows=block_rows) for d in DIRECTIONS)
+    i2t, t2i = (first_relevant_ranks(sim, relevance, d, block_rows=block_rows) for d in DIRECTIONS)
+    return i2t, t2i
 
 
 def direction_metrics(ranks: np.ndarray, prefix: str) -> dict[str, float]:

@@ -43,7 +43,8 @@ class ContrastiveLoss(nn.Module):
     """A training objective over one batch of image and caption embeddings."""
 
     name: ClassVar[str] = ""
-    sampling: ClassVar[str] = "caption"  # "caption" or "image", see the module docstring
+    # "caption" or "image", see the module docstring; an instance may choose its own (ntxent_multi)
+    sampling: str = "caption"
 
     def __init__(self, mask_duplicates: bool = True) -> None:
         super().__init__()

@@ -18,8 +18,6 @@ positives are its own image (and that image's repeats): the loss is then NT-Xent
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import Tensor
 
@@ -36,7 +34,7 @@ def _multi_positive_nll(logits: Tensor, pos: Tensor) -> Tensor:
 class NTXentMulti(ContrastiveLoss):
     """Symmetric multi-positive InfoNCE (see the module docstring)."""
 
-    sampling: ClassVar[str] = "image"  # the default; an instance may take caption-level batches
+    sampling = "image"  # the default; an instance may take caption-level batches
 
     def __init__(
         self, temperature: float = 0.1, sampling: str = "image", mask_duplicates: bool = True

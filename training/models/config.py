@@ -281,7 +281,7 @@ def normalize_model_config(cfg: dict[str, Any] | None) -> dict[str, Any]:
     unknown = sorted(set(cfg) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} in the model config; valid keys: {list(TOP_LEVEL_KEYS)}")
-    out = {
+    out: dict[str, Any] = {
         "embed_dim": _int(1)("model.embed_dim", cfg.get("embed_dim", DEFAULT_EMBED_DIM)),
         "image": _normalize_tower(
             "image", cfg.get("image"), DEFAULT_IMAGE_KIND, IMAGE_DEFAULTS, IMAGE_CHECKS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
@@ -13,8 +13,16 @@ from icr.training.models.config import normalize_model_config
 from icr.training.models.image_cnn import ConvImageEncoder
 from icr.training.models.image_precomp import PrecompImageEncoder
 from icr.training.models.image_vsrn import VSRNImageEncoder
-from icr.training.models.preprocess import build_image_transform, preprocessing_summary
+from icr.training.models.preprocess import (
+    FeatureTransform,
+    ImageTransform,
+    build_image_transform,
+    preprocessing_summary,
+)
 from icr.training.models.text_gru import GRUTextEncoder
+
+if TYPE_CHECKING:  # annotations only: the transformer tower is imported when a config asks for it
+    from icr.training.models.text_transformer import TransformerTextEncoder
 
 
 class DualEncoder(nn.Module):
@@ -29,7 +37,7 @@ class DualEncoder(nn.Module):
         self,
         config: dict[str, Any],
         image_encoder: nn.Module,
-        text_encoder: nn.Module,
+        text_encoder: GRUTextEncoder | TransformerTextEncoder,
         vocab: Vocabulary | None,
     ) -> None:
         super().__init__()
@@ -56,7 +64,7 @@ class DualEncoder(nn.Module):
         input_ids + attention_mask)."""
         return self.text_encoder.tokenize(captions)
 
-    def image_transform(self, train: bool) -> Callable[..., Tensor]:
+    def image_transform(self, train: bool) -> ImageTransform | FeatureTransform:
         """Picklable ``f(image, rng) -> Tensor``: PIL image -> (3, S, S) float32; for precomp and
         vsrn a feature array (R, F) or (F,) -> float32 tensor. Deterministic given ``rng``."""
         return build_image_transform(self.config["image"], train)
@@ -79,8 +87,9 @@ class DualEncoder(nn.Module):
         per-kind branching. An optimizer built before unfreezing must be given the new parameters.
         """
         for flag, tower in ((image, self.image_encoder), (text, self.text_encoder)):
-            if flag is not None and hasattr(tower, "set_finetune"):
-                tower.set_finetune(flag)
+            set_finetune = getattr(tower, "set_finetune", None)
+            if flag is not None and set_finetune is not None:
+                set_finetune(flag)
 
 
 def build_model(
@@ -117,7 +126,9 @@ def build_model(
             raise ValueError(
                 "a gru text tower needs the Vocabulary: pass vocab= (build it from the training captions)"
             )
-        text_encoder: nn.Module = GRUTextEncoder(text_cfg, embed_dim, vocab, load_weights)
+        text_encoder: GRUTextEncoder | TransformerTextEncoder = GRUTextEncoder(
+            text_cfg, embed_dim, vocab, load_weights
+        )
     else:
         from icr.training.models.text_transformer import TransformerTextEncoder
 

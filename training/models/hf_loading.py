@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:  # annotations only: transformers is imported inside the functions (see above)
+    from transformers import PreTrainedModel
 
 # Label maps describe a classification head we never use; for microsoft/resnet-50 they are 2,000
 # lines of config.json.
@@ -41,7 +42,7 @@ def _attn_kwargs(attention: bool) -> dict[str, str]:
     return {"attn_implementation": "sdpa"} if attention else {}
 
 
-def load_pretrained(path: str | Path, what: str, *, attention: bool) -> nn.Module:
+def load_pretrained(path: str | Path, what: str, *, attention: bool) -> PreTrainedModel:
     """``AutoModel.from_pretrained`` on a local folder; ValueError naming the folder otherwise."""
     transformers = _transformers()
     folder = Path(path)
@@ -58,7 +59,7 @@ def load_pretrained(path: str | Path, what: str, *, attention: bool) -> nn.Modul
         raise ValueError(f"{folder}: cannot load {what} from this folder: {err}") from None
 
 
-def model_from_config_dict(data: dict[str, Any], what: str, *, attention: bool) -> nn.Module:
+def model_from_config_dict(data: dict[str, Any], what: str, *, attention: bool) -> PreTrainedModel:
     """A randomly initialised HF model with the structure described by :func:`config_dict`."""
     transformers = _transformers()
     fields = dict(data)

@@ -83,15 +83,15 @@ def build_backbone(cfg: dict[str, Any], load_weights: bool) -> tuple[nn.Module, 
             )
         path = Path(cfg["path"])
         if path.is_dir():
-            model = load_pretrained(path, _WHAT, attention=False)
-            if model.config.model_type != "resnet":
+            hf_model = load_pretrained(path, _WHAT, attention=False)
+            if hf_model.config.model_type != "resnet":
                 raise ValueError(
-                    f"{path}: expected a ResNet model folder, got model_type {model.config.model_type!r}"
+                    f"{path}: expected a ResNet model folder, got model_type {hf_model.config.model_type!r}"
                 )
             return (
-                _HFResNet(model),
-                {"library": "transformers", "config": config_dict(model.config)},
-                int(model.config.hidden_sizes[-1]),
+                _HFResNet(hf_model),
+                {"library": "transformers", "config": config_dict(hf_model.config)},
+                int(hf_model.config.hidden_sizes[-1]),
             )
         if path.is_file():
             model, dim = _torchvision_resnet(cfg["arch"])
@@ -111,8 +111,8 @@ def build_backbone(cfg: dict[str, Any], load_weights: bool) -> tuple[nn.Module, 
             raise ValueError(f"model.image.backbone.arch must be resnet50 or resnet152, got {arch!r}")
         model, dim = _torchvision_resnet(arch)
         return _TorchvisionResNet(model), dict(structure), dim
-    model = model_from_config_dict(structure.get("config") or {}, _WHAT, attention=False)
-    return _HFResNet(model), dict(structure), int(model.config.hidden_sizes[-1])
+    hf_model = model_from_config_dict(structure.get("config") or {}, _WHAT, attention=False)
+    return _HFResNet(hf_model), dict(structure), int(hf_model.config.hidden_sizes[-1])
 
 
 class ResNetImageEncoder(nn.Module):

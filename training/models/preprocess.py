@@ -128,7 +128,8 @@ class ImageTransform:
 
     def _normalised(self, pixels: np.ndarray) -> Tensor:
         """(N, S, S, 3) uint8 -> (N, 3, S, S) float32, scaled to [0, 1] and normalised per channel."""
-        arr = pixels.astype(np.float32) / 255.0  # (N, S, S, 3)
+        # float32 throughout; typed as a plain array because numpy's stubs widen the next line to complex
+        arr: np.ndarray = pixels.astype(np.float32) / 255.0  # (N, S, S, 3)
         arr = (arr - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         return torch.from_numpy(np.ascontiguousarray(arr.transpose(0, 3, 1, 2)))  # (N, 3, S, S)
 

@@ -64,7 +64,7 @@ class TransformerTextEncoder(nn.Module):
             # BERT-style models carry a [CLS] pooler (dense + tanh) that our pooling never uses.
             # Unused trainable parameters make DistributedDataParallel fail, so drop it (the
             # BERT-family forward skips a None pooler); both build paths do this, so checkpoints agree.
-            self.model.pooler = None
+            self.model.pooler = None  # type: ignore[assignment]  # torch's stub omits the None it accepts
         tokenizer_source = (
             tokenizer_dir if tokenizer_dir is not None else (source or default_text_model_path())
         )

@@ -91,7 +91,7 @@ class _Parser:
         self.relations: list[Relation] = []
         self.count: int | None = None
         self.background: str | None = None
-        self.pending: dict[str, object] = {}  # attributes of the noun phrase being read
+        self.pending: dict[str, str] = {}  # attributes (size, colour) of the noun phrase being read
         self.pending_position: tuple[int | None, int | None] | None = None
         self.pending_relation: tuple[int, str] | None = None
         self.postnominal = False  # after "that is": attributes go to the last object
@@ -100,7 +100,7 @@ class _Parser:
     def fail(self, why: str) -> CaptionParseError:
         return CaptionParseError(f"cannot read caption {self.caption!r}: {why}")
 
-    def set_attr(self, name: str, value: object) -> None:
+    def set_attr(self, name: str, value: str) -> None:
         if self.postnominal:
             target = self.objects[-1].__dict__
             if target[name] is not None and target[name] != value:
@@ -112,12 +112,10 @@ class _Parser:
         self.pending[name] = value
 
     def close_noun_phrase(self, shape: str | None) -> None:
-        attrs = {**self.pending, "shape": shape}
+        row, col = self.pending_position if self.pending_position is not None else (None, None)
+        self.objects.append(Descriptor(shape=shape, row=row, col=col, **self.pending))
         self.pending = {}
-        if self.pending_position is not None:
-            attrs["row"], attrs["col"] = self.pending_position
-            self.pending_position = None
-        self.objects.append(Descriptor(**attrs))
+        self.pending_position = None
         if self.pending_relation is not None:
             a, rel = self.pending_relation
             self.relations.append(Relation(a, rel, len(self.objects) - 1))

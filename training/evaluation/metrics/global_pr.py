@@ -160,6 +160,7 @@ def threshold_metrics(
     at = {} if curve is None else {float(t): i for i, t in enumerate(curve.thresholds)}
     known = np.array([t in at for t in probes], dtype=bool)
     for j in np.flatnonzero(known):
+        assert curve is not None  # without a curve ``at`` is empty, so nothing is known
         i = at[probes[j]]
         tp[j], returned[j] = curve.tp[i], curve.tp[i] + curve.fp[i]
     if curve is not None and known.all():

@@ -82,6 +82,11 @@ class Relevance:
             return self.dense[start:stop]
         return self.image_rows_at(np.arange(start, stop, dtype=np.int64))
 
+    def _layout(self) -> np.ndarray:
+        """``img_of_cap`` where there is no dense matrix: every constructor sets one of the two."""
+        assert self.img_of_cap is not None  # annotations() and subset() set it whenever dense is None
+        return self.img_of_cap
+
     def caption_rows(self, start: int, stop: int) -> np.ndarray:
         """(stop - start, N_img) bool: images relevant to captions ``start .. stop-1``."""
         return self.caption_rows_at(np.arange(start, stop, dtype=np.int64))
@@ -90,13 +95,13 @@ class Relevance:
         """(len(images), N_cap) bool: captions relevant to the given image rows."""
         if self.dense is not None:
             return self.dense[images]
-        return self.img_of_cap[None, :] == np.asarray(images, dtype=np.int64)[:, None]
+        return self._layout()[None, :] == np.asarray(images, dtype=np.int64)[:, None]
 
     def caption_rows_at(self, captions: np.ndarray) -> np.ndarray:
         """(len(captions), N_img) bool: images relevant to the given caption columns."""
         if self.dense is not None:
             return np.ascontiguousarray(self.dense[:, captions].T)
-        return np.arange(self.n_img, dtype=np.int64)[None, :] == self.img_of_cap[captions, None]
+        return np.arange(self.n_img, dtype=np.int64)[None, :] == self._layout()[captions, None]
 
     def num_pairs(self) -> int:
         """Number of relevant (image, caption) pairs."""
@@ -116,7 +121,7 @@ class Relevance:
             return Relevance.matrix(self.dense[np.ix_(images, captions)])
         new_row = np.full(self.n_img, -1, dtype=np.int64)
         new_row[images] = np.arange(images.size)
-        layout = new_row[self.img_of_cap[captions]]
+        layout = new_row[self._layout()[captions]]
         if (layout < 0).any():
             raise ValueError("the caption subset holds captions whose image is not in the image subset")
         return Relevance(n_img=int(images.size), n_cap=int(captions.size), img_of_cap=layout)

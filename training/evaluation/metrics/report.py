@@ -55,11 +55,12 @@ def full_metrics(
 
     t0 = time.perf_counter()
     curve = pr_curve(sim, relevance)
-    summary = global_metrics(curve)
+    scalars = global_metrics(curve)
+    summary: dict[str, float | None] = dict(scalars)  # a precision no threshold reaches adds a None
     timings["pr_curve_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    probes = [summary["best_f1_threshold"], *thresholds]
+    probes = [scalars["best_f1_threshold"], *thresholds]
     for target in PRECISION_TARGETS:
         point = curve.threshold_for_precision(target)
         summary[f"threshold_precision_{target}"] = point["threshold"] if point else None

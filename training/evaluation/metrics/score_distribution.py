@@ -10,6 +10,7 @@ best score and of the relevant pairs' scores.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from icr.training.evaluation.metrics.relevance import Relevance
 PERCENTILES: tuple[int, ...] = (5, 50, 95)
 
 
-def _percentiles(values: np.ndarray) -> dict[str, float]:
+def _percentiles(values: np.ndarray) -> Mapping[str, float | None]:  # all None when nothing is finite
     finite = values[np.isfinite(values)]
     if finite.size == 0:
         return {f"p{q}": None for q in PERCENTILES} | {"mean": None}
