@@ -9,33 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+from server_support import ICR, MAX_UPLOAD_BYTES, N_DISTRACTORS, ROOT, Artifacts
 
 from tests.tiny_model import TINY_MODEL
-
-ROOT = Path(__file__).resolve().parent.parent
-ICR = Path(sys.executable).parent / "icr"
-N_DISTRACTORS = 400
-MAX_UPLOAD_BYTES = 1 << 20  # small, so the oversize test sends little
-
-
-@dataclass(frozen=True)
-class Artifacts:
-    data: Path
-    checkpoint: Path
-    images: Path
-    captions: Path
-    root: Path
 
 
 @pytest.fixture(scope="session")
@@ -174,16 +158,6 @@ def make_server(artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory):
     yield make
     for server in started:
         server.stop()
-
-
-def index_with_calibration(artifacts: Artifacts, folder: Path, calibration: dict) -> Path:
-    """A copy of the session's image index folder whose calibration.json is ``calibration``."""
-    from icr.index.calibration import CALIBRATION_FILE
-
-    copy = folder / "images"
-    shutil.copytree(artifacts.images, copy)
-    (copy / CALIBRATION_FILE).write_text(json.dumps(calibration, indent=2))
-    return copy
 
 
 @pytest.fixture(scope="session")

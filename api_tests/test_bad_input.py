@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import MAX_UPLOAD_BYTES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from server_support import MAX_UPLOAD_BYTES
 
 
 def _png(size=(32, 32), mode="RGB") -> bytes:

@@ -6,9 +6,9 @@ import io
 import json
 
 import httpx
-from conftest import N_DISTRACTORS
 from openapi_spec_validator import validate
 from PIL import Image
+from server_support import N_DISTRACTORS
 
 IMAGE_HIT_KEYS = {"id", "rank", "score", "relevance", "is_distractor", "image_url", "metadata"}
 PAGE_KEYS = {"threshold", "passed", "passed_is_exact", "searched", "k", "offset"}

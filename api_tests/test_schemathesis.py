@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ROOT
+from server_support import ROOT
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import httpx
-from conftest import ICR, ROOT
+from server_support import ICR, ROOT
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ import json
 import httpx
 import numpy as np
 import pytest
-from conftest import index_with_calibration
+from server_support import index_with_calibration
 
 QUERIES = ["a red circle", "a big blue square on a dark background", "a green star left of a yellow disc"]
 RELEVANCES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8)

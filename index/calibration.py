@@ -29,12 +29,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from icr.index.manifest import Manifest, check_compatible
 from icr.training.atomic import atomic_write_text
+from icr.training.contracts import validated
 from icr.training.devices import resolve_device
 
 CALIBRATION_FILE = "calibration.json"
@@ -280,6 +282,21 @@ def _kind_table(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class CalibrationFile(BaseModel):
+    """What a format-2 ``calibration.json`` must hold to be served (checked on read). The maps are
+    checked by their own readers (``Calibration.from_dict``, ``QueryCalibration.from_dict``)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    format_version: Literal[2]
+    checkpoint_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    method: Literal["per_query"]
+    labels: str
+    labels_note: str | None = None
+    global_: dict[str, Any] = Field(alias="global")
+    per_query: dict[str, Any] | None
+    kinds: dict[str, Any] = Field(default_factory=dict)
+
+
 class ServedCalibration:
     """A ``calibration.json`` as the service applies it (format 2, or format 1's single map).
 
@@ -321,6 +338,12 @@ class ServedCalibration:
     def read(cls, path: str | os.PathLike[str]) -> ServedCalibration:
         """ValueError naming the file when it does not parse."""
         try:
-            return cls(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            info = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path}: unreadable calibration ({err})") from None
+        if isinstance(info, dict) and info.get("format_version") == CALIBRATION_FORMAT:
+            validated(CalibrationFile, info, str(path), "calibration file", "")
+        try:
+            return cls(info)
+        except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"{path}: unreadable calibration ({err})") from None

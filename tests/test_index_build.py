@@ -458,8 +458,17 @@ def test_calibrate_fits_on_held_out_captions_searched_in_the_index(built, data, 
         "depth": 30,
         "gallery": "this index",
     }
-    served = ServedCalibration(stored)
+    served = ServedCalibration.read(built / CALIBRATION_FILE)
     assert served.method == "per_query"
+    broken = built.parent / "broken-calibration.json"
+    broken.write_text(json.dumps({**stored, "checkpoint_sha256": "x", "per_query": 3, "global": None}))
+    with pytest.raises(ValueError) as err:
+        ServedCalibration.read(broken)
+    assert str(err.value) == (
+        f"{broken}: invalid calibration file: checkpoint_sha256: String should match pattern "
+        "'^[0-9a-f]{64}$'; global: Input should be a valid dictionary; per_query: Input should be a valid "
+        "dictionary"
+    )
 
     # The fit's hits, rebuilt here: each validation caption's top 30 in the index, judged by the
     # generator's truth over the test images' and distractors' scenes.

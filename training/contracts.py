@@ -27,8 +27,10 @@ def field_errors(errors: Sequence[Mapping[str, Any]]) -> str:
 
 
 def validated(model: type[M], data: Any, source: str, what: str, hint: str) -> M:
-    """``data`` as ``model``; ValueError ``"{source}: invalid {what}: {field errors}. {hint}"``."""
+    """``data`` as ``model``; ValueError ``"{source}: invalid {what}: {field errors}. {hint}"`` (the
+    caller may leave ``hint`` empty and add its own)."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise ValueError(f"{source}: invalid {what}: {field_errors(err.errors())}. {hint}") from None
+        message = f"{source}: invalid {what}: {field_errors(err.errors())}"
+        raise ValueError(f"{message}. {hint}" if hint else message) from None
