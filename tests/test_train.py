@@ -235,6 +235,15 @@ def test_config_errors_say_what_to_fix():
         load_config(None, ["loss.name=tripletz"])
     with pytest.raises(ValueError, match="one parameter table per objective"):
         load_config(None, ["loss.temperature=0.05"])
+    # each section is typed: the message names the section, every bad key and how to fix it
+    with pytest.raises(ValueError) as err:
+        load_config(None, ['train.epochs="3"', "train.batch_size=0"])
+    assert str(err.value) == (
+        "config (overrides only): invalid [train]: epochs: Input should be a valid integer; batch_size: "
+        "Input should be greater than or equal to 1. Fix it in the TOML file or with --set train.KEY=VALUE"
+    )
+    with pytest.raises(ValueError, match=r"invalid \[optim\]: schedule: Input should be 'step'"):
+        load_config(None, ['optim.schedule="linearly"'])
     # parameters are kept per objective: switching the name does not inherit another one's
     cfg = load_config("synthetic-ntxent", ["loss.name=triplet"])
     assert loss_params(cfg) == {} and cfg["loss"]["ntxent"] == {"temperature": 0.1}
@@ -302,7 +311,9 @@ def test_ground_truth_positives_need_the_embedded_benchmark(tmp_path):
     )
     with pytest.raises(ValueError, match="data.positives=ground_truth needs the embedded benchmark"):
         Trainer(cfg, progress=False)
-    with pytest.raises(ValueError, match="data.positives must be annotations or ground_truth"):
+    with pytest.raises(
+        ValueError, match=r"invalid \[data\]: positives: Input should be 'annotations' or 'ground_truth'"
+    ):
         load_config(None, ['data.positives="cxc"'])
 
 

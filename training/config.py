@@ -13,7 +13,12 @@ import copy
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from icr.training.contracts import validated
+from icr.training.devices import Device
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "configs"
 _FREE_FORM = ("loss",)  # [loss.<objective>] tables: checked against the registry in _check
@@ -64,9 +69,6 @@ DEFAULTS: dict[str, Any] = {
         "threads": 0,  # torch CPU threads, 0 = torch's default
     },
 }
-
-
-AMP_CHOICES = ("auto", "bf16", "fp16", "on", "off")
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any], strict: bool, where: str = "") -> dict[str, Any]:
@@ -142,22 +144,63 @@ def load_config(name_or_path: str | None, overrides: list[str] | None = None) ->
     return config
 
 
+class DataSection(BaseModel):
+    """``[data]``: which dataset, which splits, how batches find their positives."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    path: str
+    train_split: str
+    val_split: str
+    captions_per_image: int = Field(ge=1)
+    val_images: int = Field(ge=0)
+    preload: Literal["auto"] | bool
+    cache_dir: str
+    positives: Literal["annotations", "ground_truth"]
+
+
+class OptimSection(BaseModel):
+    """``[optim]``: the optimizer and its learning-rate schedule."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    optimizer: Literal["adam", "adamw"]
+    lr: float = Field(gt=0)
+    weight_decay: float = Field(ge=0)
+    schedule: Literal["step", "cosine", "linear", "constant"]
+    lr_update: int = Field(ge=1)
+    gamma: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    grad_clip: float = Field(ge=0)
+
+
+class TrainSection(BaseModel):
+    """``[train]``: the loop, its device and precision, checkpoints and logs."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    epochs: int = Field(ge=1)
+    max_steps: int = Field(ge=0)
+    batch_size: int = Field(ge=1)
+    seed: int
+    device: Device
+    amp: Literal["auto", "bf16", "fp16", "on", "off"]
+    workers: int = Field(ge=0)
+    val_every: int = Field(ge=0)
+    log_every: int = Field(ge=1)
+    save_every: int = Field(ge=1)
+    swa: bool
+    swa_fraction: float = Field(gt=0, le=1)
+    swa_snapshots: int = Field(ge=1)
+    out: str
+    threads: int = Field(ge=0)
+
+
+SECTIONS: dict[str, type[BaseModel]] = {"data": DataSection, "optim": OptimSection, "train": TrainSection}
+
+
 def _check(config: dict[str, Any]) -> None:
-    train, optim = config["train"], config["optim"]
-    if int(train["batch_size"]) < 1:
-        raise ValueError(f"train.batch_size must be at least 1, got {train['batch_size']}")
-    if optim["optimizer"] not in ("adam", "adamw"):
-        raise ValueError(f"optim.optimizer must be adam or adamw, got {optim['optimizer']!r}")
-    if optim["schedule"] not in ("step", "cosine", "linear", "constant"):
-        raise ValueError(
-            f"optim.schedule must be step, cosine, linear or constant, got {optim['schedule']!r}"
-        )
-    if train["amp"] not in AMP_CHOICES:
-        raise ValueError(f"train.amp must be one of {', '.join(AMP_CHOICES)}, got {train['amp']!r}")
-    if config["data"]["positives"] not in ("annotations", "ground_truth"):
-        raise ValueError(
-            f"data.positives must be annotations or ground_truth, got {config['data']['positives']!r}"
-        )
+    source = f"config {config.get('name') or '(overrides only)'}"
+    for section, model in SECTIONS.items():
+        fix = f"Fix it in the TOML file or with --set {section}.KEY=VALUE"
+        validated(model, config[section], source, f"[{section}]", fix)
     from icr.training.losses import load_all
 
     registry = load_all()
