@@ -207,7 +207,7 @@ def _build(
     device: str,
     seed: int,
 ) -> Manifest:
-    from icr.training.checkpoint import load_checkpoint
+    from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
     from icr.training.data.training_data import open_split
     from icr.training.embedding import embed_captions, embed_images
 
@@ -216,7 +216,8 @@ def _build(
     device = resolve_device(device)
     model, config = load_checkpoint(checkpoint, device)
     dim = int(config["embed_dim"])
-    data = open_split(Path(data_path), split, progress=progress)
+    per_image = trained_captions_per_image(config)
+    data = open_split(Path(data_path), split, captions_per_image=per_image, progress=progress)
     if data.num_images == 0:
         raise ValueError(f"{data_path}: split {split!r} has no images to index")
 

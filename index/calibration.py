@@ -66,7 +66,7 @@ def calibrate_index(
     global map's form (isotonic or platt); ``depth``: how deep held-out captions search, as the
     service does (``ICR_SEARCH_DEPTH``).
     """
-    from icr.training.checkpoint import load_checkpoint
+    from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
     from icr.training.evaluation.checkpoint import calibration_split_for
     from icr.training.evaluation.metrics.calibration import CALIBRATION_METHODS
 
@@ -84,12 +84,25 @@ def calibrate_index(
     fit_split = calibration_split_for(data, split)
     if fit_split is None:
         raise ValueError(f"{data}: no validation split to calibrate on; pass --split NAME")
+    per_image = trained_captions_per_image(config)
     if _searchable_with_truth(manifest, data):
         out = _calibrate_in_index(
-            index_dir, manifest, model, data, fit_split, eval_split, method, depth, device, progress
+            index_dir,
+            manifest,
+            model,
+            data,
+            fit_split,
+            eval_split,
+            method,
+            depth,
+            device,
+            progress,
+            per_image,
         )
     else:
-        out = _calibrate_on_split(model, data, fit_split, eval_split, method, depth, device, progress)
+        out = _calibrate_on_split(
+            model, data, fit_split, eval_split, method, depth, device, progress, per_image
+        )
     out = {"format_version": CALIBRATION_FORMAT, "checkpoint_sha256": manifest.checkpoint_sha256, **out}
     atomic_write_text(index_dir / CALIBRATION_FILE, json.dumps(out, indent=2) + "\n")
     return out
@@ -144,6 +157,7 @@ def _calibrate_in_index(
     depth: int,
     device: str,
     progress: bool,
+    per_image: int,  # captions per image, as the checkpoint was trained
 ) -> dict[str, Any]:
     from icr.index.build import load_index_dir
     from icr.index.vector_index import nprobe_of, set_nprobe
@@ -167,7 +181,7 @@ def _calibrate_in_index(
     g = manifest.gallery_count
 
     def hits_of(split: str, judge_distractors: bool) -> tuple[HitLists, np.ndarray, list[str]]:
-        split_data = open_split(data, split)
+        split_data = open_split(data, split, captions_per_image=per_image)
         captions = split_data.captions
         emb = embed_captions(model, captions, device=device, progress=progress)  # (Q, D)
         scores, ids = _search_hits(index, emb, depth)
@@ -219,12 +233,13 @@ def _calibrate_on_split(
     depth: int,
     device: str,
     progress: bool,
+    per_image: int,  # captions per image, as the checkpoint was trained
 ) -> dict[str, Any]:
     from icr.training.evaluation.checkpoint import EvalOptions, embed_split, fit_split_calibration
     from icr.training.evaluation.metrics.calibration import calibration_error
     from icr.training.evaluation.relevance import ANNOTATION_NOTE, QuerySide, annotation_hits, fit_served_maps
 
-    options = EvalOptions(device=device, progress=progress)
+    options = EvalOptions(device=device, progress=progress, captions_per_image=per_image)
     held_out = embed_split(model, data, fit_split, options)
     labels, relevance = held_out.labels()
     side = QuerySide.start(

@@ -50,7 +50,7 @@ def data(tiny_benchmark) -> Path:
     return tiny_benchmark
 
 
-def _train(data: Path, run: Path, seed: int) -> Path:
+def _train(data: Path, run: Path, seed: int, *extra: str) -> Path:
     from icr.training.train import train  # the test trains a checkpoint; index/ itself never imports this
 
     config = load_config(
@@ -65,6 +65,7 @@ def _train(data: Path, run: Path, seed: int) -> Path:
             "train.threads=1",
             f"train.seed={seed}",
             *TINY_MODEL,
+            *extra,
         ],
     )
     train(config, progress=False)
@@ -567,3 +568,21 @@ def test_distractor_images_from_a_folder(data, checkpoint, tmp_path):
     assert Manifest.read(out).distractor_count == 5  # the previous index is untouched
     with pytest.raises(ValueError, match="one distractor source"):
         build_image_index(checkpoint, data, distractors=3, distractor_images=folder, out=out, progress=False)
+
+
+def test_every_reader_uses_the_captions_per_image_of_training(data, tmp_path):
+    """A model trained on 3 captions per image: its caption index, evaluation and calibration read 3
+    per image too (the first 3 in file order), not the default 5."""
+    from icr.index.calibration import calibrate_index
+    from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
+
+    checkpoint = _train(data, tmp_path / "run", 0, "data.captions_per_image=3")
+    captions = build_caption_index(checkpoint, data, out=tmp_path / "caps", progress=False, gpu="off")
+    assert captions.ntotal == 12 * 3
+    options = EvalOptions(calibration_split=None, relevance_depth=0, progress=False, device="cpu")
+    report = evaluate_checkpoint(checkpoint, data, options)
+    assert report["data"]["captions"] == 12 * 3, report["data"]
+    images = build_image_index(checkpoint, data, out=tmp_path / "imgs", progress=False, gpu="off")
+    assert images.ntotal == 12
+    fitted = calibrate_index(tmp_path / "imgs", split="val", eval_split="test", depth=10, progress=False)
+    assert fitted["fit"]["queries"] == 12 * 3

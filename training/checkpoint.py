@@ -205,6 +205,13 @@ def read_checkpoint_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return config
 
 
+def trained_captions_per_image(config: dict[str, Any]) -> int:
+    """``data.captions_per_image`` the checkpoint was trained with (5, the default, when not recorded):
+    every later reader of the dataset (index build, calibrate, evaluate, COCOS) must use the same."""
+    data = (config.get("train_config") or {}).get("data") or {}
+    return int(data.get("captions_per_image", 5))
+
+
 def checkpoint_sha256(directory: str | os.PathLike[str]) -> str:
     """The sha256 of the checkpoint's weights as recorded in ``config.json`` (its identity).
 

@@ -336,7 +336,7 @@ def run_cocos(
     """
     from tqdm import tqdm
 
-    from icr.training.checkpoint import load_checkpoint
+    from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
     from icr.training.data.training_data import open_split, plan_epoch
     from icr.training.embedding import embed_captions, embed_images
     from icr.training.losses import build_loss
@@ -356,7 +356,7 @@ def run_cocos(
     loss.on_epoch_start(int(config.get("epoch") or 0))
     counter = _choose_counter(counter, loss)
     # the same captions per image as in training, so batches and positives match the trained ones
-    per_image = int(((config.get("train_config") or {}).get("data") or {}).get("captions_per_image", 5))
+    per_image = trained_captions_per_image(config)
     # a few batches touch few images: decoding the whole split first (preload) would dominate
     split_data = open_split(
         data,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from icr.training.checkpoint import checkpoint_sha256, load_checkpoint
+from icr.training.checkpoint import checkpoint_sha256, load_checkpoint, trained_captions_per_image
 from icr.training.data.training_data import SplitData, open_split
 from icr.training.devices import resolve_device
 from icr.training.embedding import embed_captions, embed_image_batch, embed_images, open_embeddings
@@ -44,6 +44,7 @@ class EvalOptions:
     calibration_method: str = "isotonic"
     thresholds: tuple[float, ...] = ()
     batch_size: int = 256
+    captions_per_image: int = 5  # evaluate_checkpoint: as the checkpoint was trained
     device: str = "auto"  # auto (CUDA when visible) | cpu | cuda
     progress: bool = True
     plots_dir: Path | None = None  # PR curve, score distributions, reliability diagram (PNG)
@@ -107,7 +108,9 @@ def ground_truth_relevance(data: SplitData) -> Relevance | None:
 
 
 def embed_split(model: DualEncoder, data_path: Path, split: str, options: EvalOptions) -> EmbeddedSplit:
-    data = open_split(data_path, split, progress=options.progress)
+    data = open_split(
+        data_path, split, captions_per_image=options.captions_per_image, progress=options.progress
+    )
     img = embed_images(
         model, data, batch_size=options.batch_size, device=options.device, progress=options.progress
     )
@@ -476,6 +479,7 @@ def evaluate_checkpoint(
     """Load ``checkpoint`` and :func:`evaluate_model` it; the report names the checkpoint."""
     options = replace(options, device=resolve_device(options.device))  # auto -> cuda or cpu
     model, config = load_checkpoint(checkpoint, options.device)
+    options = replace(options, captions_per_image=trained_captions_per_image(config))
     report = evaluate_model(model, data_path, options)
     report["checkpoint"] = {
         "path": str(checkpoint),
