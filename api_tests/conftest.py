@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_support import ICR, MAX_UPLOAD_BYTES, N_DISTRACTORS, ROOT, Artifacts
+from server_support import ICR, MAX_UPLOAD_BYTES, N_DISTRACTORS, ROOT, Artifacts, free_port
 
 from tests.tiny_model import TINY_MODEL
 
@@ -57,12 +56,6 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
     build_caption_index(checkpoint, data, out=captions, progress=False, gpu="off")
     calibrate_index(images, progress=False)
     return Artifacts(data, checkpoint, images, captions, root)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

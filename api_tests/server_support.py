@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,13 @@ ROOT = Path(__file__).resolve().parent.parent
 ICR = Path(sys.executable).parent / "icr"
 N_DISTRACTORS = 400
 MAX_UPLOAD_BYTES = 1 << 20  # small, so the oversize test sends little
+
+
+def free_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

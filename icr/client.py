@@ -1,0 +1,210 @@
+"""A Python client of the icr HTTP API (v1), with typed results.
+
+    from icr.client import Client
+
+    with Client("http://127.0.0.1:8000", api_key="...") as icr:
+        found = icr.search_text("a red circle left of a blue square", k=5, min_relevance=0.5)
+        for hit in found.hits:
+            print(hit.rank, hit.relevance, hit.metadata["source"])
+        captions = icr.search_image("photo.jpg", k=3)
+        job = icr.wait_for_benchmark(icr.submit_benchmark("synthetic").id)
+
+Results are the server's own response models (``icr.service.schemas``). Every error is an
+:class:`ApiError` carrying the status and the server's ``{error, message, detail}`` body. A request
+that finds the server starting or overloaded (503) or cannot connect is retried with exponential
+backoff (``retries`` times, honouring ``Retry-After``); other errors are raised at once.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from icr.service.schemas import BenchmarkJob, BenchmarkList, ImageSearchResponse, TextSearchResponse
+
+KEY_HEADER = "X-API-Key"
+FINISHED = frozenset({"succeeded", "failed", "interrupted", "cancelled"})
+
+
+class ApiError(Exception):
+    """An error answer of the server: ``status`` and its ``{error, message, detail}`` body."""
+
+    def __init__(self, status: int, error: str, message: str, detail: Any = None) -> None:
+        super().__init__(f"{status} {error}: {message}")
+        self.status, self.error, self.message, self.detail = status, error, message, detail
+
+
+class ServerUnavailable(ApiError):
+    """No answer after every retry: the server could not be reached, or kept answering 503."""
+
+
+class Client:
+    """A connection to one icr server. Thread-safe for concurrent requests (one httpx client)."""
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8000",
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+    ) -> None:
+        if retries < 0 or backoff < 0:
+            raise ValueError("retries and backoff must be >= 0")
+        headers = {KEY_HEADER: api_key} if api_key else {}
+        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        self.retries, self.backoff = retries, backoff
+
+    # --- search -----------------------------------------------------------------------------------
+    def search_text(
+        self,
+        text: str,
+        *,
+        k: int = 10,
+        offset: int = 0,
+        min_score: float | None = None,
+        min_relevance: float | None = None,
+    ) -> TextSearchResponse:
+        """Images for a caption, thresholded by cosine score or calibrated relevance, paginated."""
+        body = _without_none(text=text, k=k, offset=offset, min_score=min_score, min_relevance=min_relevance)
+        return TextSearchResponse.model_validate(self._request("POST", "/v1/search/text", json=body).json())
+
+    def search_image(
+        self,
+        image: bytes | str | Path,
+        *,
+        k: int = 10,
+        offset: int = 0,
+        min_score: float | None = None,
+        min_relevance: float | None = None,
+        include_images: bool = False,
+    ) -> ImageSearchResponse:
+        """Captions for an image (bytes of an image file, or its path); with ``include_images``, also
+        similar gallery images."""
+        content = image if isinstance(image, bytes) else Path(image).read_bytes()
+        form = _without_none(
+            k=k,
+            offset=offset,
+            min_score=min_score,
+            min_relevance=min_relevance,
+            include_images=include_images,
+        )
+        response = self._request(
+            "POST",
+            "/v1/search/image",
+            data={
+                key: str(value).lower() if isinstance(value, bool) else str(value)
+                for key, value in form.items()
+            },
+            files={"file": ("query", content, "application/octet-stream")},
+        )
+        return ImageSearchResponse.model_validate(response.json())
+
+    def image(self, image_id: int, *, thumbnail: bool = False) -> bytes:
+        """The PNG of an indexed image (or its thumbnail)."""
+        params = {"size": "thumb" if thumbnail else "full"}
+        return self._request("GET", f"/v1/images/{int(image_id)}", params=params).content
+
+    # --- server -----------------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """What the server serves: model, indices, calibration, limits."""
+        info: dict[str, Any] = self._request("GET", "/v1/info").json()
+        return info
+
+    def ready(self) -> bool:
+        """Whether the model and indices are loaded (GET /readyz); never retries or raises on 503."""
+        try:
+            return self._http.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    # --- benchmark jobs ---------------------------------------------------------------------------
+    def submit_benchmark(
+        self, dataset: str, *, split: str = "test", protocol: str = "full", distractors: int = 0
+    ) -> BenchmarkJob:
+        """Queue an evaluation of the served model on a dataset the server knows (GET /v1/info)."""
+        body = {"dataset": dataset, "split": split, "protocol": protocol, "distractors": distractors}
+        return BenchmarkJob.model_validate(self._request("POST", "/v1/benchmarks", json=body).json())
+
+    def benchmark(self, job_id: str) -> BenchmarkJob:
+        """One job, with its full report once it succeeded."""
+        return BenchmarkJob.model_validate(self._request("GET", f"/v1/benchmarks/{job_id}").json())
+
+    def benchmarks(self) -> list[BenchmarkJob]:
+        """The most recent jobs, newest first."""
+        return BenchmarkList.model_validate(self._request("GET", "/v1/benchmarks").json()).jobs
+
+    def cancel_benchmark(self, job_id: str) -> BenchmarkJob:
+        """Cancel a queued or running job."""
+        return BenchmarkJob.model_validate(self._request("DELETE", f"/v1/benchmarks/{job_id}").json())
+
+    def wait_for_benchmark(self, job_id: str, *, timeout: float = 3600.0, poll: float = 1.0) -> BenchmarkJob:
+        """The job once it has finished (succeeded, failed, interrupted or cancelled); TimeoutError
+        after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.benchmark(job_id)
+            if job.status in FINISHED:
+                return job
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"benchmark job {job_id} still {job.status} after {timeout:.0f} s")
+            time.sleep(poll)
+
+    # --- plumbing ---------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as err:
+                # nothing was sent: retrying cannot repeat a request the server acted on
+                if last:
+                    raise ServerUnavailable(0, "unreachable", f"{self._http.base_url}: {err}") from None
+                time.sleep(self.backoff * 2**attempt)
+                continue
+            if response.status_code == 503 and not last:
+                time.sleep(_retry_after(response) or self.backoff * 2**attempt)
+                continue
+            if response.status_code >= 400:
+                raise _error(response)
+            return response
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _without_none(**fields: Any) -> dict[str, Any]:
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "")))
+    except ValueError:
+        return None
+
+
+def _error(response: httpx.Response) -> ApiError:
+    """The server's error body as an exception (its message says how to fix the request)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or "message" not in body:
+        body = {"error": "http_error", "message": response.text[:500] or response.reason_phrase}
+    kind = ServerUnavailable if response.status_code == 503 else ApiError
+    return kind(response.status_code, str(body.get("error")), str(body["message"]), body.get("detail"))
