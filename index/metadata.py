@@ -15,6 +15,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from icr.training.contracts import field_errors
+
 METADATA_FILE = "metadata.sqlite"
 # Bumped when the table layout changes; stored as SQLite's user_version.
 SCHEMA_VERSION = 1
@@ -35,15 +39,30 @@ CREATE TABLE items (
 _COLUMNS = ("id", "source", "captions", "is_distractor", "scene", "image_id")
 
 
-def _encode(row: dict[str, Any]) -> tuple[Any, ...]:
-    scene = row.get("scene")
+class MetadataRow(BaseModel):
+    """One vector id's row, as writers hand it to :meth:`MetadataStore.add` (numpy integers welcome)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: int = Field(ge=0)
+    source: str = Field(min_length=1)  # image path, ``distractor:{k}``, ``features.npy#row``, ...
+    captions: list[str] = Field(default_factory=list)
+    is_distractor: bool = False
+    scene: dict[str, Any] | None = None  # the embedded benchmark's scene structure
+    image_id: int | None = None  # the split image a caption belongs to
+
+
+def _encode(row: dict[str, Any], path: Path) -> tuple[Any, ...]:
+    try:
+        r = MetadataRow.model_validate(row)
+    except ValidationError as err:
+        raise ValueError(f"{path}: metadata row {row.get('id')!r}: {field_errors(err.errors())}") from None
     return (
-        int(row["id"]),
-        str(row["source"]),
-        json.dumps(list(row.get("captions") or []), ensure_ascii=False),
-        int(bool(row.get("is_distractor", False))),
-        None if scene is None else json.dumps(scene, separators=(",", ":")),
-        None if row.get("image_id") is None else int(row["image_id"]),
+        r.id,
+        r.source,
+        json.dumps(r.captions, ensure_ascii=False),
+        int(r.is_distractor),
+        None if r.scene is None else json.dumps(r.scene, separators=(",", ":")),
+        r.image_id,
     )
 
 
@@ -115,7 +134,7 @@ class MetadataStore:
         count = 0
         batch: list[tuple[Any, ...]] = []
         for row in rows:
-            batch.append(_encode(row))
+            batch.append(_encode(row, self.path))
             if len(batch) >= _INSERT_CHUNK:
                 count += self._insert(batch)
                 batch = []

@@ -268,6 +268,14 @@ def test_metadata_round_trip(tmp_path):
         store.get([1, 25_000])
     with pytest.raises(ValueError, match="read-only"):
         store.add(rows[:1])
+    bad = tmp_path / "bad.sqlite"
+    with MetadataStore.create(bad) as writer:
+        with pytest.raises(ValueError) as err:  # a writer's bug is named by row and field
+            writer.add([rows[0], {**rows[1], "captions": "one caption", "colour": "red"}])
+    assert str(err.value) == (
+        f"{bad}: metadata row 1: captions: Input should be a valid list; "
+        "colour: Extra inputs are not permitted"
+    )
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
         store._db.execute("DELETE FROM items")  # read-only at the SQLite level too
     store.close()
