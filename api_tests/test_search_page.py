@@ -261,3 +261,37 @@ def test_search_page(server, driver, tmp_path: Path) -> None:
     assert driver.save_screenshot(str(mobile))
     seconds = time.monotonic() - start
     print(f"\nsearch page screenshots: {desktop} {mobile} ({seconds:.1f} s in the browser)")  # noqa: T201
+
+
+def test_the_page_of_a_keyed_server_asks_for_the_key(make_server, driver) -> None:
+    """ICR_API_KEY set: the page asks for the key, then searches and shows images with it (an <img>
+    cannot send a header: the page fetches them with the key); a wrong key is asked for again."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server = make_server(ICR_API_KEY="reader").start()
+    wait = WebDriverWait(driver, WAIT_S)
+    driver.get(server.url + "/")
+    driver.execute_script("sessionStorage.clear()")  # the module's browser may hold another server's key
+    driver.refresh()
+    wait.until(lambda d: d.find_element(By.ID, "key-form").is_displayed())
+    assert "API key" in driver.find_element(By.ID, "info").text
+    box = driver.find_element(By.ID, "api-key")
+    box.send_keys("wrong")
+    box.send_keys(Keys.ENTER)
+    wait.until(lambda d: d.find_element(By.ID, "key-form").is_displayed())  # 403: asked again
+    box.clear()
+    box.send_keys("reader")
+    box.send_keys(Keys.ENTER)
+    wait.until(lambda d: d.find_element(By.ID, "info").get_attribute("data-state") == "ready")
+    assert not driver.find_element(By.ID, "key-form").is_displayed()
+    driver.execute_script(SET_SLIDER, driver.find_element(By.ID, "slider"), "0.00")  # the tiny model: any hit
+    query = driver.find_element(By.ID, "query")
+    query.send_keys("a red circle")
+    query.send_keys(Keys.ENTER)
+    wait.until(lambda d: d.execute_script(FIRST_IMAGE_LOADED))
+    src = driver.execute_script("return document.querySelector('#results .hit img').src")
+    assert src.startswith("blob:")  # fetched with the key, not by <img src>
+    assert driver.execute_script("return sessionStorage.getItem('icr-api-key')") == "reader"
+    driver.execute_script("sessionStorage.clear()")

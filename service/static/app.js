@@ -5,6 +5,8 @@
   const $ = (id) => document.getElementById(id);
   const el = {
     info: $("info"),
+    keyForm: $("key-form"),
+    keyInput: $("api-key"),
     error: $("error"),
     form: $("search-form"),
     query: $("query"),
@@ -32,7 +34,9 @@
   };
 
   const DEBOUNCE_MS = 150;
+  const KEY_STORAGE = "icr-api-key"; // this tab only: sessionStorage, never a cookie or the URL
   const state = {
+    key: sessionStorage.getItem(KEY_STORAGE) || "",
     calibrated: false,
     maxK: 100,
     depth: 1000,
@@ -77,10 +81,21 @@
     if (errors.delete(source)) renderErrors();
   }
 
+  function keyHeaders() {
+    return state.key ? { "X-API-Key": state.key } : {};
+  }
+
+  // A keyed server (ICR_API_KEY) answers 401 without a key and 403 with a wrong one: ask for it.
+  function askForKey() {
+    el.keyForm.hidden = false;
+    el.keyInput.focus();
+  }
+
   async function api(path, options = {}) {
     let response;
+    const headers = { Accept: "application/json", ...(options.headers || {}), ...keyHeaders() };
     try {
-      response = await fetch(path, { headers: { Accept: "application/json" }, ...options });
+      response = await fetch(path, { ...options, headers });
     } catch (err) {
       if (err.name === "AbortError") throw err;
       throw new ApiError("network", `could not reach the server (${err.message}); is \`icr serve\` running?`);
@@ -96,6 +111,7 @@
       const code = body && body.error ? body.error : `http_${response.status}`;
       const message =
         body && body.message ? body.message : text.slice(0, 300) || response.statusText || "request failed";
+      if (response.status === 401 || response.status === 403) askForKey();
       throw new ApiError(code, message, response.status);
     }
     if (body === null) throw new ApiError("bad_response", `${path} answered with something that is not JSON`);
@@ -276,6 +292,24 @@
       el.info.textContent = "The index description is not available yet.";
       showError("info", err);
       if (err.status === 503 || err.code === "network") setTimeout(loadInfo, 3000); // still loading
+      if (err.status === 401 || err.status === 403) el.info.textContent = "Enter this server's API key.";
+    }
+  }
+
+  // An <img src> cannot send the key: with one, fetch the image with it and show a blob URL.
+  async function setImage(img, url) {
+    if (!state.key) {
+      img.src = url;
+      return;
+    }
+    try {
+      const response = await fetch(url, { headers: keyHeaders() });
+      if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      const blobUrl = URL.createObjectURL(await response.blob());
+      img.addEventListener("load", () => URL.revokeObjectURL(blobUrl), { once: true });
+      img.src = blobUrl;
+    } catch (_) {
+      img.dispatchEvent(new Event("error"));
     }
   }
 
@@ -292,7 +326,7 @@
 
     if (hit.image_url) {
       const img = document.createElement("img");
-      img.src = `${hit.image_url}?size=thumb`;
+      setImage(img, `${hit.image_url}?size=thumb`);
       img.alt = caption || `image ${hit.id}`;
       img.decoding = "async";
       img.addEventListener("load", () => {
@@ -486,6 +520,18 @@
     el.preview.src = state.previewUrl;
     el.preview.hidden = false;
     runImage();
+  });
+
+  el.keyForm.addEventListener("submit", (event) => {
+    event.preventDefault();
+    state.key = el.keyInput.value.trim();
+    sessionStorage.setItem(KEY_STORAGE, state.key);
+    el.keyForm.hidden = true;
+    errors.clear();
+    renderErrors();
+    loadInfo();
+    if (state.query) runText();
+    if (state.file) runImage();
   });
 
   showSliderValue();
