@@ -397,7 +397,7 @@ def _image_sources(data: SplitData) -> tuple[list[str], list[dict[str, Any]] | N
         features = Path(data.source) / f"{data.name}_ims.npy"
         return [f"{features}#{i}" for i in range(data.num_images)], None
     from icr.training.data.karpathy import load_karpathy
-    from icr.training.evaluation.checkpoint import synthetic_dir
+    from icr.training.data.training_data import synthetic_dir
 
     records = load_karpathy(data.source).split(data.name).images
     scenes = None
@@ -466,7 +466,7 @@ def _distractor_stream(
         return _file_distractors(Path(embeddings), dim, first_id, batch_size * 16, progress)
     if n == 0:
         return None
-    from icr.training.evaluation.checkpoint import synthetic_dir
+    from icr.training.data.training_data import synthetic_dir
 
     directory = synthetic_dir(data)
     if directory is None:

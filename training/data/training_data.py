@@ -191,3 +191,13 @@ def plan_epoch(data: SplitData, sampling: str, batch_size: int, seed: int, epoch
             batches.append(PlannedBatch(imgs, np.concatenate([caps[i] for i in imgs])))
         return batches
     raise ValueError(f"unknown sampling {sampling!r}; expected 'caption' or 'image'")
+
+
+def synthetic_dir(data: SplitData) -> Path | None:
+    """The dataset folder when ``data`` is the embedded benchmark (it stores scene structures)."""
+    from icr.training.data.synthetic.generate import SCENES_NAME
+
+    if data.kind != "karpathy":
+        return None
+    directory = Path(data.source).parent
+    return directory if (directory / SCENES_NAME).is_file() else None

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from icr.training.checkpoint import checkpoint_sha256, load_checkpoint, trained_captions_per_image
-from icr.training.data.training_data import SplitData, open_split
+from icr.training.data.training_data import SplitData, open_split, synthetic_dir
 from icr.training.devices import resolve_device
 from icr.training.embedding import embed_captions, embed_image_batch, embed_images, open_embeddings
 from icr.training.evaluation.metrics.calibration import Calibration, fit_calibration, score_histogram
@@ -82,16 +82,6 @@ class EmbeddedSplit:
         if self.ground_truth is not None:
             return "ground_truth", self.ground_truth
         return "annotations", self.annotations
-
-
-def synthetic_dir(data: SplitData) -> Path | None:
-    """The dataset folder when ``data`` is the embedded benchmark (it stores scene structures)."""
-    from icr.training.data.synthetic.generate import SCENES_NAME
-
-    if data.kind != "karpathy":
-        return None
-    directory = Path(data.source).parent
-    return directory if (directory / SCENES_NAME).is_file() else None
 
 
 def ground_truth_relevance(data: SplitData) -> Relevance | None:
