@@ -42,7 +42,7 @@ from icr.index.vector_index import (
     tune_nprobe,
     use_gpu,
 )
-from icr.training.atomic import replace_dir
+from icr.training.atomic import replace_dir, sha256_file
 from icr.training.data.training_data import SplitData
 from icr.training.devices import resolve_device
 
@@ -292,6 +292,7 @@ def _build(
                 "distractor_source": _distractor_source(distractors, distractor_path),
             },
             built_on="gpu" if built["built_on"] == "gpu" else "cpu",
+            files={name: sha256_file(tmp / name) for name in (INDEX_FILE, METADATA_FILE)},
             extra={
                 "embed_device": device,
                 **throughput,
@@ -634,6 +635,13 @@ def load_index_dir(
         )
     manifest = Manifest.read(directory / MANIFEST_FILE)
     rebuild = f"rebuild it with `{manifest.rebuild_command(directory, manifest.checkpoint_path)}`"
+    for name, recorded in manifest.files.items():  # manifests before files were recorded: none
+        file = directory / name
+        if file.is_file() and sha256_file(file) != recorded:
+            raise ValueError(
+                f"{file}: its content changed since the build ({MANIFEST_FILE} records sha256 "
+                f"{recorded[:12]}...): replace the whole index folder, never a file inside it, or {rebuild}"
+            )
     path = directory / INDEX_FILE
     try:
         index = load_index(path, mmap=mmap)

@@ -83,6 +83,8 @@ class Manifest(BaseModel):
     data: dict[str, Any]
     built_on: Literal["cpu", "gpu"] = "cpu"  # where FAISS trained and filled the index
     metric: Literal["inner_product"] = METRIC
+    # sha256 of each file the build wrote (index.faiss, metadata.sqlite), checked on load
+    files: dict[str, str] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict)  # free-form build details (not validated)
 
     @field_validator("recall_check")

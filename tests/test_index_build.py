@@ -290,6 +290,25 @@ def test_load_index_dir_names_missing_and_corrupt_files(built, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(built, copy)
     (copy / INDEX_FILE).write_bytes(b"garbage")
+    with pytest.raises(
+        ValueError, match=f"{copy / INDEX_FILE}: its content changed since the build.*index build"
+    ):
+        load_index_dir(copy)
+    # A file edited in place, same size and still valid: the recorded sha256 catches it.
+    shutil.copy(built / INDEX_FILE, copy / INDEX_FILE)
+    with sqlite3.connect(copy / METADATA_FILE) as db:
+        db.execute("UPDATE items SET source = 'elsewhere.png' WHERE id = 0")
+    with pytest.raises(ValueError, match=f"{copy / METADATA_FILE}: its content changed since the build"):
+        load_index_dir(copy)
+    shutil.copy(built / METADATA_FILE, copy / METADATA_FILE)
+    _, restored, metadata = load_index_dir(copy)  # restored: loads again
+    metadata.close()
+    assert restored.files == Manifest.read(built).files and set(restored.files) == {INDEX_FILE, METADATA_FILE}
+    # A manifest from before the hashes were recorded: the file's own checks still name it.
+    manifest = json.loads((copy / MANIFEST_FILE).read_text())
+    del manifest["files"]
+    (copy / MANIFEST_FILE).write_text(json.dumps(manifest))
+    (copy / INDEX_FILE).write_bytes(b"garbage")
     with pytest.raises(ValueError, match=f"{copy / INDEX_FILE}: not a readable FAISS index.*icr index build"):
         load_index_dir(copy)
     (copy / INDEX_FILE).unlink()

@@ -8,6 +8,7 @@ KeyboardInterrupt included, the temporary file is removed and the target is left
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -63,3 +64,12 @@ def replace_dir(new: str | os.PathLike[str], target: str | os.PathLike[str]) -> 
         raise
     shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

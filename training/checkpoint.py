@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save_file
 
-from icr.training.atomic import replace_dir
+from icr.training.atomic import replace_dir, sha256_file
 from icr.training.contracts import validated
 from icr.training.data.vocab import Vocabulary
 from icr.training.models import DualEncoder, build_model
@@ -74,14 +74,6 @@ def _weights_to_save(model: DualEncoder) -> tuple[dict[str, torch.Tensor], dict[
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _check_replaceable(directory: Path) -> None:
@@ -136,7 +128,7 @@ def save_checkpoint(directory: str | os.PathLike[str], model: DualEncoder, meta:
             "preprocessing": model.preprocessing,
             "embed_dim": model.embed_dim,
             "metric": "cosine",
-            "weights_sha256": _sha256_file(weights_path),
+            "weights_sha256": sha256_file(weights_path),
             **meta,
         }
         config_path = tmp / CONFIG_FILE
