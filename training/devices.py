@@ -9,14 +9,15 @@ Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[Device, ...] = ("auto", "cpu", "cuda")
 
 
-def resolve_device(setting: str) -> str:
-    """``cpu`` or ``cuda`` for a ``--device`` / ``ICR_DEVICE`` / ``train.device`` setting."""
+def resolve_device(setting: str, name: str = "device") -> str:
+    """``cpu`` or ``cuda`` for a ``--device`` / ``ICR_DEVICE`` / ``train.device`` setting; ``name``
+    is how the error message calls the setting."""
     if setting not in DEVICES:
-        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {setting!r}")
+        raise ValueError(f"{name} must be one of {', '.join(DEVICES)}, got {setting!r}")
     import torch
 
     if setting == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if setting == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device cuda, but no CUDA GPU is visible; use auto or cpu")
+        raise ValueError(f"{name}=cuda but no CUDA device is visible; use {name}=cpu or auto")
     return setting

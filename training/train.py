@@ -30,6 +30,7 @@ from torch import nn
 from icr.training import distributed as dist
 from icr.training.atomic import atomic_write
 from icr.training.data.training_data import PlannedBatch, SplitData, open_split, plan_epoch
+from icr.training.devices import resolve_device
 
 if TYPE_CHECKING:  # annotations only: target decoding is imported when the config asks for it
     from icr.training.target_decoding import TargetDecoding
@@ -67,14 +68,6 @@ def amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if setting == "bf16" else torch.float16
 
 
-def choose_device(setting: str) -> torch.device:
-    if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if setting == "cuda" and not torch.cuda.is_available():
-        raise ValueError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
-    return torch.device(setting)
-
-
 def learning_rate(
     optim: dict[str, Any], epochs: int, epoch: int, global_step: int, total_steps: int = 0
 ) -> float:
@@ -105,7 +98,7 @@ class Trainer:
         tcfg, dcfg = config["train"], config["data"]
         if int(tcfg["threads"]) > 0:
             torch.set_num_threads(int(tcfg["threads"]))
-        self.device = choose_device(tcfg["device"])
+        self.device = torch.device(resolve_device(tcfg["device"], "train.device"))
         self.amp_dtype = amp_dtype(tcfg["amp"], self.device)
         self.seed = int(tcfg["seed"])
         self.out = Path(tcfg["out"]).expanduser()
@@ -528,7 +521,7 @@ def _default_cache_dir(data: SplitData) -> Path:
 def train(config: dict[str, Any], *, resume: bool = False, progress: bool = True) -> dict[str, Any] | None:
     """Train one model from a config dict (see ``training.config``); the summary (None off rank 0)."""
     # the backend follows train.device, not the hardware: CPU processes on a GPU machine use gloo
-    cuda = choose_device(config["train"]["device"]).type == "cuda"
+    cuda = resolve_device(config["train"]["device"], "train.device") == "cuda"
     started = dist.init_from_env(backend="nccl" if cuda else "gloo")
     try:
         trainer = Trainer(config, progress=progress)

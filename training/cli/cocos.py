@@ -77,10 +77,12 @@ def cocos(
 
       icr analyze cocos --checkpoint runs/goal/best --data data/synth --counter generic --epsilon 0.05
     """
+    import torch
+
     from icr.training.analysis.cocos import run_cocos
     from icr.training.atomic import atomic_write_text
     from icr.training.config import parse_override
-    from icr.training.train import choose_device
+    from icr.training.devices import resolve_device
 
     if counter not in COUNTER_CHOICES:
         raise ValueError(f"--counter must be one of {', '.join(COUNTER_CHOICES)}, got {counter!r}")
@@ -103,7 +105,7 @@ def cocos(
         epsilon=epsilon,
         max_batches=max_batches,
         seed=seed,
-        device=choose_device(device),
+        device=torch.device(resolve_device(device, "--device")),
         progress=not quiet,
     )
     print_table(result)
