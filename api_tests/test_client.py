@@ -36,6 +36,27 @@ def test_search_results_are_typed_and_equal_the_raw_answer(server) -> None:
         assert icr.ready() and icr.info()["index"]["ntotal"] > 0
 
 
+def test_filters_search_only_matching_items(server) -> None:
+    with Client(server.url) as icr:
+        info = icr.info()["index"]
+        assert info["metadata_fields"] == []  # the synthetic index has only the built-in flag
+        unfiltered = icr.search_text("a red circle", k=50)
+        found = icr.search_text("a red circle", k=50, filter={"is_distractor": False})
+        assert found.matched == info["gallery_count"] and unfiltered.matched is None
+        assert found.hits and not any(h.is_distractor for h in found.hits)
+        assert found.passed == min(found.matched, found.searched)
+        # the gallery's hits, in the unfiltered order, with the relevance they have there
+        expected = [h for h in unfiltered.hits if not h.is_distractor]
+        assert [h.id for h in found.hits[: len(expected)]] == [h.id for h in expected]
+        assert [h.relevance for h in found.hits[: len(expected)]] == [h.relevance for h in expected]
+        with pytest.raises(ApiError) as err:
+            icr.search_text("a red circle", filter={"album": "trip"})
+        assert (
+            err.value.status == 422
+            and "unknown field 'album'; this index's fields are: is_distractor" in err.value.message
+        )
+
+
 def test_errors_carry_the_servers_message(server) -> None:
     with Client(server.url, retries=0) as icr:
         with pytest.raises(ApiError) as err:

@@ -11,7 +11,7 @@ from PIL import Image
 from server_support import N_DISTRACTORS
 
 IMAGE_HIT_KEYS = {"id", "rank", "score", "relevance", "is_distractor", "image_url", "metadata"}
-PAGE_KEYS = {"threshold", "passed", "passed_is_exact", "searched", "k", "offset"}
+PAGE_KEYS = {"threshold", "passed", "passed_is_exact", "searched", "k", "offset", "matched"}
 ASSESSMENT_KEYS = {"calibration", "expected_precision", "expected_relevant", "quality"}
 
 
@@ -90,6 +90,10 @@ def test_the_schema_states_this_servers_bounds_and_error_body(client: httpx.Clie
         assert (props["k"]["minimum"], props["k"]["maximum"]) == (1, info["max_k"]), name
         assert props["offset"]["maximum"] == info["search_depth"] - info["max_k"], name
     assert props["k"]["type"] == "integer"
+    # the filter names exactly the served index's fields (this one has only the built-in flag)
+    filter_schema = components["TextSearchRequest"]["properties"]["filter"]["anyOf"][0]
+    assert filter_schema["properties"] == {"is_distractor": {"type": "boolean"}}
+    assert filter_schema["additionalProperties"] is False
     text = json.dumps(schema)
     assert "HTTPValidationError" not in text  # FastAPI's default 422 body is not what the server sends
     documented = {
@@ -136,7 +140,7 @@ def test_text_search_response(client: httpx.Client) -> None:
         assert (h["metadata"]["image_id"] is None) == h["is_distractor"]
         assert h["metadata"]["scene"]["objects"]
     timings = body["timings"]
-    assert set(timings) == {"encode_ms", "search_ms", "filter_ms", "metadata_ms", "total_ms"}
+    assert set(timings) == {"encode_ms", "search_ms", "select_ms", "filter_ms", "metadata_ms", "total_ms"}
     assert timings["total_ms"] >= timings["encode_ms"] + timings["search_ms"] > 0
 
 

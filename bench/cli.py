@@ -25,7 +25,7 @@ import typer
 
 from icr.training.cli.support import fail_cleanly
 
-SECTIONS = ("build", "search", "http", "relevance", "train", "eval", "gpu")
+SECTIONS = ("build", "search", "http", "filters", "relevance", "train", "eval", "gpu")
 
 
 def _log(text: str) -> None:
@@ -89,7 +89,7 @@ def bench_command(
         "sections": {},
     }
     sections = report["sections"]
-    needs_gallery = {"build", "search", "http", "relevance", "gpu"} & set(chosen)
+    needs_gallery = {"build", "search", "http", "filters", "relevance", "gpu"} & set(chosen)
     needs_model = needs_gallery or "train" in chosen
     model = gallery.prepare_model(workdir, quick, checkpoint, data, _log) if needs_model else None
     largest = max(counts)
@@ -145,6 +145,16 @@ def bench_command(
                 _log,
             )
             for n in counts
+        }
+    if "filters" in chosen:
+        from bench import filters
+
+        assert model is not None
+        sections["filters"] = {
+            "select": filters.select(workdir, 100_000 if quick else 1_000_000, _log),
+            "search": filters.search(
+                model.checkpoint, ann_dirs[largest], captions[: 100 if quick else 500], 1000, _log
+            ),
         }
     if "relevance" in chosen:
         sections["relevance"] = relevance.run(ann_dirs[largest], _log)

@@ -281,6 +281,36 @@ def markdown(report: dict[str, Any]) -> str:
         lines += _table(
             ["index, clients", "p50 ms", "p99 ms", "queries/s", "queries per FAISS call", "errors"], rows
         )
+    if "filters" in s:
+        f = s["filters"]
+        lines += [f"## Query filters: selecting ids in a metadata store of {f['select']['rows']:,} rows", ""]
+        lines += _table(
+            ["filter", "ids selected", "cold ms (SQL + bitmap)", "cached ms"],
+            [
+                [name, r["selected"], r["cold_ms"], r["cached_ms"]]
+                for name, r in f["select"]["filters"].items()
+            ],
+        )
+        fs = f["search"]
+        lines += [
+            f"Search stage at depth {fs['depth']} over {fs['ntotal']:,} vectors, {fs['queries']} caption "
+            "queries, one at a time (filtered: the unfiltered list for the calibration, then FAISS over "
+            "the selected ids):",
+            "",
+        ]
+        lines += _table(
+            ["filter", "matched", "p50 ms", "p99 ms"],
+            [
+                [
+                    name,
+                    r["matched"] if r["matched"] is not None else "-",
+                    r["latency"]["p50_ms"],
+                    r["latency"]["p99_ms"],
+                ]
+                for name, r in fs.items()
+                if isinstance(r, dict)
+            ],
+        )
     if "relevance" in s and "evaluation" in s["relevance"]:
         r = s["relevance"]
         ev = r["evaluation"]

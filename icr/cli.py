@@ -11,7 +11,7 @@ import typer
 
 import icr
 from icr.demo import demo_command
-from icr.index.cli import index_app
+from icr.index.cli import embed_command, index_app
 from icr.service.cli import serve_command
 from icr.training.cli.analyze import analyze_app
 from icr.training.cli.data import data_app
@@ -29,6 +29,7 @@ app.add_typer(data_app, name="data")
 app.command("train")(train_command)
 app.command("evaluate")(evaluate_command)
 app.add_typer(analyze_app, name="analyze")
+app.command("embed")(embed_command)
 app.add_typer(index_app, name="index")
 app.command("serve")(serve_command)
 app.command("demo")(demo_command)

@@ -69,9 +69,14 @@ class Client:
         offset: int = 0,
         min_score: float | None = None,
         min_relevance: float | None = None,
+        filter: dict[str, Any] | None = None,  # noqa: A002 - the API's own name for it
     ) -> TextSearchResponse:
-        """Images for a caption, thresholded by cosine score or calibrated relevance, paginated."""
-        body = _without_none(text=text, k=k, offset=offset, min_score=min_score, min_relevance=min_relevance)
+        """Images for a caption, thresholded by cosine score or calibrated relevance, paginated;
+        ``filter`` searches only items whose metadata match, e.g. ``{"album": "trip", "year":
+        {"gte": 2019}}`` (see the API's description of ``filter``)."""
+        body = _without_none(
+            text=text, k=k, offset=offset, min_score=min_score, min_relevance=min_relevance, filter=filter
+        )
         return TextSearchResponse.model_validate(self._request("POST", "/v1/search/text", json=body).json())
 
     def search_image(

@@ -29,6 +29,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from icr.index.galleries import image_sources
 from icr.index.manifest import MANIFEST_FILE, Manifest, Modality
 from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.vector_index import (
@@ -88,38 +89,20 @@ def build_image_index(
     """Index the images of ``split`` (+ distractors) for text->image search; returns the manifest.
 
     ``distractors``: N images from the embedded benchmark's generator (its seed and image size);
-    ``distractor_embeddings``: an (N, D) float32 .npy of L2-normalised embeddings, memory-mapped;
-    ``distractor_images``: a folder of image files (searched recursively, sorted by path).
+    ``distractor_embeddings``: an (N, D) float32 .npy of L2-normalised embeddings (memory-mapped),
+    or an embeddings folder (:mod:`index.embeddings_layout`); ``distractor_images``: a folder of
+    image files (searched recursively, sorted by path).
     ``factory``: ``auto`` (see :func:`index.vector_index.choose_factory`) or a factory string.
     ``gpu``: FAISS on the GPU (``auto``: when one is visible); ``device``: where the model embeds
     (``auto``: CUDA when available). The recall check uses ``recall_queries`` captions of the split.
     """
-    given = [bool(distractors), distractor_embeddings is not None, distractor_images is not None]
-    if sum(given) > 1:
-        raise ValueError(
-            "give one distractor source: --distractors N, --distractor-embeddings FILE or "
-            "--distractor-images DIR"
-        )
-    _check_args(distractors, distractor_embeddings, factory, gpu, batch_size, out)
-    if distractor_images is not None and not Path(distractor_images).is_dir():
-        raise FileNotFoundError(f"{distractor_images}: distractor image folder not found")
+    given = Distractors(distractors, distractor_embeddings, distractor_images)
+    _check_args(given, factory, gpu, batch_size, out)
     return _build(
-        "image",
-        checkpoint,
-        data,
-        split=split,
-        distractors=distractors,
-        distractor_path=distractor_embeddings or distractor_images,
-        factory=factory,
-        gpu=gpu,
-        out=out,
-        batch_size=batch_size,
-        progress=progress,
-        memory_budget_bytes=memory_budget_bytes,
-        recall_queries=recall_queries,
-        device=device,
-        seed=seed,
-    )
+        "image", checkpoint, data, split=split, distractors=given, factory=factory, gpu=gpu, out=out,
+        batch_size=batch_size, progress=progress, memory_budget_bytes=memory_budget_bytes,
+        recall_queries=recall_queries, device=device, seed=seed,
+    )  # fmt: skip
 
 
 def build_caption_index(
@@ -140,36 +123,191 @@ def build_caption_index(
     """Index the captions of ``split`` for image->text search (modality ``text``); see
     :func:`build_image_index`. Metadata rows: the caption, and ``image_id`` of the image it
     describes; the recall check uses ``recall_queries`` images of the split as queries."""
-    _check_args(0, None, factory, gpu, batch_size, out)
+    _check_args(Distractors(), factory, gpu, batch_size, out)
     return _build(
-        "text",
-        checkpoint,
-        data,
-        split=split,
-        distractors=0,
-        distractor_path=None,
+        "text", checkpoint, data, split=split, distractors=Distractors(), factory=factory, gpu=gpu,
+        out=out, batch_size=batch_size, progress=progress, memory_budget_bytes=memory_budget_bytes,
+        recall_queries=recall_queries, device=device, seed=seed,
+    )  # fmt: skip
+
+
+def build_photo_index(
+    checkpoint: str | os.PathLike[str],
+    *,
+    images: str | os.PathLike[str] | None = None,
+    metadata: str | os.PathLike[str] | None = None,
+    embeddings: str | os.PathLike[str] | None = None,
+    skip_bad: bool = False,
+    workers: int | None = None,
+    distractor_embeddings: str | os.PathLike[str] | None = None,
+    distractor_images: str | os.PathLike[str] | None = None,
+    factory: str = "auto",
+    gpu: str = "auto",
+    out: str | os.PathLike[str],
+    batch_size: int = 256,
+    progress: bool = True,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+    recall_queries: int = RECALL_QUERIES,
+    device: str = "auto",
+    seed: int = 0,
+) -> Manifest:
+    """An image index over the user's own gallery: a folder of photos (``images``, with the optional
+    ``metadata`` file; see :mod:`index.photo_folder`) embedded now, or an ``icr embed`` folder
+    (``embeddings``) written by this checkpoint. Metadata fields are stored with each image and
+    are what query filters select on. The recall check's queries are captions where the gallery
+    has them (the metadata's, or the embeddings' text_emb), else a sample of its own images."""
+    if (images is None) == (embeddings is None):
+        raise ValueError(
+            "give one gallery: --images DIR (photos to embed) or --embeddings DIR (icr embed output)"
+        )
+    if metadata is not None and images is None:
+        raise ValueError(
+            "--metadata goes with --images DIR; an embeddings folder carries its metadata already"
+        )
+    given = Distractors(0, distractor_embeddings, distractor_images)
+    _check_args(given, factory, gpu, batch_size, out)
+    from icr.training.checkpoint import load_checkpoint
+
+    started = time.perf_counter()
+    device = resolve_device(device)
+    model, config = load_checkpoint(checkpoint, device)
+    dim = int(config["embed_dim"])
+    if embeddings is not None:
+        gallery, queries, query_modality, fields, source = _embedded_gallery(
+            Path(embeddings), checkpoint, config, recall_queries, seed, progress
+        )
+    else:
+        assert images is not None
+        gallery, queries, query_modality, fields, source = _photo_gallery(
+            model, images, metadata, skip_bad, workers, batch_size, device, recall_queries, seed, progress
+        )
+    extra = _distractor_stream(model, None, given, dim, batch_size, device, progress)
+    source["distractor_source"] = given.source
+    return _write_index(
+        Path(out),
+        _Built("image", checkpoint, config, device, started),
+        gallery,
+        extra,
+        queries,
+        query_modality,
         factory=factory,
         gpu=gpu,
-        out=out,
-        batch_size=batch_size,
-        progress=progress,
         memory_budget_bytes=memory_budget_bytes,
-        recall_queries=recall_queries,
-        device=device,
-        seed=seed,
+        data=source,
+        metadata_fields=fields,
     )
 
 
+def _gallery_row(row: dict[str, Any], source: str) -> dict[str, Any]:
+    """A metadata-store row of a user's gallery image (its id is assigned by :func:`_feed`)."""
+    return {
+        "source": source,
+        "captions": list(row.get("captions") or []),
+        "is_distractor": False,
+        "scene": row.get("scene"),
+        "image_id": None,
+        "fields": row.get("fields") or {},
+    }
+
+
+def _photo_gallery(
+    model: Any,
+    images: str | os.PathLike[str],
+    metadata: str | os.PathLike[str] | None,
+    skip_bad: bool,
+    workers: int | None,
+    batch_size: int,
+    device: str,
+    recall_queries: int,
+    seed: int,
+    progress: bool,
+) -> tuple[_Stream, np.ndarray, Modality, list[str], dict[str, Any]]:
+    from icr.index.galleries import PhotoGallery
+    from icr.training.embedding import embed_captions, embed_image_batch
+
+    photos = PhotoGallery(images, metadata, skip_bad=skip_bad, workers=workers)
+    source: dict[str, Any] = {**photos.description, "split": "", "skipped": []}
+    rng = np.random.default_rng(seed)
+    pick = np.sort(rng.choice(photos.count, min(recall_queries, photos.count), replace=False))
+    captions = [photos.metadata.captions.get(photos.relative[i], []) for i in pick]
+    query_modality: Modality
+    if all(captions):
+        queries, query_modality = embed_captions(model, [c[0] for c in captions], device=device), "text"
+    else:  # no captions to query with: the ANN check uses the gallery's own images
+        from icr.index.photo_folder import decode_batches
+
+        decoded = list(
+            decode_batches([photos.paths[i] for i in pick], batch_size, workers=photos.workers, skip_bad=True)
+        )
+        queries = np.concatenate(
+            [embed_image_batch(model, b.images, device=device) for b in decoded if b.images]
+        )
+        query_modality = "image"
+    timings: dict[str, float] = {}
+
+    def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
+        with _bar(photos.count, "embedding gallery images", progress) as bar:
+            for batch in _timed(
+                photos.batches(model, 0, photos.count, batch_size, device), timings, "gallery_embed_seconds"
+            ):
+                source["skipped"] += [{"file": f, "error": e} for f, e in batch.failed]
+                bar.update(len(batch.rows) + len(batch.failed))
+                yield batch.vectors, [_gallery_row(r, r["source"]) for r in batch.rows]
+
+    return _Stream(chunks(), photos.count, timings), queries, query_modality, photos.field_names(), source
+
+
+def _embedded_gallery(
+    root: Path,
+    checkpoint: str | os.PathLike[str],
+    config: dict[str, Any],
+    recall_queries: int,
+    seed: int,
+    progress: bool,
+) -> tuple[_Stream, np.ndarray, Modality, list[str], dict[str, Any]]:
+    from icr.index.embeddings_layout import open_embeddings_folder
+
+    folder = open_embeddings_folder(root, int(config["embed_dim"]))
+    folder.check_checkpoint(str(config["weights_sha256"]), checkpoint)
+    assert folder.manifest is not None  # check_checkpoint refuses a folder without one
+    origin = folder.manifest["source"]
+    # relative image paths of a photo folder resolve against it; a dataset's are absolute already
+    base = Path(origin["path"]) if origin.get("kind") == "images" else None
+    with_text = folder.has_text
+    queries = folder.sample(recall_queries, seed, with_text)  # (Q, D)
+    source = {
+        "kind": "embeddings",
+        "path": str(root.resolve()),
+        "split": str(origin.get("split", "")),
+        "origin": origin,
+    }
+
+    def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
+        with _bar(folder.count, "reading gallery embeddings", progress) as bar:
+            for vectors, meta in folder.chunks():
+                rows = []
+                for m in meta:
+                    path = str(m["image_path"])
+                    fields = {k: v for k, v in m.items() if k not in ("image_path", "caption", "captions")}
+                    row = {
+                        "captions": m.get("captions") or ([m["caption"]] if m.get("caption") else []),
+                        "fields": fields,
+                    }
+                    rows.append(_gallery_row(row, str(base / path) if base is not None else path))
+                bar.update(len(rows))
+                yield vectors, rows
+
+    fields = [str(f) for f in folder.manifest.get("fields", [])]
+    return _Stream(chunks(), folder.count), queries, "text" if with_text else "image", fields, source
+
+
 def _check_args(
-    distractors: int, embeddings: Any, factory: str, gpu: str, batch_size: int, out: str | os.PathLike[str]
+    given: Distractors, factory: str, gpu: str, batch_size: int, out: str | os.PathLike[str]
 ) -> None:
     """Everything checkable before minutes of embedding."""
-    if distractors < 0:
-        raise ValueError(f"--distractors must be >= 0, got {distractors}")
+    given.check()
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-    if embeddings is not None and not Path(embeddings).is_file():
-        raise FileNotFoundError(f"{embeddings}: distractor embeddings file not found")
     if factory != "auto":
         parse_factory(factory)
     use_gpu(gpu)  # gpu=on without a GPU fails here
@@ -195,8 +333,7 @@ def _build(
     data_path: str | os.PathLike[str],
     *,
     split: str,
-    distractors: int,
-    distractor_path: str | os.PathLike[str] | None,  # an embeddings .npy or an image folder
+    distractors: Distractors,
     factory: str,
     gpu: str,
     out: str | os.PathLike[str],
@@ -212,7 +349,6 @@ def _build(
     from icr.training.embedding import embed_captions, embed_images
 
     started = time.perf_counter()
-    out = Path(out)
     device = resolve_device(device)
     model, config = load_checkpoint(checkpoint, device)
     dim = int(config["embed_dim"])
@@ -226,18 +362,64 @@ def _build(
         gallery = _image_gallery(model, data, batch_size, device, progress)
         pick = np.sort(rng.choice(len(data.captions), min(recall_queries, len(data.captions)), replace=False))
         queries = embed_captions(model, [data.captions[i] for i in pick], device=device)  # (Q, D)
-        extra = _distractor_stream(
-            model, data, distractors, distractor_path, dim, gallery.count, batch_size, device, progress
-        )
+        extra = _distractor_stream(model, data, distractors, dim, batch_size, device, progress)
     else:
         gallery = _caption_gallery(model, data, batch_size, device, progress)
         pick = np.sort(rng.choice(data.num_images, min(recall_queries, data.num_images), replace=False))
         queries = embed_images(model, data, pick, batch_size=batch_size, device=device)  # (Q, D)
         extra = None
-    n_distractors = extra.count if extra is not None else 0
-    ntotal = gallery.count + n_distractors
+    source = {
+        "path": str(data_path),
+        "split": split,
+        "kind": data.kind,
+        "distractor_source": distractors.source,
+    }
+    return _write_index(
+        Path(out),
+        _Built(modality, checkpoint, config, device, started),
+        gallery,
+        extra,
+        queries,
+        "text" if modality == "image" else "image",
+        factory=factory,
+        gpu=gpu,
+        memory_budget_bytes=memory_budget_bytes,
+        data=source,
+    )
+
+
+@dataclass
+class _Built:
+    """What every build records about its model."""
+
+    modality: Modality
+    checkpoint: str | os.PathLike[str]
+    config: dict[str, Any]
+    device: str
+    started: float  # perf_counter at the start of the build
+
+
+def _write_index(
+    out: Path,
+    built_by: _Built,
+    gallery: _Stream,
+    extra: _Stream | None,
+    queries: np.ndarray,  # (Q, D) recall-check queries
+    query_modality: Modality,
+    *,
+    factory: str,
+    gpu: str,
+    memory_budget_bytes: int,
+    data: dict[str, Any],
+    metadata_fields: list[str] | None = None,
+) -> Manifest:
+    """Stream ``gallery`` (+ ``extra``) into FAISS and the metadata store in a temporary folder,
+    check recall, write the manifest and rename the folder to ``out``."""
+    config = built_by.config
+    dim = int(config["embed_dim"])
+    planned = gallery.count + (extra.count if extra is not None else 0)
     if factory == "auto":
-        factory, reason = choose_factory(ntotal, dim, memory_budget_bytes)
+        factory, reason = choose_factory(planned, dim, memory_budget_bytes)
     else:
         reason = "chosen by the caller (--factory)"
 
@@ -251,8 +433,10 @@ def _build(
         with MetadataStore.create(tmp / METADATA_FILE) as store:
             streams = [gallery] if extra is None else [gallery, extra]
             index = build_index(_feed(streams, store, exact), dim, factory, gpu=gpu, report=built)
+        n_distractors = extra.count if extra is not None else 0
+        ntotal = gallery.count + n_distractors  # as delivered (see _feed)
         if index.ntotal != ntotal:
-            raise RuntimeError(f"index holds {index.ntotal} vectors, {ntotal} were expected")
+            raise RuntimeError(f"index holds {index.ntotal} vectors, {ntotal} were streamed")
         t0 = time.perf_counter()
         if nprobe_of(index) is not None:
             nprobe, recall = tune_nprobe(index, exact, queries, RECALL_K, NPROBE_TARGET)
@@ -265,9 +449,9 @@ def _build(
         timings = {**gallery.timings, **(extra.timings if extra is not None else {})}
         throughput = _throughput(gallery.count, n_distractors, timings)
         manifest = Manifest(
-            modality=modality,
+            modality=built_by.modality,
             checkpoint_sha256=str(config["weights_sha256"]),
-            checkpoint_path=str(checkpoint),
+            checkpoint_path=str(built_by.checkpoint),
             dim=dim,
             factory=factory,
             factory_reason=reason,
@@ -278,23 +462,19 @@ def _build(
                 "k": RECALL_K,
                 "recall": round(float(recall), 6),
                 "queries": len(queries),
-                "query_modality": "text" if modality == "image" else "image",
+                "query_modality": query_modality,
                 "nprobe": nprobe,
                 "nprobe_target": NPROBE_TARGET if nprobe is not None else None,
             },
-            build_seconds=round(time.perf_counter() - started, 3),
+            build_seconds=round(time.perf_counter() - built_by.started, 3),
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             created=datetime.now(UTC).isoformat(timespec="seconds"),
-            data={
-                "path": str(data_path),
-                "split": split,
-                "kind": data.kind,
-                "distractor_source": _distractor_source(distractors, distractor_path),
-            },
+            data=data,
             built_on="gpu" if built["built_on"] == "gpu" else "cpu",
             files={name: sha256_file(tmp / name) for name in (INDEX_FILE, METADATA_FILE)},
+            metadata_fields=metadata_fields or [],
             extra={
-                "embed_device": device,
+                "embed_device": built_by.device,
                 **throughput,
                 **{k: round(v, 3) for k, v in timings.items()},
                 "recall_seconds": round(recall_seconds, 3),
@@ -323,19 +503,24 @@ def _throughput(gallery: int, distractors: int, t: dict[str, float]) -> dict[str
     return out
 
 
-def _distractor_source(distractors: int, embeddings: str | os.PathLike[str] | None) -> str | None:
-    if embeddings is not None:
-        return str(embeddings)
-    return "generator" if distractors else None
-
-
 def _feed(streams: list[_Stream], store: MetadataStore, exact: ExactTopK) -> Iterator[np.ndarray]:
-    """The streams' vectors for FAISS; their rows go to ``store`` and the exact top-k on the way."""
+    """The streams' vectors for FAISS; their rows go to ``store`` and the exact top-k on the way.
+
+    Ids are assigned here, in order, as FAISS assigns them; each stream's ``count`` becomes what it
+    really delivered (a photo gallery built with --skip-bad delivers fewer than it listed).
+    """
+    next_id = 0
     for stream in streams:
+        delivered = 0
         for vectors, rows in stream.chunks:
+            for row in rows:
+                row["id"] = next_id
+                next_id += 1
+            delivered += len(rows)
             store.add(rows)
             exact.add(vectors)
             yield vectors
+        stream.count = delivered
 
 
 def _timed(it: Iterator[Any], timings: dict[str, float], key: str) -> Iterator[Any]:
@@ -362,7 +547,7 @@ def _image_gallery(model: Any, data: SplitData, batch_size: int, device: str, pr
     """The split's images: embeddings with rows {source path, captions, scene (embedded benchmark)}."""
     from icr.training.embedding import embed_image_batch
 
-    sources, scenes = _image_sources(data)
+    sources, scenes = image_sources(data)
     caps = data.captions_of_images()
     timings: dict[str, float] = {}
 
@@ -392,31 +577,11 @@ def _image_gallery(model: Any, data: SplitData, batch_size: int, device: str, pr
     return _Stream(chunks(), data.num_images, timings)
 
 
-def _image_sources(data: SplitData) -> tuple[list[str], list[dict[str, Any]] | None]:
-    """Per split image: its source (absolute path, or precomp file and row) and scene dict if synthetic."""
-    if data.kind == "precomp":
-        features = Path(data.source) / f"{data.name}_ims.npy"
-        return [f"{features}#{i}" for i in range(data.num_images)], None
-    from icr.training.data.karpathy import load_karpathy
-    from icr.training.data.training_data import synthetic_dir
-
-    records = load_karpathy(data.source).split(data.name).images
-    scenes = None
-    directory = synthetic_dir(data)
-    if directory is not None:
-        from icr.training.data.synthetic.generate import load_scenes
-
-        by_imgid = load_scenes(directory).by_imgid
-        scenes = [by_imgid[r.imgid].to_dict() for r in records]
-    # absolute: the service opens these files from wherever it runs
-    return [str(Path(r.path).resolve()) for r in records], scenes
-
-
 def _caption_gallery(model: Any, data: SplitData, batch_size: int, device: str, progress: bool) -> _Stream:
     """The split's captions: embeddings with rows {caption, source of its image, image_id}."""
     from icr.training.embedding import embed_captions
 
-    sources, _ = _image_sources(data)
+    sources, _ = image_sources(data)
     timings: dict[str, float] = {}
     n = len(data.captions)
     step = max(batch_size, 512)  # captions are cheap to embed: larger batches
@@ -450,30 +615,61 @@ def _caption_gallery(model: Any, data: SplitData, batch_size: int, device: str, 
     return _Stream(chunks(), n, timings)
 
 
+@dataclass
+class Distractors:
+    """Where distractors come from: at most one of the generator (``count``), an embeddings
+    file or folder, or an image folder."""
+
+    count: int = 0
+    embeddings: str | os.PathLike[str] | None = None
+    images: str | os.PathLike[str] | None = None
+
+    def check(self) -> None:
+        if sum([bool(self.count), self.embeddings is not None, self.images is not None]) > 1:
+            raise ValueError(
+                "give one distractor source: --distractors N, --distractor-embeddings FILE|DIR or "
+                "--distractor-images DIR"
+            )
+        if self.count < 0:
+            raise ValueError(f"--distractors must be >= 0, got {self.count}")
+        if self.embeddings is not None and not Path(self.embeddings).exists():
+            raise FileNotFoundError(f"{self.embeddings}: distractor embeddings not found")
+        if self.images is not None and not Path(self.images).is_dir():
+            raise FileNotFoundError(f"{self.images}: distractor image folder not found")
+
+    @property
+    def source(self) -> str | None:
+        for given in (self.embeddings, self.images):
+            if given is not None:
+                return str(given)
+        return "generator" if self.count else None
+
+
 def _distractor_stream(
     model: Any,
-    data: SplitData,
-    n: int,
-    embeddings: str | os.PathLike[str] | None,
+    data: SplitData | None,
+    given: Distractors,
     dim: int,
-    first_id: int,
     batch_size: int,
     device: str,
     progress: bool,
 ) -> _Stream | None:
-    if embeddings is not None and Path(embeddings).is_dir():
-        return _folder_distractors(model, Path(embeddings), first_id, batch_size, device, progress)
-    if embeddings is not None:
-        return _file_distractors(Path(embeddings), dim, first_id, batch_size * 16, progress)
-    if n == 0:
+    if given.images is not None:
+        return _folder_distractors(model, Path(given.images), batch_size, device, progress)
+    if given.embeddings is not None and Path(given.embeddings).is_dir():
+        return _layout_distractors(Path(given.embeddings), dim, progress)
+    if given.embeddings is not None:
+        return _file_distractors(Path(given.embeddings), dim, batch_size * 16, progress)
+    if given.count == 0:
         return None
+    n = given.count
     from icr.training.data.training_data import synthetic_dir
 
-    directory = synthetic_dir(data)
+    directory = synthetic_dir(data) if data is not None else None
     if directory is None:
         raise ValueError(
-            "--distractors N draws images from the embedded benchmark's generator; for Flickr30k/COCO embed "
-            "your distractor images first and pass --distractor-embeddings FILE.npy"
+            "--distractors N draws images from the embedded benchmark's generator; for your own data embed "
+            "your distractor images first (icr embed) and pass --distractor-embeddings DIR"
         )
     from icr.training.data.synthetic.generate import DistractorStream, render_workers
     from icr.training.embedding import embed_image_batch
@@ -493,14 +689,7 @@ def _distractor_stream(
                     time.perf_counter() - t0
                 )
                 rows = [
-                    {
-                        "id": first_id + int(k),
-                        "source": f"distractor:{int(k)}",
-                        "captions": [],
-                        "is_distractor": True,
-                        "scene": s.to_dict(),
-                        "image_id": None,
-                    }
+                    _distractor_row(f"distractor:{int(k)}", s.to_dict())
                     for k, s in zip(ks, scenes, strict=True)
                 ]
                 bar.update(len(rows))
@@ -509,54 +698,35 @@ def _distractor_stream(
     return _Stream(chunks(), n, timings)
 
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+def _distractor_row(source: str, scene: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A distractor's metadata row (its id is assigned by :func:`_feed`)."""
+    return {"source": source, "captions": [], "is_distractor": True, "scene": scene, "image_id": None}
 
 
-def _folder_distractors(
-    model: Any, folder: Path, first_id: int, batch_size: int, device: str, progress: bool
-) -> _Stream:
-    """Distractor images from a folder (recursive, sorted paths); a file that does not decode stops
-    the build with its name (nothing is replaced: the index is built in a temporary folder)."""
-    from icr.training.data.karpathy import load_image
-    from icr.training.embedding import embed_image_batch
+def _folder_distractors(model: Any, folder: Path, batch_size: int, device: str, progress: bool) -> _Stream:
+    """Distractor images from a folder (see :mod:`index.photo_folder`); a file that does not decode
+    stops the build with its name (nothing is replaced: the index is built in a temporary folder)."""
+    from icr.index.galleries import PhotoGallery
 
-    paths = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-    if not paths:
-        raise ValueError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)}) to use as distractors")
+    photos = PhotoGallery(folder)
     timings: dict[str, float] = {}
 
     def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
-        with _bar(len(paths), "embedding distractors", progress) as bar:
-            for lo in range(0, len(paths), batch_size):
-                batch = paths[lo : lo + batch_size]
-                t0 = time.perf_counter()
-                images = [load_image(p) for p in batch]  # DatasetError names a corrupt file
-                timings["distractor_render_seconds"] = timings.get("distractor_render_seconds", 0.0) + (
-                    time.perf_counter() - t0
-                )
-                t0 = time.perf_counter()
-                vectors = embed_image_batch(model, images, device=device)  # (b, D)
-                timings["distractor_embed_seconds"] = timings.get("distractor_embed_seconds", 0.0) + (
-                    time.perf_counter() - t0
-                )
-                rows: list[dict[str, Any]] = [
-                    {
-                        "id": first_id + lo + j,
-                        "source": str(p),
-                        "captions": [],
-                        "is_distractor": True,
-                        "scene": None,
-                        "image_id": None,
-                    }
-                    for j, p in enumerate(batch)
-                ]
+        with _bar(photos.count, "embedding distractors", progress) as bar:
+            batches = _timed(
+                photos.batches(model, 0, photos.count, batch_size, device),
+                timings,
+                "distractor_embed_seconds",
+            )
+            for batch in batches:
+                rows = [_distractor_row(r["source"]) for r in batch.rows]
                 bar.update(len(rows))
-                yield vectors, rows
+                yield batch.vectors, rows
 
-    return _Stream(chunks(), len(paths), timings)
+    return _Stream(chunks(), photos.count, timings)
 
 
-def _file_distractors(path: Path, dim: int, first_id: int, chunk: int, progress: bool) -> _Stream:
+def _file_distractors(path: Path, dim: int, chunk: int, progress: bool) -> _Stream:
     """Distractors from an (N, D) .npy, memory-mapped and read chunk by chunk."""
     from icr.training.embedding import open_embeddings
 
@@ -573,21 +743,32 @@ def _file_distractors(path: Path, dim: int, first_id: int, chunk: int, progress:
                         f"{path}: row {lo + int(bad[0])} has norm {norms[bad[0]]:.4f}; distractor embeddings "
                         "must be L2-normalised (divide each row by its norm)"
                     )
-                rows: list[dict[str, Any]] = [
-                    {
-                        "id": first_id + k,
-                        "source": f"distractor:{k}",
-                        "captions": [],
-                        "is_distractor": True,
-                        "scene": None,
-                        "image_id": None,
-                    }
-                    for k in range(lo, lo + len(vectors))
-                ]
+                rows = [_distractor_row(f"distractor:{k}") for k in range(lo, lo + len(vectors))]
                 bar.update(len(rows))
                 yield vectors, rows
 
     return _Stream(chunks(), len(emb))
+
+
+def _layout_distractors(root: Path, dim: int, progress: bool) -> _Stream:
+    """Distractors from an embeddings folder (``icr embed`` or clip-retrieval layout), shard by
+    shard; sources are the image paths its metadata records (``distractor:{k}`` without one)."""
+    from icr.index.embeddings_layout import open_embeddings_folder
+
+    folder = open_embeddings_folder(root, dim)
+
+    def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
+        k = 0
+        with _bar(folder.count, "reading distractor embeddings", progress) as bar:
+            for vectors, meta in folder.chunks():
+                rows = []
+                for m in meta:
+                    rows.append(_distractor_row(str(m.get("image_path") or f"distractor:{k}")))
+                    k += 1
+                bar.update(len(rows))
+                yield vectors, rows
+
+    return _Stream(chunks(), folder.count)
 
 
 # --- directory handling ---------------------------------------------------------------------------

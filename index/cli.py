@@ -25,22 +25,41 @@ def build(
     checkpoint: Annotated[
         Path, typer.Option("--checkpoint", "-m", help="Checkpoint folder (e.g. runs/x/best).")
     ],
-    data: Annotated[
-        Path,
-        typer.Option(
-            "--data", "-d", help="Dataset: Karpathy JSON/folder, precomp folder, or icr data synth output."
-        ),
-    ],
     out: Annotated[
         Path, typer.Option("--out", help="Index folder to write (an existing index there is replaced).")
     ],
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data", "-d", help="Dataset: Karpathy JSON/folder, precomp folder, or icr data synth output."
+        ),
+    ] = None,
+    images: Annotated[
+        Path | None, typer.Option(help="Your photos as the gallery: a folder of images (recursive).")
+    ] = None,
+    metadata: Annotated[
+        Path | None,
+        typer.Option(help="With --images: .jsonl/.csv/.parquet of fields per image, keyed by relative path."),
+    ] = None,
+    embeddings: Annotated[
+        Path | None, typer.Option(help="The gallery from an `icr embed` folder written by this checkpoint.")
+    ] = None,
+    skip_bad: Annotated[
+        bool, typer.Option(help="With --images: leave out files that do not decode (listed in the manifest).")
+    ] = False,
+    workers: Annotated[
+        int | None, typer.Option(help="With --images: threads decoding images (default: cores, at most 8).")
+    ] = None,
     split: Annotated[str, typer.Option(help="Split whose images (or captions) form the gallery.")] = "test",
     distractors: Annotated[
         int, typer.Option(help="Embedded benchmark: add N images from its distractor generator.")
     ] = 0,
     distractor_embeddings: Annotated[
         Path | None,
-        typer.Option(help="(N, D) float32 .npy of L2-normalised distractor embeddings (memory-mapped)."),
+        typer.Option(
+            help="(N, D) float32 .npy of L2-normalised distractor embeddings (memory-mapped), or an "
+            "embeddings folder (icr embed / clip-retrieval layout)."
+        ),
     ] = None,
     distractor_images: Annotated[
         Path | None, typer.Option(help="A folder of distractor image files (recursive).")
@@ -88,8 +107,12 @@ def build(
       icr index build -m runs/f30k/best -d ~/data/f30k --factory IVF1024,Flat --gpu off --out idx
 
       icr index build -m icr-demo/model/best -d icr-demo/data --modality text --out indices/captions
+
+      icr index build -m runs/clip/best --images ~/photos --metadata ~/photos/meta.csv --out idx
+
+      icr index build -m runs/clip/best --embeddings emb/photos --out idx
     """
-    from icr.index.build import build_caption_index, build_image_index
+    from icr.index.build import build_caption_index, build_image_index, build_photo_index
 
     common: dict[str, Any] = {  # the options both builders take
         "split": split,
@@ -101,7 +124,29 @@ def build(
         "memory_budget_bytes": memory_budget_mb << 20,
         "device": device,
     }
-    if modality == "image":
+    own = images is not None or embeddings is not None
+    if own and (data is not None or modality != "image" or distractors):
+        raise ValueError(
+            "--images / --embeddings build an image index of your own gallery: leave out --data, "
+            "--modality text and --distractors (use --distractor-embeddings or --distractor-images)"
+        )
+    if own:
+        manifest = build_photo_index(
+            checkpoint,
+            images=images,
+            metadata=metadata,
+            embeddings=embeddings,
+            skip_bad=skip_bad,
+            workers=workers,
+            distractor_embeddings=distractor_embeddings,
+            distractor_images=distractor_images,
+            **{k: v for k, v in common.items() if k != "split"},
+        )
+    elif data is None:
+        raise ValueError("give the gallery: --data D (a dataset split), --images DIR or --embeddings DIR")
+    elif metadata is not None or skip_bad:
+        raise ValueError("--metadata and --skip-bad go with --images DIR")
+    elif modality == "image":
         manifest = build_image_index(
             checkpoint,
             data,
@@ -118,6 +163,81 @@ def build(
         raise AssertionError(modality)
     typer.echo(f"wrote {out}")
     print_summary(manifest.to_dict())
+    skipped = manifest.data.get("skipped") or []
+    if skipped:
+        typer.echo(f"left out {len(skipped)} file(s) that did not decode (listed in the manifest), e.g.:")
+        for item in skipped[:5]:
+            typer.echo(f"  {item['error']}")
+
+
+@fail_cleanly
+def embed_command(
+    checkpoint: Annotated[
+        Path, typer.Option("--checkpoint", "-m", help="Checkpoint folder (e.g. runs/x/best).")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Embeddings folder to write (or to continue).")],
+    images: Annotated[Path | None, typer.Option(help="A folder of your images (recursive).")] = None,
+    metadata: Annotated[
+        Path | None,
+        typer.Option(help="With --images: .jsonl/.csv/.parquet of fields per image, keyed by relative path."),
+    ] = None,
+    data: Annotated[
+        Path | None, typer.Option("--data", "-d", help="Or a dataset (Karpathy, precomp, synth).")
+    ] = None,
+    split: Annotated[str, typer.Option(help="With --data: the split to embed.")] = "test",
+    shard_size: Annotated[int, typer.Option(help="Images per shard file.")] = 100_000,
+    batch_size: Annotated[int, typer.Option(help="Images per embedding batch.")] = 256,
+    skip_bad: Annotated[
+        bool, typer.Option(help="Leave out files that do not decode (listed in the manifest).")
+    ] = False,
+    workers: Annotated[
+        int | None, typer.Option(help="Threads decoding images (default: cores, at most 8).")
+    ] = None,
+    device: Annotated[
+        Device, typer.Option(help="Where the model embeds: auto (CUDA if present), cpu, cuda.")
+    ] = "auto",
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Embed images into clip-retrieval's layout: img_emb/img_emb_{i}.npy, text_emb/text_emb_{i}.npy
+    (each image's first caption, when every image has one), metadata/metadata_{i}.parquet (image_path,
+    caption, captions, your fields) and embeddings_manifest.json (checkpoint sha256, shards done).
+
+    Shards are written atomically and recorded as they finish: after a crash or Ctrl-C, run the same
+    command again and it continues. `icr index build --embeddings OUT` indexes the result.
+
+    Examples:
+
+      icr embed -m runs/clip/best --images ~/photos --metadata ~/photos/meta.jsonl --out emb/photos
+
+      icr embed -m icr-demo/model/best --data icr-demo/data --split test --out emb/test
+    """
+    from icr.index.embed import embed_to_folder
+
+    manifest = embed_to_folder(
+        checkpoint,
+        out,
+        images=images,
+        metadata=metadata,
+        data=data,
+        split=split,
+        shard_size=shard_size,
+        batch_size=batch_size,
+        device=device,
+        skip_bad=skip_bad,
+        workers=workers,
+        progress=not quiet,
+    )
+    typer.echo(f"wrote {out}")
+    print_summary(
+        {
+            k: manifest[k]
+            for k in ("checkpoint_sha256", "dim", "rows", "num_shards", "text", "fields", "seconds")
+        }
+    )
+    if manifest["skipped"]:
+        typer.echo(
+            f"left out {len(manifest['skipped'])} file(s) that did not decode (listed in the manifest)"
+        )
 
 
 @index_app.command("calibrate")

@@ -85,6 +85,8 @@ class Manifest(BaseModel):
     metric: Literal["inner_product"] = METRIC
     # sha256 of each file the build wrote (index.faiss, metadata.sqlite), checked on load
     files: dict[str, str] = Field(default_factory=dict)
+    # the user's metadata fields stored per image (photo folder, embeddings): what filters may name
+    metadata_fields: list[str] = Field(default_factory=list)
     extra: dict[str, Any] = Field(default_factory=dict)  # free-form build details (not validated)
 
     @field_validator("recall_check")
@@ -156,17 +158,28 @@ class Manifest(BaseModel):
         checkpoint: str | os.PathLike[str] | None = None,
     ) -> str:
         """The `icr index build` command line that rebuilds this index (for another checkpoint)."""
-        parts = [
-            "icr index build",
-            f"--checkpoint {checkpoint if checkpoint is not None else 'C'}",
-            f"--data {self.data.get('path', 'D')}",
-            f"--split {self.data.get('split', 'test')}",
-        ]
+        parts = ["icr index build", f"--checkpoint {checkpoint if checkpoint is not None else 'C'}"]
+        kind = self.data.get("kind")
+        if kind == "images":
+            parts.append(f"--images {self.data.get('path')}")
+            if self.data.get("metadata"):
+                parts.append(f"--metadata {self.data['metadata']}")
+        elif kind == "embeddings":
+            parts.append(f"--embeddings {self.data.get('path')}")
+        else:
+            parts += [f"--data {self.data.get('path', 'D')}", f"--split {self.data.get('split', 'test')}"]
         if self.modality != "image":
             parts.append(f"--modality {self.modality}")
         source = self.data.get("distractor_source")
         if self.distractor_count and source == "generator":
             parts.append(f"--distractors {self.distractor_count}")
+        elif (
+            self.distractor_count
+            and source
+            and Path(source).is_dir()
+            and not (Path(source) / "img_emb").is_dir()
+        ):
+            parts.append(f"--distractor-images {source}")
         elif self.distractor_count and source:
             parts.append(f"--distractor-embeddings {source}")
         parts.append(f"--out {index_dir if index_dir is not None else 'DIR'}")

@@ -1,9 +1,10 @@
 """SQLite metadata store of an index: what each vector id stands for.
 
 One row per vector id: where it came from (image path, ``distractor:{k}``), its captions, whether it
-is a distractor, the scene structure on the embedded benchmark, and the split image it belongs to.
-Writers insert in chunked transactions; readers open the file read-only, so a service can never
-modify an index it serves.
+is a distractor, the scene structure on the embedded benchmark, the split image it belongs to, and
+the user's own fields (``--metadata FILE`` of a photo folder, the parquet of ``icr embed``), which
+query-time filters select on (:mod:`index.filters`). Writers insert in chunked transactions;
+readers open the file read-only, so a service can never modify an index it serves.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from icr.training.contracts import field_errors
 
 METADATA_FILE = "metadata.sqlite"
-# Bumped when the table layout changes; stored as SQLite's user_version.
-SCHEMA_VERSION = 1
+# Bumped when the table layout changes; stored as SQLite's user_version. Version 1 (no ``fields``
+# column) is still read: its rows have no fields.
+SCHEMA_VERSION = 2
 # Below SQLite's smallest limit on bound parameters (999 in older builds).
 _QUERY_CHUNK = 900
 _INSERT_CHUNK = 10_000
@@ -33,10 +36,12 @@ CREATE TABLE items (
     captions TEXT NOT NULL,
     is_distractor INTEGER NOT NULL,
     scene TEXT,
-    image_id INTEGER
+    image_id INTEGER,
+    fields TEXT
 )
 """
-_COLUMNS = ("id", "source", "captions", "is_distractor", "scene", "image_id")
+_COLUMNS = ("id", "source", "captions", "is_distractor", "scene", "image_id", "fields")
+_READABLE = {1: _COLUMNS[:-1], SCHEMA_VERSION: _COLUMNS}  # schema version -> its columns
 
 
 class MetadataRow(BaseModel):
@@ -49,6 +54,7 @@ class MetadataRow(BaseModel):
     is_distractor: bool = False
     scene: dict[str, Any] | None = None  # the embedded benchmark's scene structure
     image_id: int | None = None  # the split image a caption belongs to
+    fields: dict[str, Any] | None = None  # the user's metadata (JSON values), filterable
 
 
 def _encode(row: dict[str, Any], path: Path) -> tuple[Any, ...]:
@@ -63,6 +69,7 @@ def _encode(row: dict[str, Any], path: Path) -> tuple[Any, ...]:
         int(r.is_distractor),
         None if r.scene is None else json.dumps(r.scene, separators=(",", ":")),
         r.image_id,
+        None if r.fields is None else json.dumps(r.fields, ensure_ascii=False, separators=(",", ":")),
     )
 
 
@@ -70,22 +77,28 @@ def _decode(values: Sequence[Any]) -> dict[str, Any]:
     row = dict(zip(_COLUMNS, values, strict=True))
     row["captions"] = json.loads(row["captions"])
     row["is_distractor"] = bool(row["is_distractor"])
-    row["scene"] = None if row["scene"] is None else json.loads(row["scene"])
+    for key in ("scene", "fields"):
+        row[key] = None if row[key] is None else json.loads(row[key])
     return row
 
 
 class MetadataStore:
-    """Rows ``{id, source, captions (list), is_distractor (bool), scene (dict | None), image_id}``.
+    """Rows ``{id, source, captions (list), is_distractor (bool), scene (dict | None), image_id,
+    fields (dict | None)}``.
 
     ``image_id``: the index of the split image the item belongs to (an image row: itself; a caption
     row: the image it describes; a distractor: None). Use :meth:`create` to write a new store and
     :meth:`open` to read one.
     """
 
-    def __init__(self, connection: sqlite3.Connection, path: Path, writable: bool):
+    def __init__(
+        self, connection: sqlite3.Connection, path: Path, writable: bool, version: int = SCHEMA_VERSION
+    ):
         self._db = connection
         self.path = path
         self.writable = writable
+        # a version-1 store has no fields column: select NULL in its place
+        self._select = ", ".join(c if c in _READABLE[version] else "NULL" for c in _COLUMNS)
 
     @classmethod
     def create(cls, path: str | os.PathLike[str]) -> MetadataStore:
@@ -119,13 +132,13 @@ class MetadataStore:
             raise ValueError(
                 f"{path}: not a readable metadata store ({err}); rebuild the index with `icr index build`"
             ) from None
-        if version != SCHEMA_VERSION or tuple(columns) != _COLUMNS:
+        if tuple(columns) != _READABLE.get(version):
             db.close()
             raise ValueError(
-                f"{path}: metadata schema version {version} with columns {columns}, this code reads version "
-                f"{SCHEMA_VERSION}; rebuild the index with `icr index build`"
+                f"{path}: metadata schema version {version} with columns {columns}, this code reads versions "
+                f"{sorted(_READABLE)}; rebuild the index with `icr index build`"
             )
-        return cls(db, path, writable=False)
+        return cls(db, path, writable=False, version=version)
 
     def add(self, rows: Iterable[dict[str, Any]]) -> int:
         """Insert ``rows`` in transactions of 10,000; returns how many were inserted."""
@@ -155,12 +168,18 @@ class MetadataStore:
         for start in range(0, len(unique), _QUERY_CHUNK):
             chunk = unique[start : start + _QUERY_CHUNK]
             marks = ",".join("?" * len(chunk))
-            for values in self._db.execute(f"SELECT * FROM items WHERE id IN ({marks})", chunk):
+            for values in self._db.execute(f"SELECT {self._select} FROM items WHERE id IN ({marks})", chunk):
                 found[values[0]] = _decode(values)
         missing = [i for i in unique if i not in found]
         if missing:
             raise KeyError(f"{self.path}: no metadata for ids {missing[:10]}")
         return [dict(found[i]) for i in wanted]  # copies: a repeated id is not one shared dict
+
+    def matching_ids(self, where: str, params: Sequence[Any]) -> np.ndarray:
+        """(m,) int64 ids of the rows satisfying the SQL condition ``where`` (built by
+        :func:`index.filters.to_sql`, with ``?`` placeholders for ``params``), ascending."""
+        cursor = self._db.execute(f"SELECT id FROM items WHERE {where} ORDER BY id", list(params))
+        return np.fromiter((r[0] for r in cursor), dtype=np.int64)
 
     def count(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM items").fetchone()[0])

@@ -264,13 +264,15 @@ def nprobe_of(index: faiss.Index) -> int | None:
 
 # --- searching ------------------------------------------------------------------------------------
 def search(
-    index: faiss.Index, queries: np.ndarray, k: int, *, nprobe: int | None = None
+    index: faiss.Index, queries: np.ndarray, k: int, *, nprobe: int | None = None, selector: Any = None
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Top-``k`` (scores, ids) per query as ragged lists, best first, FAISS's -1 padding dropped.
 
     Rows are ragged because a row is short when ``k`` exceeds the index size, and an IVF row can be
     short on its own when the probed lists hold fewer than ``k`` vectors. ``nprobe`` (IVF only)
     applies to this call alone, without changing the index, so concurrent callers do not interfere.
+    ``selector`` (a ``faiss.IDSelector``): search only among the ids it selects; RuntimeError from
+    indices that cannot (FAISS GPU indices before 1.9).
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -279,19 +281,35 @@ def search(
         empty = [np.zeros(0, np.float32) for _ in range(len(queries))]
         return empty, [np.zeros(0, np.int64) for _ in range(len(queries))]
     kk = min(k, index.ntotal)  # asking for more only allocates -1 padding
-    params = None
-    if nprobe is not None:
-        ivf = _ivf(index)
-        if ivf is None:
-            raise ValueError(f"nprobe applies to IVF indices only, not {type(index).__name__}")
-        params = faiss.SearchParametersIVF()
-        params.nprobe = max(1, min(int(nprobe), ivf.nlist))
+    params = _search_parameters(index, nprobe, selector)
     scores, ids = index.search(queries, kk, params=params)  # (Q, kk) each
     keep = ids >= 0
     return (
         [s[m] for s, m in zip(scores, keep, strict=True)],
         [i[m] for i, m in zip(ids, keep, strict=True)],
     )
+
+
+def _search_parameters(index: faiss.Index, nprobe: int | None, selector: Any) -> Any:
+    """Per-call parameters, or None for the index's own settings. Parameters replace all of the
+    index's settings for the call, so the index's current nprobe / efSearch are carried over."""
+    if nprobe is None and selector is None:
+        return None
+    ivf = _ivf(index)
+    if nprobe is not None and ivf is None:
+        raise ValueError(f"nprobe applies to IVF indices only, not {type(index).__name__}")
+    params: Any  # the stubs know neither SearchParametersHNSW nor the subclass relation
+    if ivf is not None:
+        params = faiss.SearchParametersIVF()
+        params.nprobe = max(1, min(int(nprobe if nprobe is not None else ivf.nprobe), ivf.nlist))
+    elif hasattr(index, "hnsw"):
+        params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]
+        params.efSearch = index.hnsw.efSearch
+    else:
+        params = faiss.SearchParameters()
+    if selector is not None:
+        params.sel = selector
+    return params
 
 
 Rescorer = Callable[[np.ndarray, np.ndarray], np.ndarray]

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
+from icr.index.filters import filter_schema
 from icr.service.access import KEY_HEADER, AccessMiddleware, access_of
 from icr.service.body_limit import BodyLimitMiddleware
 from icr.service.config import Settings, get_settings
@@ -70,6 +71,7 @@ def _load(app: FastAPI, settings: Settings, stop: threading.Event) -> None:
     while not stop.is_set():
         try:
             app.state.retriever = load_retriever(settings)
+            app.openapi_schema = None  # its filter schema names the loaded index's fields
             app.state.load_error = None
             log.info("ready: %s", settings.index)
             return
@@ -136,6 +138,15 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
     distractors["maximum"] = settings.max_benchmark_distractors
     # an upload must have content
     components["Body_search_image_v1_search_image_post"]["properties"]["file"]["minLength"] = 1
+    # the filter names the served index's fields; until it is loaded any name is allowed and the
+    # document is not cached (a reload with other fields also drops it, see routes/admin.py)
+    retriever = app.state.retriever
+    fields = retriever.images.manifest.metadata_fields if retriever is not None else None
+    search = components["TextSearchRequest"]["properties"]
+    search["filter"] = {
+        "anyOf": [filter_schema(fields), {"type": "null"}],
+        "description": search["filter"].get("description", ""),
+    }
     text = components["TextSearchRequest"]["properties"]["text"]
     # not blank (the server strips it), and at most ICR_MAX_TEXT_CHARS as sent
     text["pattern"] = NONBLANK_TEXT_PATTERN
@@ -160,6 +171,8 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
                     operation["responses"].setdefault(str(code), {"description": meaning, "content": body})
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
+    if retriever is None:
+        app.openapi_schema = None
     return schema
 
 

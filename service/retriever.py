@@ -18,7 +18,9 @@ from __future__ import annotations
 import io
 import logging
 import os
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,14 +29,47 @@ import numpy as np
 
 from icr.index.build import load_index_dir
 from icr.index.calibration import CALIBRATION_FILE, ServedCalibration
+from icr.index.filters import Filter, FilterCache
 from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
 from icr.index.metadata import MetadataStore
+from icr.index.vector_index import Rescorer
 from icr.service.batcher import MicroBatcher
 from icr.service.quality import TOP_N, over_embedded_benchmark
 from icr.training.devices import resolve_device
 
 log = logging.getLogger("icr.service")
 DISTRACTOR_PREFIX = "distractor:"
+
+
+THUMB_CACHE_BYTES = 64 << 20
+
+
+class BytesLRU:
+    """A thread-safe LRU of byte strings bounded by their total size."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.size = 0
+        self._items: OrderedDict[Any, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> bytes | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: bytes) -> None:
+        if len(value) > self.capacity:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            self.size += len(value) - (len(old) if old is not None else 0)
+            self._items[key] = value
+            while self.size > self.capacity:
+                _, dropped = self._items.popitem(last=False)
+                self.size -= len(dropped)
 
 
 class NotServable(ValueError):
@@ -49,12 +84,23 @@ class LoadedIndex:
     metadata: MetadataStore
     calibration: ServedCalibration | None
     batcher: MicroBatcher  # every search goes through it: merges concurrent ones, sets FAISS threads
+    filters: FilterCache  # the ids recent query filters select
+    rescore: Rescorer | None = None  # exact, batch-independent scores (None: FAISS's as they are)
     on_gpu: bool = False
     gpu_resources: Any = None  # faiss.StandardGpuResources: must outlive the GPU index
 
     def summary(self) -> dict[str, Any]:
         m = self.manifest
-        data = {k: v for k, v in m.data.items() if k != "path"}
+        distractors = m.data.get("distractor_source")
+        data = {  # names, never the server's paths
+            "name": Path(m.data.get("path", "")).name,
+            "kind": m.data.get("kind"),
+            "split": m.data.get("split"),
+            "distractor_source": distractors
+            if distractors in (None, "generator")
+            else Path(distractors).name,
+            "skipped_files": len(m.data.get("skipped") or []),
+        }
         return {
             "name": self.directory.name,  # a name, never the server's absolute path
             "modality": m.modality,
@@ -65,8 +111,8 @@ class LoadedIndex:
             "recall_check": m.recall_check,
             "nprobe": m.recall_check.get("nprobe"),
             "on_gpu": self.on_gpu,
-            # the dataset by its folder's name (the manifest keeps the full path for the server)
-            "data": {**data, "name": Path(m.data.get("path", "")).name},
+            "metadata_fields": m.metadata_fields,
+            "data": data,
         }
 
 
@@ -88,6 +134,7 @@ class Page:
     expected_relevant: float | None = None  # sum of relevance over every hit that passed
     top_relevance: float | None = None  # mean relevance of the top TOP_N retrieved (before threshold/offset)
     top_count: int = 0  # how many retrieved hits top_relevance averages (TOP_N, or fewer in a tiny index)
+    matched: int | None = None  # items the query's filter selects (None: no filter)
 
     @property
     def expected_precision(self) -> float | None:
@@ -155,14 +202,12 @@ def _load_calibration(directory: Path, sha256: str) -> ServedCalibration | None:
     return calibration
 
 
-def _batcher(index: Any, max_batch: int, faiss_threads: int) -> MicroBatcher:
-    from icr.index.vector_index import batch_independent_rescorer, rescored, search
+def _batcher(index: Any, rescore: Rescorer | None, max_batch: int, faiss_threads: int) -> MicroBatcher:
+    from icr.index.vector_index import rescored, search
 
     # FAISS's own choice of kernel by batch size is kept: writing faiss.cvar.distance_compute_blas_*
     # from Python made later one-thread single queries 2-2.5x slower in faiss-cpu 1.15 (icr bench).
     # Its scores then depend on the batch a query lands in; the hits are rescored so they do not.
-    rescore = batch_independent_rescorer(index)
-
     def run(queries: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         scores, ids = search(index, queries, k)
         return (scores, ids) if rescore is None else rescored(rescore, queries, ids)
@@ -171,7 +216,7 @@ def _batcher(index: Any, max_batch: int, faiss_threads: int) -> MicroBatcher:
 
 
 def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -> LoadedIndex:
-    from icr.index.vector_index import nprobe_of, set_nprobe, use_gpu
+    from icr.index.vector_index import batch_independent_rescorer, nprobe_of, set_nprobe, use_gpu
 
     index, manifest, metadata = load_index_dir(directory)
     calibration = _load_calibration(directory, manifest.checkpoint_sha256)
@@ -184,9 +229,20 @@ def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -
 
         resources = faiss.StandardGpuResources()
         index = faiss.index_cpu_to_gpu(resources, 0, index)
-    batcher = _batcher(index, max_batch, faiss_threads)
+    rescore = batch_independent_rescorer(index)
+    batcher = _batcher(index, rescore, max_batch, faiss_threads)
+    filters = FilterCache(metadata, manifest.ntotal)
     return LoadedIndex(
-        directory, index, manifest, metadata, calibration, batcher, resources is not None, resources
+        directory,
+        index,
+        manifest,
+        metadata,
+        calibration,
+        batcher,
+        filters,
+        rescore,
+        resources is not None,
+        resources,
     )
 
 
@@ -216,6 +272,7 @@ class Retriever:
         self.benchmark = over_embedded_benchmark(images.manifest.data)
         self._image_transform = model.image_transform(train=False)
         self._distractors: Any = None
+        self._thumbs = BytesLRU(THUMB_CACHE_BYTES)
 
     @classmethod
     def load(
@@ -284,6 +341,7 @@ class Retriever:
         min_relevance: float | None = None,
         calibrated: bool = True,
         text: str | None = None,
+        filter_: Filter | None = None,
         timings: dict[str, float],
     ) -> Page:
         """Top-``depth`` neighbours of ``query`` (1, D), thresholded, then hits [offset, offset + k).
@@ -303,11 +361,23 @@ class Retriever:
         depth = max(1, min(depth, target.manifest.ntotal))
         t0 = time.perf_counter()
         scores, ids = target.batcher.search(query, depth)  # (n,) best first
+        relevance = method = matched = None
+        if filter_ is not None:
+            selection, cached = target.filters.select(filter_)
+            timings["select_ms"] = timings.get("select_ms", 0.0) + (
+                0.0 if cached else selection.seconds * 1000
+            )
+            matched = len(selection.ids)
+            f_scores, f_ids = self._filtered(target, query, depth, selection)
         t1 = time.perf_counter()
-        relevance = method = None
         if calibration is not None:
-            relevance = calibration.relevance(scores, query, text)  # (n,)
+            if filter_ is None:
+                relevance = calibration.relevance(scores, query, text)  # (n,)
+            else:
+                relevance = _relevance_of_subset(calibration, scores, ids, f_scores, f_ids, query, text)
             method = calibration.method if text is not None else "global"
+        if filter_ is not None:
+            scores, ids = f_scores, f_ids
         if min_score is not None:
             keep = scores >= min_score
             threshold = {"kind": "min_score", "value": min_score, "score": min_score}
@@ -342,7 +412,8 @@ class Retriever:
         return Page(
             threshold=threshold,
             passed=passed,
-            passed_is_exact=passed < len(scores) or len(scores) >= target.manifest.ntotal,
+            passed_is_exact=passed < len(scores)
+            or len(scores) >= (target.manifest.ntotal if matched is None else matched),
             searched=len(scores),
             k=k,
             offset=offset,
@@ -354,7 +425,28 @@ class Retriever:
             expected_relevant=expected_relevant,
             top_relevance=top_relevance,
             top_count=top_count,
+            matched=matched,
         )
+
+    @staticmethod
+    def _filtered(
+        target: LoadedIndex, query: np.ndarray, depth: int, selection: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``depth`` among the selected ids, best first: FAISS searches only them; an index that
+        cannot (older FAISS GPU indices) is searched unfiltered to depth and the matches kept."""
+        from icr.index.vector_index import rescored, search
+
+        if len(selection.ids) == 0:
+            return np.zeros(0, np.float32), np.zeros(0, np.int64)
+        try:
+            rows = search(target.index, query, min(depth, len(selection.ids)), selector=selection.selector)
+        except RuntimeError:
+            scores, ids = target.batcher.search(query, depth)
+            keep = np.isin(ids, selection.ids)
+            return scores[keep], ids[keep]
+        if target.rescore is not None:  # the scores the unfiltered search reports for the same ids
+            rows = rescored(target.rescore, query, rows[1])
+        return rows[0][0], rows[1][0]
 
     def batching(self) -> dict[str, dict[str, int]]:
         """Per index: FAISS calls made and queries they answered (queries / calls = mean batch)."""
@@ -396,12 +488,21 @@ class Retriever:
         return self._distractors
 
     def png(self, image_id: int, thumb_size: int | None) -> bytes:
+        """The image as PNG; thumbnails (a results page asks for the same ones again and again) come
+        from an LRU cache of :data:`THUMB_CACHE_BYTES`."""
+        if thumb_size is not None:
+            cached = self._thumbs.get((image_id, thumb_size))
+            if cached is not None:
+                return cached
         image = self.image(image_id)
         if thumb_size is not None:
             image.thumbnail((thumb_size, thumb_size))
         out = io.BytesIO()
         image.save(out, format="PNG")
-        return out.getvalue()
+        data = out.getvalue()
+        if thumb_size is not None:
+            self._thumbs.put((image_id, thumb_size), data)
+        return data
 
     # --- description ------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -421,6 +522,28 @@ class Retriever:
             "calibration": calibration_summary(self.images.calibration),
             "device": self.device,
         }
+
+
+def _relevance_of_subset(
+    calibration: ServedCalibration,
+    scores: np.ndarray,  # (n,) the unfiltered top-depth, best first
+    ids: np.ndarray,  # (n,)
+    f_scores: np.ndarray,  # (m,) the filtered hits, best first
+    f_ids: np.ndarray,  # (m,)
+    query: np.ndarray,
+    text: str | None,
+) -> np.ndarray:
+    """(m,) relevance of the filtered hits as the unfiltered list's map gives it; hits beyond that
+    list are appended to it (ranked just below it) and the result kept non-increasing."""
+    position = {int(i): j for j, i in enumerate(ids)}
+    out = np.empty(len(f_ids))  # (m,)
+    found = np.array([int(i) in position for i in f_ids], dtype=bool)
+    # in the list: exactly the unfiltered relevance (the map's statistics read the list as it is)
+    out[found] = calibration.relevance(scores, query, text)[[position[int(i)] for i in f_ids[found]]]
+    if not found.all():  # below it: mapped as if ranked just after its end
+        extended = calibration.relevance(np.concatenate([scores, f_scores[~found]]), query, text)
+        out[~found] = extended[len(scores) :]
+    return np.minimum.accumulate(out) if len(out) else out
 
 
 def public_source(source: str, root: str | None) -> str:

@@ -95,11 +95,22 @@ class ThresholdFields(BaseModel):
         return self
 
 
+FILTER_DESCRIPTION = (
+    "Only items whose metadata match are searched (before thresholds and pagination). A JSON object, every "
+    'entry must hold: {"album": "holidays"} equality, {"camera": {"in": ["x100", "gr3"]}} one of, '
+    '{"year": {"gte": 2019, "lt": 2023}} numeric range (gt, gte, lt, lte), {"is_distractor": false}. '
+    "Field names are the index's metadata fields (GET /v1/info: index.metadata_fields)."
+)
+
+
 class TextSearchRequest(ThresholdFields):
     text: Text = Field(
         ...,
         description="The query caption: Unicode text without control characters other than tab and newline.",
         examples=["a red circle left of a blue square"],
+    )
+    filter: dict[str, Any] | None = Field(
+        None, description=FILTER_DESCRIPTION, examples=[{"is_distractor": False}]
     )
 
 
@@ -108,6 +119,9 @@ class Timings(BaseModel):
 
     encode_ms: float
     search_ms: float
+    select_ms: float = Field(
+        0.0, description="Part of search_ms: finding the ids a filter selects (0 when cached or no filter)."
+    )
     filter_ms: float
     metadata_ms: float
     total_ms: float
@@ -122,7 +136,10 @@ class ImageHit(BaseModel):
     )
     is_distractor: bool
     image_url: str | None = Field(None, description="Where GET /v1/images/{id} serves it (null: no pixels).")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="source, captions, image_id, scene.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="source, captions, image_id, scene, and fields (the index's own metadata).",
+    )
 
 
 class CaptionHit(BaseModel):
@@ -144,6 +161,11 @@ class PageInfo(BaseModel):
     searched: int = Field(..., description="Nearest neighbours retrieved before thresholding.")
     k: int
     offset: int
+    matched: int | None = Field(
+        None,
+        description="Items of the index the query's filter selects (null: no filter); only they are "
+        "searched.",
+    )
 
 
 class Quality(BaseModel):

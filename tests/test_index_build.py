@@ -124,6 +124,7 @@ def test_image_index_holds_the_gallery_then_the_distractors(built, data, checkpo
         "is_distractor": True,
         "scene": as_json(stream.scene(1).to_dict()),
         "image_id": None,
+        "fields": None,
     }
     metadata.close()
 
@@ -253,6 +254,7 @@ def test_metadata_round_trip(tmp_path):
             "is_distractor": i % 2 == 1,
             "scene": {"n": i} if i % 3 else None,
             "image_id": i,
+            "fields": {"album": f"a{i % 7}", "year": 2000 + i % 30, "tags": ["x"]} if i % 5 else None,
         }
         for i in range(25_000)
     ]  # more than one insert chunk
@@ -281,6 +283,20 @@ def test_metadata_round_trip(tmp_path):
     store.close()
     with pytest.raises(FileNotFoundError, match="nowhere.sqlite"):
         MetadataStore.open(tmp_path / "nowhere.sqlite")
+    # A store of schema version 1 (before user fields) still reads: its rows have no fields.
+    old = tmp_path / "v1.sqlite"
+    with sqlite3.connect(old) as db:
+        db.execute(
+            "CREATE TABLE items (id INTEGER PRIMARY KEY, source TEXT NOT NULL, captions TEXT NOT NULL, "
+            "is_distractor INTEGER NOT NULL, scene TEXT, image_id INTEGER)"
+        )
+        db.execute("INSERT INTO items VALUES (0, 'a.png', '[\"c\"]', 0, NULL, 0)")
+        db.execute("PRAGMA user_version=1")
+    with MetadataStore.open(old) as v1:
+        assert v1.get([0]) == [
+            {"id": 0, "source": "a.png", "captions": ["c"], "is_distractor": False, "scene": None,
+             "image_id": 0, "fields": None}
+        ]  # fmt: skip
     (tmp_path / "junk.sqlite").write_bytes(b"junk" * 100)
     with pytest.raises(ValueError, match="junk.sqlite: not a readable metadata store"):
         MetadataStore.open(tmp_path / "junk.sqlite")

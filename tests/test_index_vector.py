@@ -293,3 +293,34 @@ def test_rescored_scores_do_not_depend_on_the_batch(factory: str) -> None:
     if factory == "Flat":  # nothing approximate: the same hits as exact search
         exact = np.argsort(-(base @ query[0]), kind="stable")[:100]
         assert set(ids.tolist()) == set(exact.tolist())
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF8,Flat", "HNSW16"])
+def test_search_with_a_selector_sees_only_the_selected_ids(factory):
+    """Against brute force over the selected rows; the index's own nprobe / efSearch are kept."""
+    import faiss
+
+    from icr.index.vector_index import build_index, search, set_nprobe
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(600, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    index = build_index(x, 16, factory, gpu="off")
+    if factory.startswith("IVF"):
+        set_nprobe(index, 8)  # every list: exact
+    if factory.startswith("HNSW"):
+        index.hnsw.efSearch = 600
+    chosen = np.sort(rng.choice(600, 90, replace=False))
+    bitmap = np.packbits(np.isin(np.arange(600), chosen), bitorder="little")
+    selector = faiss.IDSelectorBitmap(600, faiss.swig_ptr(bitmap))
+    queries = x[:5] + 0.1 * rng.normal(size=(5, 16)).astype(np.float32)
+    scores, ids = search(index, queries, 20, selector=selector)
+    for q, (s, i) in enumerate(zip(scores, ids, strict=True)):
+        assert set(i.tolist()) <= set(chosen.tolist())
+        truth = chosen[np.argsort(-(x[chosen] @ queries[q]), kind="stable")[:20]]
+        assert i.tolist() == truth.tolist()
+        np.testing.assert_allclose(s, x[i] @ queries[q], atol=1e-5)
+    if factory.startswith("IVF"):
+        set_nprobe(index, 1)  # the index's setting carries into the selector's parameters
+        _, one = search(index, queries, 20, selector=selector)
+        assert sum(len(r) for r in one) < sum(len(r) for r in ids)

@@ -116,6 +116,41 @@ def test_thresholds_and_pages_match_a_numpy_oracle(retriever: Retriever, text: s
             assert [r["id"] for r in page.rows] == page.ids.tolist()
 
 
+@pytest.mark.parametrize("spec", [{"is_distractor": False}, {"is_distractor": True}])
+def test_filtered_search_matches_an_oracle_over_the_matching_items(retriever: Retriever, spec) -> None:
+    """Only matching items are searched, thresholded and counted; a hit's relevance is the one the
+    unfiltered list gives it (hits below that list: appended to it, so never above its last)."""
+    from icr.index.filters import parse_filter
+
+    text = "a red circle"
+    query = retriever.encode_text(text)  # (1, D)
+    oracle_scores, oracle_ids = _oracle(retriever, query)
+    gallery = retriever.images.manifest.gallery_count
+    match = (oracle_ids >= gallery) == spec["is_distractor"]  # distractors follow the gallery's ids
+    calibration = retriever.images.calibration
+    filter_ = parse_filter(spec, [])
+    for depth in (retriever.images.manifest.ntotal, 20):
+        full = calibration.relevance(oracle_scores[:depth], query, text)  # the unfiltered list's map
+        page = retriever.search(
+            retriever.images, query, k=1000, offset=0, depth=depth, text=text, filter_=filter_, timings={}
+        )
+        want = min(depth, int(match.sum()))
+        assert page.matched == int(match.sum()) and page.searched == want and page.passed == want
+        _same_up_to_ties(page.ids, page.scores, oracle_scores[match][:want], oracle_ids[match][:want])
+        in_list = {int(i): r for i, r in zip(oracle_ids[:depth], full, strict=True)}
+        for hit, relevance in zip(page.ids, page.relevance, strict=True):
+            if int(hit) in in_list:
+                assert relevance == pytest.approx(in_list[int(hit)], abs=1e-6)
+            else:
+                assert relevance <= full[-1] + 1e-9
+        assert np.all(np.diff(page.relevance) <= 1e-12)  # non-increasing: min_relevance keeps a prefix
+        strict = retriever.search(
+            retriever.images, query, k=1000, offset=0, depth=depth, text=text, filter_=filter_,
+            min_relevance=0.3, timings={},
+        )  # fmt: skip
+        assert strict.passed == int((page.relevance >= 0.3).sum()) and np.all(strict.relevance >= 0.3)
+
+
 def test_min_relevance_reports_the_equivalent_raw_score(retriever: Retriever) -> None:
     query = retriever.encode_text("a green triangle")
     page = retriever.search(
@@ -201,3 +236,20 @@ def test_settings_come_from_the_environment_and_name_known_datasets(monkeypatch,
     monkeypatch.setenv("ICR_DATASETS", '{"imagenet": "/x"}')
     with pytest.raises(ValueError, match="flickr30k, coco, synthetic"):
         Settings()
+
+
+def test_thumbnails_come_from_a_size_bounded_cache(retriever: Retriever) -> None:
+    from icr.service.retriever import BytesLRU
+
+    cache = BytesLRU(10)
+    cache.put("a", b"1234")
+    cache.put("b", b"5678")
+    assert cache.get("a") == b"1234"  # now the most recent
+    cache.put("c", b"90ab")  # 12 bytes > 10: the least recent ("b") goes
+    assert cache.get("b") is None and cache.get("a") == b"1234" and cache.get("c") == b"90ab"
+    cache.put("huge", b"x" * 11)  # larger than the whole cache: never stored
+    assert cache.get("huge") is None and cache.size == 8
+
+    first = retriever.png(3, 16)
+    assert retriever._thumbs.get((3, 16)) == first and retriever.png(3, 16) is first  # served from the cache
+    assert retriever.png(3, None) != first  # full size is never cached

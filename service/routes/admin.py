@@ -46,6 +46,7 @@ def reload(request: Request) -> dict[str, Any]:
                 f"the new artifacts did not load ({reason}); still serving the previous ones",
             ) from None
         request.app.state.retriever = fresh  # one assignment: each request sees the old or the new one
+        request.app.openapi_schema = None  # the filter schema names the index's fields
         request.app.state.load_error = None
         return {
             "status": "reloaded",

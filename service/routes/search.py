@@ -58,10 +58,17 @@ def _search(
     timings: dict[str, float],
     cross_modal: bool = True,
     text: str | None = None,
+    filter_spec: Any = None,
 ) -> Page:
     """``cross_modal=False`` (image -> similar images): relevance is left out and only min_score
     thresholds, as the calibration is of caption-image scores. ``text``: the query's words (text
-    queries), which the per-query calibration reads."""
+    queries), which the per-query calibration reads. ``filter_spec``: the request's filter (JSON)."""
+    from icr.index.filters import parse_filter
+
+    try:
+        filter_ = parse_filter(filter_spec, target.manifest.metadata_fields)
+    except ValueError as err:
+        raise ApiError(422, "invalid_request", str(err)) from None
     try:
         return retriever.search(
             target,
@@ -73,6 +80,7 @@ def _search(
             min_relevance=fields.min_relevance if cross_modal else None,
             calibrated=cross_modal,
             text=text,
+            filter_=filter_,
             timings=timings,
         )
     except NotServable as err:  # min_relevance without a calibration
@@ -84,6 +92,8 @@ def _image_hits(retriever: Retriever, page: Page) -> list[ImageHit]:
     for i, row in enumerate(page.rows):
         image_id = int(page.ids[i])
         metadata = {key: row[key] for key in ("captions", "image_id", "scene")}
+        if row.get("fields"):
+            metadata["fields"] = row["fields"]
         metadata["source"] = public_source(row["source"], retriever.images.manifest.data.get("path"))
         hits.append(
             ImageHit(
@@ -122,6 +132,7 @@ def _page_info(page: Page) -> dict[str, Any]:
         "searched": page.searched,
         "k": page.k,
         "offset": page.offset,
+        "matched": page.matched,
     }
 
 
@@ -149,6 +160,7 @@ def _timings(timings: dict[str, float], start: float) -> Timings:
     return Timings(
         encode_ms=timings.get("encode_ms", 0.0),
         search_ms=timings.get("search_ms", 0.0),
+        select_ms=timings.get("select_ms", 0.0),
         filter_ms=timings.get("filter_ms", 0.0),
         metadata_ms=timings.get("metadata_ms", 0.0),
         total_ms=(time.perf_counter() - start) * 1000,
@@ -188,7 +200,9 @@ def search_text(body: TextSearchRequest, request: Request) -> TextSearchResponse
     t0 = time.perf_counter()
     query = retriever.encode_text(text)  # (1, D)
     timings["encode_ms"] = (time.perf_counter() - t0) * 1000
-    page = _search(retriever, retriever.images, query, body, settings, timings, text=text)
+    page = _search(
+        retriever, retriever.images, query, body, settings, timings, text=text, filter_spec=body.filter
+    )
     response = TextSearchResponse(
         query=text,
         hits=_image_hits(retriever, page),
@@ -278,7 +292,15 @@ def search_image(
     timings["encode_ms"] = (time.perf_counter() - t0) * 1000
     similar = None
     if include_images:
-        page = _search(retriever, retriever.images, query, fields, settings, timings, cross_modal=False)
+        page = _search(
+            retriever,
+            retriever.images,
+            query,
+            fields,
+            settings,
+            timings,
+            cross_modal=False,
+        )
         similar = ImageResults(hits=_image_hits(retriever, page), **_page_info(page))
     if retriever.captions is not None:
         page = _search(retriever, retriever.captions, query, fields, settings, timings)

@@ -1,0 +1,229 @@
+"""A folder of the user's own photos as a gallery: listing, metadata files, parallel decoding.
+
+``icr index build --images DIR [--metadata FILE]`` and ``icr embed --images DIR`` read:
+
+- every file under DIR (recursive, sorted by relative path) whose extension a PIL plug-in opens,
+  except formats that hand the file to an external program (EPS runs Ghostscript);
+- an optional metadata file keyed by the file's path relative to DIR: JSON lines, CSV or Parquet
+  with a key column named ``file``, ``path``, ``image_path`` or ``filename`` and any other columns,
+  stored with each image and returned with each hit. A ``caption`` (text) or ``captions`` (list)
+  column becomes the image's captions.
+
+Decoding runs in a thread pool (PIL releases the GIL while it decodes). A file that does not
+decode stops the build naming it, unless ``skip_bad``: then it is left out and listed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from icr.index.filters import check_field_name
+
+KEY_COLUMNS = ("file", "path", "image_path", "filename")
+CAPTION_COLUMNS = ("caption", "captions")
+# Formats PIL can open that must not be: EPS (and PostScript) decode by running Ghostscript.
+UNSAFE_FORMATS = frozenset({"EPS"})
+METADATA_SUFFIXES = (".jsonl", ".ndjson", ".csv", ".parquet")
+
+
+def photo_formats() -> tuple[str, ...]:
+    """Every image format this PIL build opens, less :data:`UNSAFE_FORMATS`."""
+    from PIL import Image
+
+    Image.init()
+    return tuple(sorted(set(Image.OPEN) - UNSAFE_FORMATS))
+
+
+def photo_suffixes() -> frozenset[str]:
+    """File extensions (lower case, with the dot) of :func:`photo_formats`."""
+    from PIL import Image
+
+    formats = set(photo_formats())
+    return frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in formats)
+
+
+def list_photos(root: str | os.PathLike[str]) -> list[Path]:
+    """Image files under ``root``, recursive, sorted by relative path; ValueError if none."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: image folder not found")
+    suffixes = photo_suffixes()
+    paths = sorted(
+        (p for p in root.rglob("*") if p.suffix.lower() in suffixes and p.is_file()),
+        key=lambda p: p.relative_to(root).as_posix(),
+    )
+    if not paths:
+        raise ValueError(f"{root}: no image files (looked for {', '.join(sorted(suffixes)[:12])}, ...)")
+    return paths
+
+
+@dataclass
+class PhotoMetadata:
+    """The user's metadata per relative path: ``fields`` (filterable) and ``captions``."""
+
+    fields: dict[str, dict[str, Any]] = field(default_factory=dict)
+    captions: dict[str, list[str]] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)  # field names, in file order
+    source: str | None = None
+
+    def of(self, relative: str) -> tuple[dict[str, Any], list[str]]:
+        return self.fields.get(relative, {}), self.captions.get(relative, [])
+
+    def unmatched(self, relatives: Sequence[str]) -> list[str]:
+        """Keys of the metadata file that name no listed image (a typo or a missing file)."""
+        present = set(relatives)
+        return sorted(k for k in self.fields if k not in present)
+
+
+def read_metadata(path: str | os.PathLike[str] | None) -> PhotoMetadata:
+    """Read a metadata file (see the module doc); errors name the file, the row and the fix."""
+    if path is None:
+        return PhotoMetadata()
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: metadata file not found")
+    suffix = path.suffix.lower()
+    if suffix not in METADATA_SUFFIXES:
+        raise ValueError(
+            f"{path}: metadata must be {', '.join(METADATA_SUFFIXES)}, not {suffix or 'no suffix'}"
+        )
+    rows = _read_jsonl(path) if suffix in (".jsonl", ".ndjson") else _read_table(path)
+    return _keyed(rows, str(path))
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: not JSON ({err.msg}); one object per line") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{line_no}: a JSON object per line, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def _read_table(path: Path) -> list[dict[str, Any]]:
+    import pyarrow as pa
+
+    try:
+        if path.suffix.lower() == ".csv":
+            from pyarrow import csv
+
+            table = csv.read_csv(path)  # infers integer, float and boolean columns
+        else:
+            from pyarrow import parquet
+
+            table = parquet.read_table(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ValueError(f"{path}: cannot read this table ({err})") from None
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
+
+
+def _json_value(value: Any) -> Any:
+    """A value JSON can store: dates and other objects as their text; NaN as null."""
+    if isinstance(value, float) and value != value:
+        return None
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    return str(value)
+
+
+def _keyed(rows: list[dict[str, Any]], source: str) -> PhotoMetadata:
+    out = PhotoMetadata(source=source)
+    if not rows:
+        return out
+    key = next((k for k in KEY_COLUMNS if k in rows[0]), None)
+    if key is None:
+        raise ValueError(
+            f"{source}: no key column; name the column holding each image's path relative to the "
+            f"folder one of: {', '.join(KEY_COLUMNS)} (found: {', '.join(map(str, rows[0]))})"
+        )
+    names: dict[str, None] = {}
+    for n, row in enumerate(rows, 1):
+        relative = row.get(key)
+        if not isinstance(relative, str) or not relative.strip():
+            raise ValueError(
+                f"{source}: row {n}: {key!r} must be the image's relative path, got {relative!r}"
+            )
+        relative = Path(relative.strip()).as_posix().removeprefix("./")
+        if relative in out.fields:
+            raise ValueError(f"{source}: row {n}: {relative!r} appears twice; one row per image")
+        fields: dict[str, Any] = {}
+        for name, value in row.items():
+            if name == key:
+                continue
+            if name == "caption" and isinstance(value, str):
+                out.captions.setdefault(relative, []).append(value)
+            elif name == "captions" and isinstance(value, list):
+                out.captions.setdefault(relative, []).extend(str(v) for v in value)
+            else:
+                names[check_field_name(name, f"{source}: row {n}")] = None
+                fields[name] = _json_value(value)
+        out.fields[relative] = fields
+    out.names = list(names)
+    return out
+
+
+# --- decoding -------------------------------------------------------------------------------------
+@dataclass
+class Decoded:
+    """One batch: the images that decoded (with their positions in the listing) and those that failed."""
+
+    positions: list[int]
+    images: list[Any]  # PIL images, RGB
+    failed: list[tuple[int, str]]  # (position, error message naming the file)
+
+
+def decode_batches(
+    paths: Sequence[Path], batch_size: int, *, workers: int, skip_bad: bool
+) -> Iterator[Decoded]:
+    """Decode ``paths`` in listing order, ``batch_size`` at a time, on ``workers`` threads. A file
+    that fails raises its DatasetError (naming it) unless ``skip_bad``."""
+    from icr.training.data.errors import DatasetError
+    from icr.training.models.image_input import ImageLimits, ImageRefused, open_image
+
+    limits = ImageLimits(formats=photo_formats())
+
+    hint = "Fix or remove the file, or pass --skip-bad to leave such files out."
+
+    def load(path: Path) -> Any:
+        try:
+            return open_image(path, limits)
+        except ImageRefused as err:
+            what = "not an image in a format PIL decodes" if err.reason == "format" else str(err)
+            return DatasetError(f"cannot decode image ({what}).", path=path, hint=hint)
+        except OSError as err:
+            return DatasetError(f"cannot read image ({err}).", path=path, hint=hint)
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for lo in range(0, len(paths), batch_size):
+            batch = Decoded([], [], [])
+            for j, result in enumerate(pool.map(load, paths[lo : lo + batch_size])):
+                if isinstance(result, DatasetError):
+                    if not skip_bad:
+                        raise result
+                    batch.failed.append((lo + j, str(result)))
+                else:
+                    batch.positions.append(lo + j)
+                    batch.images.append(result)
+            yield batch
+
+
+def default_workers() -> int:
+    return min(8, os.cpu_count() or 1)
