@@ -127,6 +127,7 @@ class Trainer:
         self.vocab = self._vocabulary(model_cfg)
         torch.manual_seed(self.seed)  # identical initial weights on every process and every run
         self.model = build_model(model_cfg, self.vocab).to(self.device)
+        self.learns_logit_scale = self._learned_logit_scale()
         self.decoding = self._decoding()
         self.optimizer = self._optimizer()
         # loss scaling only for fp16: bf16 has fp32's exponent range, so gradients do not underflow
@@ -162,6 +163,24 @@ class Trainer:
         queries = [parse_caption(c) for c in self.train_data.captions]
         return PairTruth(queries, split_scene_table(directory, self.train_data.name))
 
+    def _learned_logit_scale(self) -> bool:
+        """Whether the model's learned logit scale replaces the objective's temperature (or scale).
+
+        An objective without one leaves the parameter frozen, as loaded: nothing changes. A scale
+        with no pretrained value starts from the objective's own temperature.
+        """
+        param = self.model.logit_scale
+        if param is None:
+            return False
+        fixed = self.loss_fn.fixed_logit_scale()
+        if fixed is None:
+            param.requires_grad_(False)
+            return False
+        if not self.model.logit_scale_pretrained:
+            with torch.no_grad():
+                param.fill_(math.log(fixed))
+        return True
+
     def _decoding(self) -> TargetDecoding | None:
         from icr.training.target_decoding import build_decoding
 
@@ -179,11 +198,20 @@ class Trainer:
 
     def _optimizer(self) -> torch.optim.Optimizer:
         ocfg = self.config["optim"]
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = [p for p in self.model.encoder_parameters() if p.requires_grad]
         if self.decoding is not None:
             params += [p for p in self.decoding.decoder_parameters() if p.requires_grad]
+        groups: list[dict[str, Any]] = [{"params": params}] if params else []
+        if self.learns_logit_scale:
+            # no weight decay: it would pull the temperature towards 1
+            groups.append({"params": [self.model.logit_scale], "weight_decay": 0.0})
+        if not groups:
+            raise ValueError(
+                "nothing to train: every tower is frozen and there is no decoder or learned logit scale; "
+                "set model.image.finetune or model.text.finetune to true"
+            )
         cls = torch.optim.AdamW if ocfg["optimizer"] == "adamw" else torch.optim.Adam
-        return cls(params, lr=float(ocfg["lr"]), weight_decay=float(ocfg["weight_decay"]))
+        return cls(groups, lr=float(ocfg["lr"]), weight_decay=float(ocfg["weight_decay"]))
 
     # --- batches ----------------------------------------------------------------------------
     def _local_slice(self, plan: PlannedBatch) -> PlannedBatch:
@@ -260,9 +288,14 @@ class Trainer:
         if self.pair_truth is not None:  # the global batch's truth, the same on every process
             cap_ids = dist.all_gather_nograd(batch["cap_ids"].to(dev))
             relevant = torch.from_numpy(self.pair_truth(img_ids.cpu().numpy(), cap_ids.cpu().numpy())).to(dev)
-        terms = self.loss_fn(img_all, cap_all, img_ids, cap_img_ids, relevant)
+        scale = self.model.logit_multiplier() if self.learns_logit_scale else None  # ()
+        # passed only when learned: without one the objective is called exactly as before
+        learned = {"logit_scale": scale} if scale is not None else {}
+        terms = self.loss_fn(img_all, cap_all, img_ids, cap_img_ids, relevant, **learned)
         total = terms["loss"]
         logged = {f"loss/{k}": v for k, v in terms.items() if k != "loss"}
+        if scale is not None:
+            logged["logit_scale"] = scale
         if self.decoding is not None:
             target = batch["target"]
             target = (
@@ -277,12 +310,13 @@ class Trainer:
         if self.decoding is not None:
             self.decoding.zero_multiplier_grad()
         self.scaler.scale(total).backward()
-        # encoder gradients: each process holds its own rows' share; decoder gradients are complete
-        dist.sum_gradients(self.model)
+        # encoder gradients: each process holds its own rows' share; decoder and logit-scale gradients
+        # are complete (every process computes the same global loss from the gathered rows)
+        dist.sum_gradients(self.model.encoder_parameters())
         self.scaler.unscale_(self.optimizer)
         clip = float(self.config["optim"]["grad_clip"])
         if clip > 0:
-            nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], clip)
+            nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]], clip)
         self.scaler.step(self.optimizer)
         if self.decoding is not None:
             self.decoding.step_multiplier()
@@ -431,7 +465,11 @@ class Trainer:
 
     def checkpoint_meta(self, metrics: dict[str, float] | None = None) -> dict[str, Any]:
         return {
-            "objective": {"name": self.loss_fn.name, "params": self.loss_fn.params()},
+            "objective": {
+                "name": self.loss_fn.name,
+                "params": self.loss_fn.params(),
+                **self._learned_scale_meta(),
+            },
             "decoding": self.config["decoding"],
             "data": {
                 "path": str(self.train_data.source),
@@ -444,6 +482,11 @@ class Trainer:
             "val_metrics": metrics,
             "train_config": self.config,
         }
+
+    def _learned_scale_meta(self) -> dict[str, float]:
+        """The learned factor that replaced the objective's temperature (or scale), for the record."""
+        scale = self.model.logit_multiplier() if self.learns_logit_scale else None
+        return {} if scale is None else {"learned_logit_scale": round(float(scale.detach()), 6)}
 
     def _save_checkpoint(self, name: str, metrics: dict[str, float] | None = None) -> None:
         from icr.training.checkpoint import save_checkpoint

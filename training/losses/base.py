@@ -45,11 +45,16 @@ class ContrastiveLoss(nn.Module):
     name: ClassVar[str] = ""
     # "caption" or "image", see the module docstring; an instance may choose its own (ntxent_multi)
     sampling: str = "caption"
+    # Objectives whose logits are the similarities times one constant name the parameter that sets it:
+    # "temperature" (logits = S / temperature) or "scale" (logits = scale * S). They compute their
+    # logits with :meth:`scaled`, so a model's learned logit scale can replace the constant.
+    logit_scale_param: ClassVar[str | None] = None
 
     def __init__(self, mask_duplicates: bool = True) -> None:
         super().__init__()
         self.mask_duplicates = mask_duplicates
         self.epoch = 0
+        self._learned_scale: Tensor | None = None  # set by forward for the duration of one call
 
     # --- the hook ---------------------------------------------------------------------------
     def terms(self, sim: Tensor, pos: Tensor) -> dict[str, Tensor]:
@@ -58,17 +63,49 @@ class ContrastiveLoss(nn.Module):
 
     # --- shared machinery -------------------------------------------------------------------
     def forward(
-        self, img: Tensor, cap: Tensor, img_ids: Tensor, cap_img_ids: Tensor, relevant: Tensor | None = None
+        self,
+        img: Tensor,
+        cap: Tensor,
+        img_ids: Tensor,
+        cap_img_ids: Tensor,
+        relevant: Tensor | None = None,
+        logit_scale: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """``img``: (Ni, D), ``cap``: (Nc, D), ``img_ids``: (Ni,), ``cap_img_ids``: (Nc,) dataset image ids;
         ``relevant`` (Ni, Nc) bool: pairs known to be relevant beyond the annotations (e.g. the embedded
-        benchmark's ground truth), positives like a caption's own image.
+        benchmark's ground truth), positives like a caption's own image; ``logit_scale`` () : a learned
+        factor that replaces the objective's 1 / temperature or scale (only for objectives with one).
 
         Returns the named terms plus ``"loss"``, their sum (the value to back-propagate).
         """
-        out = self.terms(*self.batch_similarity(img, cap, img_ids, cap_img_ids, relevant))
+        if logit_scale is not None and self.logit_scale_param is None:
+            raise ValueError(f"{self.name} has no temperature or logit scale for a learned one to replace")
+        sim, pos = self.batch_similarity(img, cap, img_ids, cap_img_ids, relevant)
+        self._learned_scale = logit_scale
+        try:
+            out = self.terms(sim, pos)
+        finally:
+            self._learned_scale = None
         out["loss"] = torch.stack(list(out.values())).sum()
         return out
+
+    def scaled(self, sim: Tensor) -> Tensor:
+        """``sim`` as logits: times the learned logit scale given to :meth:`forward`, else divided by the
+        objective's ``temperature`` or times its ``scale`` (see ``logit_scale_param``)."""
+        if self._learned_scale is not None:
+            return sim * self._learned_scale.to(sim.dtype)
+        if self.logit_scale_param == "temperature":
+            return sim / getattr(self, "temperature")  # noqa: B009 - set by the subclass
+        if self.logit_scale_param == "scale":
+            return getattr(self, "scale") * sim  # noqa: B009 - set by the subclass
+        raise ValueError(f"{self.name} has no temperature or logit scale")
+
+    def fixed_logit_scale(self) -> float | None:
+        """The objective's own factor of the similarities (1 / temperature or scale); None without one."""
+        if self.logit_scale_param is None:
+            return None
+        value = float(getattr(self, self.logit_scale_param))
+        return 1.0 / value if self.logit_scale_param == "temperature" else value
 
     def batch_similarity(
         self, img: Tensor, cap: Tensor, img_ids: Tensor, cap_img_ids: Tensor, relevant: Tensor | None = None

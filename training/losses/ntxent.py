@@ -20,6 +20,8 @@ from icr.training.losses.base import ContrastiveLoss, register
 class NTXent(ContrastiveLoss):
     """Symmetric InfoNCE with temperature ``temperature`` (see the module docstring)."""
 
+    logit_scale_param = "temperature"
+
     def __init__(self, temperature: float = 0.1, mask_duplicates: bool = True) -> None:
         super().__init__(mask_duplicates=mask_duplicates)
         if temperature <= 0:
@@ -30,6 +32,6 @@ class NTXent(ContrastiveLoss):
         n = sim.shape[0]
         eye = torch.eye(n, dtype=torch.bool, device=sim.device)  # (N, N)
         # -inf, not a large negative: exp gives exactly 0, and the diagonal keeps every row non-empty
-        logits = (sim / self.temperature).masked_fill(pos & ~eye, float("-inf"))  # (N, N)
+        logits = self.scaled(sim).masked_fill(pos & ~eye, float("-inf"))  # (N, N), S / temperature
         target = torch.arange(n, device=sim.device)  # (N,)
         return {"i2t": 0.5 * F.cross_entropy(logits, target), "t2i": 0.5 * F.cross_entropy(logits.T, target)}

@@ -35,6 +35,7 @@ class NTXentMulti(ContrastiveLoss):
     """Symmetric multi-positive InfoNCE (see the module docstring)."""
 
     sampling = "image"  # the default; an instance may take caption-level batches
+    logit_scale_param = "temperature"
 
     def __init__(
         self, temperature: float = 0.1, sampling: str = "image", mask_duplicates: bool = True
@@ -48,7 +49,7 @@ class NTXentMulti(ContrastiveLoss):
         self.sampling = sampling  # per instance: the trainer plans its batches from it
 
     def terms(self, sim: Tensor, pos: Tensor) -> dict[str, Tensor]:
-        logits = sim / self.temperature  # (Ni, Nc)
+        logits = self.scaled(sim)  # (Ni, Nc), S / temperature
         return {
             "i2t": 0.5 * _multi_positive_nll(logits, pos),
             "t2i": 0.5 * _multi_positive_nll(logits.T, pos.T),

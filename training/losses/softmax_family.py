@@ -89,6 +89,7 @@ class SoftmaxFamilyLoss(ContrastiveLoss):
     """Base of the four softmax objectives: ``scale`` (logit scale, the paper's 20) and ``direction``."""
 
     sampling = "caption"
+    logit_scale_param = "scale"
 
     def __init__(self, scale: float = 20.0, direction: str = "t2i", mask_duplicates: bool = True) -> None:
         super().__init__(mask_duplicates=mask_duplicates)
@@ -108,7 +109,7 @@ class SoftmaxFamilyLoss(ContrastiveLoss):
         raise NotImplementedError
 
     def terms(self, sim: Tensor, pos: Tensor) -> dict[str, Tensor]:
-        logits = self.scale * sim  # (N, N)
+        logits = self.scaled(sim)  # (N, N), scale * S
         neg = ~pos  # (N, N); excludes the diagonal and (with mask_duplicates) same-image pairs
         positives = logits.diagonal()  # (N,) the positive of query q is S[q, q] in both directions
         names = DIRECTIONS[self.direction]

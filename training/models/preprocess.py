@@ -8,6 +8,10 @@ Eval: resize the shorter side to ``resize`` (or ``image_size`` when ``resize`` i
 center-crop ``image_size`` -- torchvision's ``Resize(256) + CenterCrop(224)`` as used by VSE++/LTD.
 Train with ``augment="crop_flip"``: torchvision's ``RandomResizedCrop(image_size)`` (scale
 0.08-1, ratio 3/4-4/3) followed by a horizontal flip with p = 0.5.
+
+The ``clip`` image kind follows the Hugging Face image processors instead (CLIP, SigLIP): bicubic
+resampling, ``resize_mode = "square"`` for SigLIP (both sides to ``resize``, aspect not kept), and
+the centre crop's offset rounded down where torchvision rounds to nearest.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from icr.training.models.config import takes_features
+from icr.training.models.config import PRETRAINED_PAIR_KINDS, takes_features
 
+_RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 _SCALE = (0.08, 1.0)
 _LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))
 
@@ -42,8 +47,9 @@ def _as_rgb(image: Any) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
-def _resize_shorter(image: Image.Image, size: int) -> Image.Image:
-    """Shorter side -> ``size``, aspect kept (torchvision ``Resize(int)`` rounding)."""
+def _resize_shorter(image: Image.Image, size: int, resample: str = "bilinear") -> Image.Image:
+    """Shorter side -> ``size``, aspect kept (torchvision ``Resize(int)`` rounding, which the Hugging
+    Face processors share)."""
     w, h = image.size
     if min(w, h) == size:
         return image  # exact pixels, no resampling (the synthetic 64x64 images)
@@ -51,15 +57,26 @@ def _resize_shorter(image: Image.Image, size: int) -> Image.Image:
         new = (size, int(size * h / w))
     else:
         new = (int(size * w / h), size)
-    return image.resize(new, Image.Resampling.BILINEAR)
+    return image.resize(new, _RESAMPLING[resample])
 
 
-def _center_crop(image: Image.Image, size: int) -> Image.Image:
+def _resize_square(image: Image.Image, size: int, resample: str) -> Image.Image:
+    """Both sides -> ``size`` (SigLIP's processor: the aspect ratio is not kept)."""
+    if image.size == (size, size):
+        return image
+    return image.resize((size, size), _RESAMPLING[resample])
+
+
+def _center_crop(image: Image.Image, size: int, offset: str = "round") -> Image.Image:
+    """The centre ``size`` x ``size`` square; an odd margin is split by rounding the left/top offset
+    to nearest (``"round"``, torchvision) or down (``"floor"``, Hugging Face image processors)."""
     w, h = image.size
     if (w, h) == (size, size):
         return image
-    left = int(round((w - size) / 2.0))
-    top = int(round((h - size) / 2.0))
+    if offset == "floor":
+        left, top = (w - size) // 2, (h - size) // 2
+    else:
+        left, top = int(round((w - size) / 2.0)), int(round((h - size) / 2.0))
     return image.crop((left, top, left + size, top + size))
 
 
@@ -98,6 +115,9 @@ class ImageTransform:
     std: tuple[float, float, float]
     augment: str = "none"
     train: bool = False
+    resample: str = "bilinear"  # or "bicubic" (CLIP, SigLIP)
+    resize_mode: str = "shorter"  # or "square" (SigLIP)
+    crop_offset: str = "round"  # or "floor" (Hugging Face processors), see _center_crop
 
     def __call__(self, image: Any, rng: np.random.Generator | None = None) -> Tensor:
         img = _as_rgb(image)
@@ -108,11 +128,15 @@ class ImageTransform:
                     "the training transform with augment='crop_flip' needs a numpy Generator rng"
                 )
             box = random_resized_crop_box(*img.size, rng)
-            img = img.resize((size, size), Image.Resampling.BILINEAR, box=box)
+            img = img.resize((size, size), _RESAMPLING[self.resample], box=box)
             if rng.random() < 0.5:
                 img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         else:
-            img = _center_crop(_resize_shorter(img, self.resize or size), size)
+            if self.resize_mode == "square":
+                img = _resize_square(img, self.resize or size, self.resample)
+            else:
+                img = _resize_shorter(img, self.resize or size, self.resample)
+            img = _center_crop(img, size, self.crop_offset)
         return self._normalised(np.asarray(img)[None])[0]  # (3, S, S)
 
     def stack(self, images: Sequence[Any], rng_of: Callable[[int], np.random.Generator]) -> Tensor:
@@ -122,7 +146,8 @@ class ImageTransform:
         if self.train and self.augment == "crop_flip":
             return torch.stack([self(image, rng_of(j)) for j, image in enumerate(images)])
         rgb = [_as_rgb(image) for image in images]
-        if any(im.size != (size, size) for im in rgb):
+        # An S x S image is already what __call__ would make of it only when nothing resizes it.
+        if (self.resize or size) != size or any(im.size != (size, size) for im in rgb):
             return torch.stack([self(im) for im in rgb])
         return self._normalised(np.stack([np.asarray(im) for im in rgb]))
 
@@ -158,6 +183,7 @@ def build_image_transform(image_cfg: dict[str, Any], train: bool) -> ImageTransf
     """The transform of a normalised image config (see :mod:`training.models.config`)."""
     if takes_features(image_cfg):
         return FeatureTransform(image_cfg["feature_dim"])
+    conventions = _processor_conventions(image_cfg)  # first: it names the unfilled keys of a clip config
     return ImageTransform(
         image_size=image_cfg["image_size"],
         resize=image_cfg["resize"],
@@ -165,7 +191,28 @@ def build_image_transform(image_cfg: dict[str, Any], train: bool) -> ImageTransf
         std=tuple(image_cfg["std"]),
         augment=image_cfg["augment"],
         train=train,
+        **conventions,
     )
+
+
+def _processor_conventions(image_cfg: dict[str, Any]) -> dict[str, str]:
+    """Resampling, resize mode and crop rounding: the Hugging Face processor's for a pretrained pair
+    (``clip``), torchvision's (the dataclass defaults) for every other kind."""
+    if image_cfg.get("kind") not in PRETRAINED_PAIR_KINDS:
+        return {}
+    unfilled = [
+        key for key in ("image_size", "resample", "resize_mode", "mean", "std") if image_cfg[key] is None
+    ]
+    if unfilled:
+        raise ValueError(
+            f"model.image {unfilled} are null: build the model (it fills them in from model.image.path) "
+            "before asking for its image transform"
+        )
+    return {
+        "resample": image_cfg["resample"],
+        "resize_mode": image_cfg["resize_mode"],
+        "crop_offset": "floor",
+    }
 
 
 def preprocessing_summary(image_cfg: dict[str, Any]) -> dict[str, Any]:
@@ -173,4 +220,4 @@ def preprocessing_summary(image_cfg: dict[str, Any]) -> dict[str, Any]:
     if takes_features(image_cfg):
         return {"input": "features", "feature_dim": image_cfg["feature_dim"]}
     keys = ("image_size", "resize", "mean", "std", "augment")
-    return {"input": "image", **{k: image_cfg[k] for k in keys}}
+    return {"input": "image", **{k: image_cfg[k] for k in keys}, **_processor_conventions(image_cfg)}
