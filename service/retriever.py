@@ -89,6 +89,14 @@ class LoadedIndex:
     on_gpu: bool = False
     gpu_resources: Any = None  # faiss.StandardGpuResources: must outlive the GPU index
 
+    @property
+    def source_root(self) -> str | None:
+        """The folder the gallery's files are shown relative to: the dataset, the photo folder, or
+        for an index built from embeddings the folder those were made from."""
+        data = self.manifest.data
+        origin = data.get("origin") if data.get("kind") == "embeddings" else None
+        return str(origin["path"]) if isinstance(origin, dict) and origin.get("path") else data.get("path")
+
     def summary(self) -> dict[str, Any]:
         m = self.manifest
         distractors = m.data.get("distractor_source")

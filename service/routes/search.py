@@ -94,7 +94,7 @@ def _image_hits(retriever: Retriever, page: Page) -> list[ImageHit]:
         metadata = {key: row[key] for key in ("captions", "image_id", "scene")}
         if row.get("fields"):
             metadata["fields"] = row["fields"]
-        metadata["source"] = public_source(row["source"], retriever.images.manifest.data.get("path"))
+        metadata["source"] = public_source(row["source"], retriever.images.source_root)
         hits.append(
             ImageHit(
                 id=image_id,
@@ -304,7 +304,7 @@ def search_image(
         similar = ImageResults(hits=_image_hits(retriever, page), **_page_info(page))
     if retriever.captions is not None:
         page = _search(retriever, retriever.captions, query, fields, settings, timings)
-        info, hits = _page_info(page), _caption_hits(page, retriever.captions.manifest.data.get("path"))
+        info, hits = _page_info(page), _caption_hits(page, retriever.captions.source_root)
         assessment = _assessment(retriever.captions, page, None, retriever.benchmark)
     else:  # no caption index: the route refused unless include_images, so similar is set
         assert similar is not None

@@ -1,0 +1,100 @@
+"""The README's "your own data" walk-through, line by line, in a fresh folder: a tiny random CLIP
+fine-tuned on captioned pairs, `icr embed` of a photo folder with metadata, `icr index build
+--embeddings`, a real `icr serve`, and the README's Python client code with its filter."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from server_support import ICR, ROOT, free_port
+
+from icr.client import Client
+
+SECTION = "## Your own data"
+
+
+def _blocks() -> tuple[list[str], str]:
+    """(the bash block's commands, continuation lines joined; the python block)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(SECTION) :]
+    section = section[: section.index("\n## ", 1)]
+    bash = re.search(r"```bash\n(.*?)```", section, re.S)
+    python = re.search(r"```python\n(.*?)```", section, re.S)
+    assert bash is not None and python is not None, "the section has a bash and a python block"
+    joined = bash.group(1).replace("\\\n", " ")
+    return [line.strip() for line in joined.splitlines() if line.strip()], python.group(1)
+
+
+def _run(command: str, cwd: Path) -> str:
+    argv = shlex.split(command)
+    if argv[0] == "icr":
+        argv[0] = str(ICR)
+    elif argv[0] == "python":
+        argv[0] = sys.executable
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_the_readme_walk_through_runs_against_a_real_server(tmp_path: Path) -> None:
+    commands, client_code = _blocks()
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    serve = [c for c in commands if c.startswith("icr serve")]
+    assert len(serve) == 1 and serve[0].endswith("&") and commands[-1] == serve[0]
+    for command in commands[:-1]:
+        _run(command, tmp_path)
+
+    port = free_port()
+    argv = [str(ICR), *shlex.split(serve[0].rstrip("&"))[1:]]
+    argv[argv.index("--port") + 1] = str(port)
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(argv, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert server.poll() is None, log.read_text()
+            try:
+                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"icr serve not ready:\n{log.read_text()}")
+
+        printed = _run(
+            f"python -c {shlex.quote(client_code.replace('http://127.0.0.1:8000', url))}", tmp_path
+        )
+        with open(tmp_path / "my-photos" / "meta.csv") as handle:
+            rows = list(csv.DictReader(handle))
+        selected = {r["file"] for r in rows if r["album"] == "trip" and int(r["year"]) >= 2023}
+        assert printed.split()[0] == str(len(selected))  # found.matched
+
+        with Client(url) as icr:
+            found = icr.search_text("a red circle", k=50, filter={"album": "trip", "year": {"gte": 2023}})
+            assert found.matched == found.passed == len(found.hits) == len(selected)
+            assert {h.metadata["source"] for h in found.hits} == selected  # relative to the photo folder
+            for hit in found.hits:
+                assert hit.metadata["fields"]["album"] == "trip" and hit.metadata["fields"]["year"] >= 2023
+            assert icr.info()["index"]["metadata_fields"] == ["album", "year", "camera"]
+            thumb = icr.image(found.hits[0].id, thumbnail=True)
+            assert thumb[:8] == b"\x89PNG\r\n\x1a\n"
+            everything = icr.search_text("a red circle", k=50)
+            assert everything.matched is None and everything.passed == len(rows)
+        assert "Traceback" not in log.read_text()
+    finally:
+        server.terminate()
+        server.wait(20)
