@@ -32,6 +32,7 @@ import numpy as np
 from icr.index.galleries import image_sources
 from icr.index.manifest import MANIFEST_FILE, Manifest, Modality
 from icr.index.metadata import METADATA_FILE, MetadataStore
+from icr.index.on_disk import ONDISK_DATA, OnDiskBuild, build_on_disk, choose_on_disk_factory, load_on_disk
 from icr.index.vector_index import (
     ExactTopK,
     build_index,
@@ -82,6 +83,7 @@ def build_image_index(
     batch_size: int = 256,
     progress: bool = True,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+    on_disk: bool = False,
     recall_queries: int = RECALL_QUERIES,
     device: str = "auto",
     seed: int = 0,
@@ -101,7 +103,7 @@ def build_image_index(
     return _build(
         "image", checkpoint, data, split=split, distractors=given, factory=factory, gpu=gpu, out=out,
         batch_size=batch_size, progress=progress, memory_budget_bytes=memory_budget_bytes,
-        recall_queries=recall_queries, device=device, seed=seed,
+        on_disk=on_disk, recall_queries=recall_queries, device=device, seed=seed,
     )  # fmt: skip
 
 
@@ -116,6 +118,7 @@ def build_caption_index(
     batch_size: int = 256,
     progress: bool = True,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+    on_disk: bool = False,
     recall_queries: int = RECALL_QUERIES,
     device: str = "auto",
     seed: int = 0,
@@ -127,7 +130,7 @@ def build_caption_index(
     return _build(
         "text", checkpoint, data, split=split, distractors=Distractors(), factory=factory, gpu=gpu,
         out=out, batch_size=batch_size, progress=progress, memory_budget_bytes=memory_budget_bytes,
-        recall_queries=recall_queries, device=device, seed=seed,
+        on_disk=on_disk, recall_queries=recall_queries, device=device, seed=seed,
     )  # fmt: skip
 
 
@@ -147,6 +150,7 @@ def build_photo_index(
     batch_size: int = 256,
     progress: bool = True,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+    on_disk: bool = False,
     recall_queries: int = RECALL_QUERIES,
     device: str = "auto",
     seed: int = 0,
@@ -193,6 +197,7 @@ def build_photo_index(
         factory=factory,
         gpu=gpu,
         memory_budget_bytes=memory_budget_bytes,
+        on_disk=on_disk,
         data=source,
         metadata_fields=fields,
     )
@@ -340,6 +345,7 @@ def _build(
     batch_size: int,
     progress: bool,
     memory_budget_bytes: int,
+    on_disk: bool,
     recall_queries: int,
     device: str,
     seed: int,
@@ -384,6 +390,7 @@ def _build(
         factory=factory,
         gpu=gpu,
         memory_budget_bytes=memory_budget_bytes,
+        on_disk=on_disk,
         data=source,
     )
 
@@ -410,6 +417,7 @@ def _write_index(
     factory: str,
     gpu: str,
     memory_budget_bytes: int,
+    on_disk: bool = False,
     data: dict[str, Any],
     metadata_fields: list[str] | None = None,
 ) -> Manifest:
@@ -419,9 +427,14 @@ def _write_index(
     dim = int(config["embed_dim"])
     planned = gallery.count + (extra.count if extra is not None else 0)
     if factory == "auto":
-        factory, reason = choose_factory(planned, dim, memory_budget_bytes)
+        choose = choose_on_disk_factory if on_disk else choose_factory
+        factory, reason = choose(planned, dim, memory_budget_bytes)
     else:
         reason = "chosen by the caller (--factory)"
+    if on_disk and not any(part.startswith("IVF") for part in factory.split(",")):
+        raise ValueError(
+            f"--on-disk needs an inverted-file factory (IVF<k>,Flat or IVF<k>,PQ<m>), not {factory}"
+        )
 
     _remove_stale_builds(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -430,9 +443,22 @@ def _write_index(
     try:
         exact = ExactTopK(queries, 2 * RECALL_K)
         built: dict[str, str] = {}
+        on_disk_build = None
         with MetadataStore.create(tmp / METADATA_FILE) as store:
             streams = [gallery] if extra is None else [gallery, extra]
-            index = build_index(_feed(streams, store, exact), dim, factory, gpu=gpu, report=built)
+            if on_disk:
+                on_disk_build = build_on_disk(
+                    _feed(streams, store, exact),
+                    dim,
+                    factory,
+                    tmp,
+                    INDEX_FILE,
+                    memory_budget_bytes=memory_budget_bytes,
+                )
+                index = load_on_disk(tmp / INDEX_FILE)
+                built["built_on"] = "cpu"
+            else:
+                index = build_index(_feed(streams, store, exact), dim, factory, gpu=gpu, report=built)
         n_distractors = extra.count if extra is not None else 0
         ntotal = gallery.count + n_distractors  # as delivered (see _feed)
         if index.ntotal != ntotal:
@@ -443,9 +469,11 @@ def _write_index(
         else:
             nprobe, recall = None, recall_at_k(index, exact, queries, RECALL_K)
         recall_seconds = time.perf_counter() - t0
-        save_index(index, tmp / INDEX_FILE)
-        _fsync(tmp / INDEX_FILE)
-        _fsync(tmp / METADATA_FILE)
+        written = [INDEX_FILE, METADATA_FILE, *([ONDISK_DATA] if on_disk else [])]
+        if not on_disk:  # an on-disk index was written by its build (index.faiss names index.ivfdata)
+            save_index(index, tmp / INDEX_FILE)
+        for name in written:
+            _fsync(tmp / name)
         timings = {**gallery.timings, **(extra.timings if extra is not None else {})}
         throughput = _throughput(gallery.count, n_distractors, timings)
         manifest = Manifest(
@@ -471,7 +499,7 @@ def _write_index(
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             data=data,
             built_on="gpu" if built["built_on"] == "gpu" else "cpu",
-            files={name: sha256_file(tmp / name) for name in (INDEX_FILE, METADATA_FILE)},
+            files={name: sha256_file(tmp / name) for name in written},
             metadata_fields=metadata_fields or [],
             extra={
                 "embed_device": built_by.device,
@@ -479,6 +507,7 @@ def _write_index(
                 **{k: round(v, 3) for k, v in timings.items()},
                 "recall_seconds": round(recall_seconds, 3),
                 "faiss_threads": faiss.omp_get_max_threads(),
+                **(_on_disk_details(on_disk_build, memory_budget_bytes) if on_disk_build is not None else {}),
                 **({"gpu_fallback": built["gpu_fallback"]} if "gpu_fallback" in built else {}),
             },
         )
@@ -489,6 +518,16 @@ def _write_index(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def _on_disk_details(build: OnDiskBuild, memory_budget_bytes: int) -> dict[str, Any]:
+    return {
+        "on_disk": True,
+        "memory_budget_mb": memory_budget_bytes >> 20,
+        "shards": build.shards,
+        "train_points": build.train_points,
+        **{f"{k}_seconds": round(v, 3) for k, v in build.seconds.items()},
+    }
 
 
 def _throughput(gallery: int, distractors: int, t: dict[str, float]) -> dict[str, float]:
@@ -825,7 +864,7 @@ def load_index_dir(
             )
     path = directory / INDEX_FILE
     try:
-        index = load_index(path, mmap=mmap)
+        index = load_on_disk(path) if (directory / ONDISK_DATA).is_file() else load_index(path, mmap=mmap)
     except (FileNotFoundError, ValueError) as err:
         raise type(err)(f"{err}; {rebuild}") from None
     if index.d != manifest.dim or index.ntotal != manifest.ntotal:

@@ -79,8 +79,19 @@ def build(
         typer.Option(help="image: index images for text->image search; text: captions for image->text."),
     ] = "image",
     memory_budget_mb: Annotated[
-        int, typer.Option(help="auto: raw vectors up to this size, PQ codes above.")
+        int,
+        typer.Option(
+            help="auto: raw vectors up to this size, PQ codes above. With --on-disk: the build's peak "
+            "memory (codes and ids in half of it, training sample and shards in the other half)."
+        ),
     ] = 2048,
+    on_disk: Annotated[
+        bool,
+        typer.Option(
+            help="Larger than memory: train IVF on a sample, add shards, merge the inverted lists into "
+            "index.ivfdata on disk; served memory-mapped."
+        ),
+    ] = False,
     batch_size: Annotated[int, typer.Option(help="Images per embedding batch.")] = 256,
     device: Annotated[
         Device, typer.Option(help="Where the model embeds: auto (CUDA if present), cpu, cuda.")
@@ -111,6 +122,8 @@ def build(
       icr index build -m runs/clip/best --images ~/photos --metadata ~/photos/meta.csv --out idx
 
       icr index build -m runs/clip/best --embeddings emb/photos --out idx
+
+      icr index build -m runs/clip/best --embeddings emb/laion --on-disk --memory-budget-mb 4096 --out idx
     """
     from icr.index.build import build_caption_index, build_image_index, build_photo_index
 
@@ -122,6 +135,7 @@ def build(
         "batch_size": batch_size,
         "progress": not quiet,
         "memory_budget_bytes": memory_budget_mb << 20,
+        "on_disk": on_disk,
         "device": device,
     }
     own = images is not None or embeddings is not None
@@ -185,6 +199,20 @@ def embed_command(
         Path | None, typer.Option("--data", "-d", help="Or a dataset (Karpathy, precomp, synth).")
     ] = None,
     split: Annotated[str, typer.Option(help="With --data: the split to embed.")] = "test",
+    webdataset: Annotated[
+        str | None,
+        typer.Option(
+            help="Or webdataset shards: a folder of .tar files, a glob or one .tar; {key}.jpg|png|webp "
+            "+ optional {key}.txt (caption) and {key}.json (fields); the key is the image_path."
+        ),
+    ] = None,
+    image_list: Annotated[
+        Path | None,
+        typer.Option(
+            help="Or a .parquet listing image paths (column file, path, image_path or filename; relative "
+            "to its folder or absolute) in its row order; other columns are fields, caption(s) captions."
+        ),
+    ] = None,
     shard_size: Annotated[int, typer.Option(help="Images per shard file.")] = 100_000,
     batch_size: Annotated[int, typer.Option(help="Images per embedding batch.")] = 256,
     skip_bad: Annotated[
@@ -196,6 +224,21 @@ def embed_command(
     device: Annotated[
         Device, typer.Option(help="Where the model embeds: auto (CUDA if present), cpu, cuda.")
     ] = "auto",
+    engine: Annotated[
+        Literal["local", "ray"],
+        typer.Option(help="local: this process; ray: Ray Data workers (pip install 'icr[distributed]')."),
+    ] = "local",
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="With --engine ray: the cluster to join (auto, or ray://HOST:PORT); default: start a "
+            "local Ray instance on this machine."
+        ),
+    ] = None,
+    actors: Annotated[
+        int | None,
+        typer.Option(help="With --engine ray: embedding actors (default: one per GPU, else half the CPUs)."),
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Embed images into clip-retrieval's layout: img_emb/img_emb_{i}.npy, text_emb/text_emb_{i}.npy
@@ -203,13 +246,21 @@ def embed_command(
     caption, captions, your fields) and embeddings_manifest.json (checkpoint sha256, shards done).
 
     Shards are written atomically and recorded as they finish: after a crash or Ctrl-C, run the same
-    command again and it continues. `icr index build --embeddings OUT` indexes the result.
+    command again and it continues (with either engine). `icr index build --embeddings OUT` indexes
+    the result.
+
+    --engine ray decodes on Ray tasks and embeds on an actor pool (one GPU per actor when the cluster
+    has GPUs), writing the same shards; images and checkpoint must be on a filesystem every node sees.
 
     Examples:
 
       icr embed -m runs/clip/best --images ~/photos --metadata ~/photos/meta.jsonl --out emb/photos
 
       icr embed -m icr-demo/model/best --data icr-demo/data --split test --out emb/test
+
+      icr embed -m runs/clip/best --webdataset 'shards/*.tar' --engine ray --out emb/laion
+
+      icr embed -m runs/clip/best --image-list list.parquet --engine ray --address auto --out emb/list
     """
     from icr.index.embed import embed_to_folder
 
@@ -220,18 +271,23 @@ def embed_command(
         metadata=metadata,
         data=data,
         split=split,
+        webdataset=webdataset,
+        image_list=image_list,
         shard_size=shard_size,
         batch_size=batch_size,
         device=device,
         skip_bad=skip_bad,
         workers=workers,
         progress=not quiet,
+        engine=engine,
+        address=address,
+        actors=actors,
     )
     typer.echo(f"wrote {out}")
     print_summary(
         {
             k: manifest[k]
-            for k in ("checkpoint_sha256", "dim", "rows", "num_shards", "text", "fields", "seconds")
+            for k in ("checkpoint_sha256", "dim", "rows", "num_shards", "text", "fields", "engine", "seconds")
         }
     )
     if manifest["skipped"]:

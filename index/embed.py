@@ -4,12 +4,18 @@ See :mod:`index.embeddings_layout` for the folder. A run first writes the manife
 sha256, source, shard size, count) and records each shard after its files are in place; run again
 with the same arguments and it continues after the last recorded shard. Arguments that differ from
 the manifest's (another checkpoint, source or shard size) are refused rather than mixed in.
+
+Two engines fill the same shards through :class:`ShardRun`: ``local`` (this process, shard after
+shard) and ``ray`` (:mod:`index.embed_ray`, Ray Data workers). The manifest records the engine of
+the latest run and of each shard; a run started with one engine can be finished by the other.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,11 +33,19 @@ from icr.index.embeddings_layout import (
     write_manifest,
     write_shard,
 )
-from icr.index.galleries import Gallery, PhotoGallery, SplitGallery
+from icr.index.galleries import (
+    FileGallery,
+    Gallery,
+    ImageListGallery,
+    PhotoGallery,
+    SplitGallery,
+    WebDatasetGallery,
+)
 from icr.training.devices import resolve_device
 
-# What must match for a run to continue an existing folder.
+# What must match for a run to continue an existing folder (not the engine: both write the same shards).
 _IDENTITY = ("checkpoint_sha256", "source", "shard_size", "count", "dim", "text")
+ENGINES = ("local", "ray")
 
 
 def embed_to_folder(
@@ -42,73 +56,235 @@ def embed_to_folder(
     metadata: str | os.PathLike[str] | None = None,
     data: str | os.PathLike[str] | None = None,
     split: str = "test",
+    webdataset: str | os.PathLike[str] | None = None,
+    image_list: str | os.PathLike[str] | None = None,
     shard_size: int = DEFAULT_SHARD_SIZE,
     batch_size: int = 256,
     device: str = "auto",
     skip_bad: bool = False,
     workers: int | None = None,
     progress: bool = True,
+    engine: str = "local",
+    address: str | None = None,
+    actors: int | None = None,
+    on_shard: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Embed ``images`` (a folder, with an optional metadata file) or ``data``'s ``split``; returns
-    the finished manifest. ``shard_size``: images per shard file."""
+    """Embed one source: ``images`` (a folder, with an optional metadata file), ``webdataset`` (tar
+    shards), ``image_list`` (a parquet of image paths) or ``data``'s ``split``; returns the finished
+    manifest. ``shard_size``: images per shard file.
+
+    ``engine="ray"`` runs the same shards on Ray Data (:mod:`index.embed_ray`; file sources only):
+    ``address`` None starts a local Ray instance (an already connected driver is reused), ``auto`` or
+    ``ray://host:port`` joins a cluster; ``actors`` embedding actors (default: one per GPU, else half
+    the CPUs). Both engines write the same folder and either one continues the other's run.
+    ``on_shard(i)`` is called after shard ``i`` is recorded."""
     from tqdm import tqdm
 
     from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
 
-    if (images is None) == (data is None):
-        raise ValueError("give one source: --images DIR (your photos) or --data D (a dataset split)")
-    if metadata is not None and images is None:
-        raise ValueError("--metadata describes the files of --images DIR; it does not apply to --data")
-    if shard_size < 1 or batch_size < 1:
-        raise ValueError(f"--shard-size and --batch-size must be >= 1, got {shard_size} and {batch_size}")
+    _check_arguments(
+        [images, data, webdataset, image_list],
+        metadata,
+        data,
+        shard_size,
+        batch_size,
+        engine,
+        address,
+        actors,
+    )
     root = Path(out)
     if root.exists() and any(root.iterdir()) and read_manifest(root) is None:
         raise ValueError(f"{root}: exists, is not empty and holds no {MANIFEST}; choose a new --out")
     started = time.perf_counter()
-    device = resolve_device(device)
-    model, config = load_checkpoint(checkpoint, device)
+    # the Ray driver needs the model only for its config and eval transform: actors embed
+    device = resolve_device(device) if engine == "local" else device
+    model, config = load_checkpoint(checkpoint, device if engine == "local" else "cpu")
     gallery: Gallery
     if images is not None:
         gallery = PhotoGallery(images, metadata, skip_bad=skip_bad, workers=workers)
+    elif webdataset is not None:
+        gallery = WebDatasetGallery(webdataset, skip_bad=skip_bad, workers=workers)
+    elif image_list is not None:
+        gallery = ImageListGallery(image_list, skip_bad=skip_bad, workers=workers)
     else:
         assert data is not None
         gallery = SplitGallery(data, split, trained_captions_per_image(config), progress)
     clash = sorted(set(gallery.field_names()) & set(RESERVED_COLUMNS))
     if clash:
-        raise ValueError(f"{metadata}: column(s) {clash} are reserved in the embeddings layout; rename them")
-    text = gallery.captions_complete()
-    manifest = _start(root, checkpoint, config, gallery, shard_size, text)
-    done = {int(s["index"]) for s in manifest["shards"]}
-    num_shards = manifest["num_shards"]
+        raise ValueError(
+            f"{metadata or image_list or webdataset}: column(s) {clash} are reserved in the embeddings "
+            "layout; rename them"
+        )
+    run = ShardRun.start(root, checkpoint, config, gallery, shard_size, gallery.captions_complete(), engine)
+    todo = run.pending()
     with tqdm(total=gallery.count, desc="embedding", unit="img", disable=not progress) as bar:
-        bar.update(sum(int(s["planned"]) for s in manifest["shards"]))
-        for i in range(num_shards):
-            if i in done and all(p.is_file() for p in _written(root, i, text)):
-                continue
-            lo, hi = i * shard_size, min((i + 1) * shard_size, gallery.count)
-            vectors, rows, failed = [], [], []
-            for batch in gallery.batches(model, lo, hi, batch_size, device):
-                vectors.append(batch.vectors)
-                rows += batch.rows
-                failed += batch.failed
-                bar.update(len(batch.rows) + len(batch.failed))
-            image_emb = np.concatenate(vectors) if vectors else np.zeros((0, model.embed_dim), np.float32)
-            text_emb = _first_captions(model, rows, device) if text else None
-            write_shard(root, i, image_emb, text_emb, [_parquet_row(r) for r in rows])
-            manifest["shards"] = [s for s in manifest["shards"] if int(s["index"]) != i]
-            manifest["shards"].append({"index": i, "rows": len(rows), "planned": hi - lo})
-            manifest["shards"].sort(key=lambda s: s["index"])
-            manifest["skipped"] = [
-                *manifest.get("skipped", []),
-                *({"file": f, "error": e} for f, e in failed),
-            ]
-            write_manifest(root, manifest)
-    manifest["complete"] = True
-    manifest["rows"] = sum(int(s["rows"]) for s in manifest["shards"])
-    manifest["seconds"] = round(time.perf_counter() - started, 3)
-    manifest["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
-    write_manifest(root, manifest)
-    return manifest
+        bar.update(gallery.count - sum(run.bounds(i)[1] - run.bounds(i)[0] for i in todo))
+        if engine == "ray":
+            from icr.index.embed_ray import embed_shards_ray
+
+            assert isinstance(gallery, FileGallery)
+            transform = model.image_transform(train=False)
+            del model
+            embed_shards_ray(
+                run,
+                todo,
+                gallery=gallery,
+                checkpoint=checkpoint,
+                transform=transform,
+                batch_size=batch_size,
+                device=device,
+                address=address,
+                actors=actors,
+                skip_bad=skip_bad,
+                progress=progress,
+                bar=bar,
+                on_shard=on_shard,
+            )
+        else:
+            _embed_shards_local(run, todo, gallery, model, batch_size, device, bar, on_shard)
+    return run.finish(started)
+
+
+def _check_arguments(
+    sources: list[str | os.PathLike[str] | None],
+    metadata: str | os.PathLike[str] | None,
+    data: str | os.PathLike[str] | None,
+    shard_size: int,
+    batch_size: int,
+    engine: str,
+    address: str | None,
+    actors: int | None,
+) -> None:
+    if sum(s is not None for s in sources) != 1:
+        raise ValueError(
+            "give one source: --images DIR (your photos), --webdataset TARS, --image-list FILE.parquet "
+            "or --data D (a dataset split)"
+        )
+    if metadata is not None and sources[0] is None:
+        raise ValueError("--metadata describes the files of --images DIR; it applies to no other source")
+    if shard_size < 1 or batch_size < 1:
+        raise ValueError(f"--shard-size and --batch-size must be >= 1, got {shard_size} and {batch_size}")
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "ray" and data is not None:
+        raise ValueError(
+            "--engine ray reads image files (--images, --webdataset, --image-list); embed --data with "
+            "--engine local"
+        )
+    if engine != "ray" and (address is not None or actors is not None):
+        raise ValueError("--address and --actors apply to --engine ray")
+    if actors is not None and actors < 1:
+        raise ValueError(f"--actors must be >= 1, got {actors}")
+
+
+def _embed_shards_local(
+    run: ShardRun,
+    todo: list[int],
+    gallery: Gallery,
+    model: Any,
+    batch_size: int,
+    device: str,
+    bar: Any,
+    on_shard: Callable[[int], None] | None,
+) -> None:
+    """The local engine: shard after shard in this process."""
+    for i in todo:
+        lo, hi = run.bounds(i)
+        vectors, rows, failed = [], [], []
+        for batch in gallery.batches(model, lo, hi, batch_size, device):
+            vectors.append(batch.vectors)
+            rows += batch.rows
+            failed += batch.failed
+            bar.update(len(batch.rows) + len(batch.failed))
+        dim = model.embed_dim
+        image_emb = np.concatenate(vectors) if vectors else np.zeros((0, dim), np.float32)  # (r, D)
+        text_emb = _first_captions(model, rows, device) if run.text else None  # (r, D)
+        run.record(i, image_emb, text_emb, rows, failed)
+        if on_shard is not None:
+            on_shard(i)
+
+
+@dataclass
+class ShardRun:
+    """One run over an embeddings folder: its manifest and the shard bookkeeping both engines share.
+    Shard ``i`` holds images ``[i * shard_size, (i + 1) * shard_size)`` of the gallery's listing."""
+
+    root: Path
+    manifest: dict[str, Any]
+    count: int
+    shard_size: int
+    text: bool
+    engine: str
+
+    @classmethod
+    def start(
+        cls,
+        root: Path,
+        checkpoint: str | os.PathLike[str],
+        config: dict[str, Any],
+        gallery: Gallery,
+        shard_size: int,
+        text: bool,
+        engine: str,
+    ) -> ShardRun:
+        """The manifest to continue (same identity, whichever engine wrote it) or a new one;
+        ValueError on a mismatch."""
+        manifest = _start(root, checkpoint, config, gallery, shard_size, text)
+        manifest["engine"] = engine  # the engine of the latest run; each shard records its own
+        return cls(root, manifest, gallery.count, shard_size, text, engine)
+
+    @property
+    def num_shards(self) -> int:
+        return int(self.manifest["num_shards"])
+
+    def bounds(self, i: int) -> tuple[int, int]:
+        """[lo, hi) of shard ``i`` in the listing."""
+        return i * self.shard_size, min((i + 1) * self.shard_size, self.count)
+
+    def pending(self) -> list[int]:
+        """Shards not yet recorded with their files in place, ascending."""
+        done = {int(s["index"]) for s in self.manifest["shards"]}
+        return [
+            i
+            for i in range(self.num_shards)
+            if i not in done or not all(p.is_file() for p in _written(self.root, i, self.text))
+        ]
+
+    def record(
+        self,
+        i: int,
+        image_emb: np.ndarray,
+        text_emb: np.ndarray | None,
+        rows: list[dict[str, Any]],
+        failed: list[tuple[str, str]],
+    ) -> None:
+        """Write shard ``i`` (``rows`` in listing order, ``image_emb`` (r, D)), then record it."""
+        lo, hi = self.bounds(i)
+        if len(rows) + len(failed) != hi - lo or len(image_emb) != len(rows):
+            raise RuntimeError(
+                f"shard {i}: {len(rows)} rows + {len(failed)} left out for {hi - lo} images and "
+                f"{len(image_emb)} embeddings; nothing written"
+            )
+        write_shard(self.root, i, image_emb, text_emb, [_parquet_row(r) for r in rows])
+        manifest = self.manifest
+        manifest["shards"] = [s for s in manifest["shards"] if int(s["index"]) != i]
+        manifest["shards"].append({"index": i, "rows": len(rows), "planned": hi - lo, "engine": self.engine})
+        manifest["shards"].sort(key=lambda s: s["index"])
+        manifest["skipped"] = [*manifest.get("skipped", []), *({"file": f, "error": e} for f, e in failed)]
+        write_manifest(self.root, manifest)
+
+    def finish(self, started: float) -> dict[str, Any]:
+        """Mark the folder complete (every shard recorded); returns the manifest."""
+        missing = self.pending()
+        if missing:
+            raise RuntimeError(f"{self.root}: shards {missing[:8]} were not written; run again to finish")
+        manifest = self.manifest
+        manifest["complete"] = True
+        manifest["rows"] = sum(int(s["rows"]) for s in manifest["shards"])
+        manifest["seconds"] = round(time.perf_counter() - started, 3)
+        manifest["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        write_manifest(self.root, manifest)
+        return manifest
 
 
 def _start(

@@ -7,6 +7,7 @@ A folder ``E`` holds, per shard ``i`` (``shard_size`` images each, the last one 
                                        image has one, as in clip-retrieval's one-caption-per-sample)
     metadata/metadata_{i}.parquet      r rows: image_path, caption, captions and the user's fields
     embeddings_manifest.json           the checkpoint's sha256, dim, source, shards written so far
+                                       (and the engine, local or ray, of the run and of each shard)
 
 Row ``j`` of the three files of a shard describe the same image. Each shard's files are written
 atomically and the shard is recorded in the manifest only after them, so a killed run resumes at

@@ -1,6 +1,7 @@
-"""Galleries a model embeds: a folder of the user's photos, or a dataset split's images.
+"""Galleries a model embeds: a folder of the user's photos, a parquet list of image paths,
+webdataset tar shards (:mod:`index.webdataset`), or a dataset split's images.
 
-Both yield, batch by batch over a range of their listing, the (b, D) embeddings and one row per
+All yield, batch by batch over a range of their listing, the (b, D) embeddings and one row per
 image: ``image_path`` (relative to the folder; absolute for a dataset), ``source`` (what the
 service opens), ``captions``, ``fields`` (the user's metadata) and ``scene`` (embedded benchmark).
 ``icr embed`` writes them as shards; ``icr index build --images`` streams them into an index.
@@ -9,14 +10,22 @@ service opens), ``captions``, ``fields`` (the user's metadata) and ``scene`` (em
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from icr.index.photo_folder import PhotoMetadata, decode_batches, default_workers, list_photos, read_metadata
+from icr.index.photo_folder import (
+    ImageRef,
+    PhotoMetadata,
+    decode_batches,
+    default_workers,
+    list_photos,
+    read_image_list,
+    read_metadata,
+)
 
 
 @dataclass
@@ -37,7 +46,53 @@ class Gallery(Protocol):
     def batches(self, model: Any, lo: int, hi: int, batch_size: int, device: str) -> Iterator[Batch]: ...
 
 
-class PhotoGallery:
+class FileGallery:
+    """Images that are files (or byte ranges of files: tar members), each with its ``image_path``
+    (``relative``) and the metadata keyed by it. Both ``icr embed`` engines read these: the local one
+    through :meth:`batches`, the Ray one through ``refs`` and :meth:`row`."""
+
+    refs: Sequence[Path | ImageRef]  # per image, listing order: what decodes it
+    relative: list[str]  # per image: its image_path
+    sources: list[str]  # per image: what the service opens (a path; tar#member for a tar)
+    metadata: PhotoMetadata
+    skip_bad: bool
+    workers: int
+    count: int
+    description: dict[str, Any]
+
+    def field_names(self) -> list[str]:
+        return list(self.metadata.names)
+
+    def captions_complete(self) -> bool:
+        return all(self.metadata.captions.get(r) for r in self.relative)
+
+    def row(self, j: int) -> dict[str, Any]:
+        """The row of image ``j`` of the listing."""
+        fields, captions = self.metadata.of(self.relative[j])
+        return {
+            "image_path": self.relative[j],
+            "source": self.sources[j],
+            "captions": captions,
+            "fields": fields,
+            "scene": None,
+        }
+
+    def batches(self, model: Any, lo: int, hi: int, batch_size: int, device: str) -> Iterator[Batch]:
+        from icr.training.embedding import embed_image_batch
+
+        decoded = decode_batches(self.refs[lo:hi], batch_size, workers=self.workers, skip_bad=self.skip_bad)
+        for part in decoded:
+            vectors = (
+                embed_image_batch(model, part.images, device=device)  # (b, D)
+                if part.images
+                else np.zeros((0, model.embed_dim), np.float32)
+            )
+            rows = [self.row(lo + p) for p in part.positions]
+            failed = [(self.relative[lo + p], error) for p, error in part.failed]
+            yield Batch(vectors, rows, failed)
+
+
+class PhotoGallery(FileGallery):
     """Every image file under ``root`` with the optional metadata file's fields and captions."""
 
     def __init__(
@@ -50,8 +105,10 @@ class PhotoGallery:
     ) -> None:
         self.root = Path(root).resolve()
         self.paths = list_photos(self.root)
+        self.refs = self.paths
         self.relative = [p.relative_to(self.root).as_posix() for p in self.paths]
-        self.metadata: PhotoMetadata = read_metadata(metadata)
+        self.sources = [str(p) for p in self.paths]
+        self.metadata = read_metadata(metadata)
         self.skip_bad = skip_bad
         self.workers = workers or default_workers()
         self.count = len(self.paths)
@@ -62,37 +119,50 @@ class PhotoGallery:
             "metadata_unmatched": len(self.metadata.unmatched(self.relative)),
         }
 
-    def field_names(self) -> list[str]:
-        return list(self.metadata.names)
 
-    def captions_complete(self) -> bool:
-        return all(self.metadata.captions.get(r) for r in self.relative)
+class ImageListGallery(FileGallery):
+    """The images a parquet file lists, in its row order: a path column (``file``, ``path``,
+    ``image_path`` or ``filename``; relative to the parquet's folder, or absolute) is each image's
+    ``image_path``; ``caption`` / ``captions`` columns its captions; any other column a field."""
 
-    def batches(self, model: Any, lo: int, hi: int, batch_size: int, device: str) -> Iterator[Batch]:
-        from icr.training.embedding import embed_image_batch
+    def __init__(
+        self, path: str | os.PathLike[str], *, skip_bad: bool = False, workers: int | None = None
+    ) -> None:
+        self.path = Path(path).resolve()
+        self.relative, self.metadata = read_image_list(self.path)
+        self.paths = [self.path.parent / r for r in self.relative]  # an absolute r stays as is
+        self.refs = self.paths
+        self.sources = [str(p) for p in self.paths]
+        self.skip_bad = skip_bad
+        self.workers = workers or default_workers()
+        self.count = len(self.paths)
+        self.description = {"kind": "image_list", "path": str(self.path)}
 
-        decoded = decode_batches(self.paths[lo:hi], batch_size, workers=self.workers, skip_bad=self.skip_bad)
-        for part in decoded:
-            positions = [lo + p for p in part.positions]
-            vectors = (
-                embed_image_batch(model, part.images, device=device)  # (b, D)
-                if part.images
-                else np.zeros((0, model.embed_dim), np.float32)
-            )
-            rows = []
-            for j in positions:
-                fields, captions = self.metadata.of(self.relative[j])
-                rows.append(
-                    {
-                        "image_path": self.relative[j],
-                        "source": str(self.paths[j]),
-                        "captions": captions,
-                        "fields": fields,
-                        "scene": None,
-                    }
-                )
-            failed = [(self.relative[lo + p], error) for p, error in part.failed]
-            yield Batch(vectors, rows, failed)
+
+class WebDatasetGallery(FileGallery):
+    """The image samples of webdataset tar shards (see :mod:`index.webdataset`): the key is the
+    ``image_path``, ``{key}.txt`` the caption, ``{key}.json`` the fields."""
+
+    def __init__(
+        self, source: str | os.PathLike[str], *, skip_bad: bool = False, workers: int | None = None
+    ) -> None:
+        from icr.index.webdataset import list_webdataset
+
+        listing = list_webdataset(source)
+        self.tars = listing.tars
+        self.refs = listing.refs
+        self.relative = listing.keys
+        self.sources = [f"{ref.path}#{ref.name.removeprefix(ref.path + '/')}" for ref in listing.refs]
+        self.metadata = listing.metadata
+        self.skip_bad = skip_bad
+        self.workers = workers or default_workers()
+        self.count = len(self.refs)
+        self.description = {
+            "kind": "webdataset",
+            "path": str(Path(source).resolve()),  # a glob stays a glob, made absolute
+            "tars": [t.name for t in self.tars],
+            "without_image": listing.without_image,
+        }
 
 
 class SplitGallery:

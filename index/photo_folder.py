@@ -15,6 +15,7 @@ decode stops the build naming it, unless ``skip_bad``: then it is left out and l
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -144,11 +145,13 @@ def _json_value(value: Any) -> Any:
     return str(value)
 
 
-def _keyed(rows: list[dict[str, Any]], source: str) -> PhotoMetadata:
+def _keyed(rows: list[dict[str, Any]], source: str, key: str | None = None) -> PhotoMetadata:
+    """Rows keyed by their ``key`` column (default: the first of :data:`KEY_COLUMNS` present); the
+    keys keep the rows' order (``fields``' insertion order)."""
     out = PhotoMetadata(source=source)
     if not rows:
         return out
-    key = next((k for k in KEY_COLUMNS if k in rows[0]), None)
+    key = key or next((k for k in KEY_COLUMNS if k in rows[0]), None)
     if key is None:
         raise ValueError(
             f"{source}: no key column; name the column holding each image's path relative to the "
@@ -180,7 +183,68 @@ def _keyed(rows: list[dict[str, Any]], source: str) -> PhotoMetadata:
     return out
 
 
+def read_image_list(path: str | os.PathLike[str]) -> tuple[list[str], PhotoMetadata]:
+    """A parquet list of images: (their paths as written, in row order; the other columns as
+    metadata keyed by those paths). The path column is named as in a metadata file (KEY_COLUMNS)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: image list not found")
+    if path.suffix.lower() != ".parquet":
+        raise ValueError(f"{path}: an image list is a .parquet file with a column of image paths")
+    metadata = _keyed(_read_table(path), str(path))
+    if not metadata.fields:
+        raise ValueError(f"{path}: no rows; list one image path per row")
+    return list(metadata.fields), metadata
+
+
 # --- decoding -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ImageRef:
+    """An image's bytes: the whole file at ``path``, or ``size`` bytes at ``offset`` of it (a tar
+    member, named ``name`` in errors)."""
+
+    path: str
+    offset: int = 0
+    size: int = -1
+    name: str = ""
+
+
+@functools.cache
+def _limits() -> Any:
+    from icr.training.models.image_input import ImageLimits
+
+    return ImageLimits(formats=photo_formats())
+
+
+_HINT = "Fix or remove the file, or pass --skip-bad to leave such files out."
+
+
+def decode_image(item: Path | ImageRef) -> Any:
+    """The RGB PIL image of ``item``, or the DatasetError (naming it) that says why not; never raises
+    for a bad file. Accepted formats: :func:`photo_formats`."""
+    from icr.training.data.errors import DatasetError
+    from icr.training.models.image_input import ImageRefused, open_image
+
+    limits = _limits()
+    path = item if isinstance(item, Path) else Path(item.path)
+    name: str | Path = path
+    source: Path | bytes = path
+    try:
+        if isinstance(item, ImageRef) and item.size >= 0:
+            name = item.name or f"{item.path}@{item.offset}"
+            with open(item.path, "rb") as handle:
+                handle.seek(item.offset)
+                source = handle.read(item.size)
+            if len(source) != item.size:
+                raise OSError(f"{item.path} ends before byte {item.offset + item.size}")
+        return open_image(source, limits)
+    except ImageRefused as err:
+        what = "not an image in a format PIL decodes" if err.reason == "format" else str(err)
+        return DatasetError(f"cannot decode image ({what}).", path=name, hint=_HINT)
+    except OSError as err:
+        return DatasetError(f"cannot read image ({err}).", path=name, hint=_HINT)
+
+
 @dataclass
 class Decoded:
     """One batch: the images that decoded (with their positions in the listing) and those that failed."""
@@ -191,30 +255,16 @@ class Decoded:
 
 
 def decode_batches(
-    paths: Sequence[Path], batch_size: int, *, workers: int, skip_bad: bool
+    paths: Sequence[Path | ImageRef], batch_size: int, *, workers: int, skip_bad: bool
 ) -> Iterator[Decoded]:
     """Decode ``paths`` in listing order, ``batch_size`` at a time, on ``workers`` threads. A file
     that fails raises its DatasetError (naming it) unless ``skip_bad``."""
     from icr.training.data.errors import DatasetError
-    from icr.training.models.image_input import ImageLimits, ImageRefused, open_image
-
-    limits = ImageLimits(formats=photo_formats())
-
-    hint = "Fix or remove the file, or pass --skip-bad to leave such files out."
-
-    def load(path: Path) -> Any:
-        try:
-            return open_image(path, limits)
-        except ImageRefused as err:
-            what = "not an image in a format PIL decodes" if err.reason == "format" else str(err)
-            return DatasetError(f"cannot decode image ({what}).", path=path, hint=hint)
-        except OSError as err:
-            return DatasetError(f"cannot read image ({err}).", path=path, hint=hint)
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for lo in range(0, len(paths), batch_size):
             batch = Decoded([], [], [])
-            for j, result in enumerate(pool.map(load, paths[lo : lo + batch_size])):
+            for j, result in enumerate(pool.map(decode_image, paths[lo : lo + batch_size])):
                 if isinstance(result, DatasetError):
                     if not skip_bad:
                         raise result

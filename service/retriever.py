@@ -546,11 +546,12 @@ def _relevance_of_subset(
     position = {int(i): j for j, i in enumerate(ids)}
     out = np.empty(len(f_ids))  # (m,)
     found = np.array([int(i) in position for i in f_ids], dtype=bool)
-    # in the list: exactly the unfiltered relevance (the map's statistics read the list as it is)
-    out[found] = calibration.relevance(scores, query, text)[[position[int(i)] for i in f_ids[found]]]
-    if not found.all():  # below it: mapped as if ranked just after its end
+    base = calibration.relevance(scores, query, text)  # (n,) the map reads the list as it is
+    out[found] = base[[position[int(i)] for i in f_ids[found]]]
+    if not found.all():  # below it: mapped as if ranked just after its end, never above its last
         extended = calibration.relevance(np.concatenate([scores, f_scores[~found]]), query, text)
-        out[~found] = extended[len(scores) :]
+        tail = extended[len(scores) :]
+        out[~found] = np.minimum(tail, base[-1]) if len(base) else tail
     return np.minimum.accumulate(out) if len(out) else out
 
 

@@ -1,0 +1,120 @@
+"""Indices larger than memory: the on-disk IVF build (sample-trained, shard by shard, inverted lists merged
+on disk) against an in-memory twin and brute force, the factory the budget picks, and an index folder
+built with --on-disk, loaded memory-mapped and searched by the service's code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from icr.index.build import build_photo_index, load_index_dir
+from icr.index.on_disk import (
+    KMEANS_ITERATIONS,
+    ONDISK_DATA,
+    OPQ_ITERATIONS,
+    build_on_disk,
+    choose_on_disk_factory,
+    load_on_disk,
+)
+from icr.index.vector_index import search, set_nprobe
+
+
+def _unit(n: int, dim: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _chunks(x: np.ndarray, size: int = 997):
+    for lo in range(0, len(x), size):
+        yield x[lo : lo + size]
+
+
+@pytest.mark.parametrize("factory", ["IVF32,Flat", "IVF32_HNSW32,Flat", "IVF32,PQ8", "OPQ8,IVF32,PQ8"])
+def test_on_disk_build_equals_its_in_memory_twin(tmp_path, factory):
+    import faiss
+
+    x = _unit(12_000, 32, 0)
+    seen = []
+    build = build_on_disk(
+        _chunks(x), 32, factory, tmp_path, "index.faiss",
+        memory_budget_bytes=64 << 20, shard_size=2_500, workers=2, on_vectors=seen.append,
+    )  # fmt: skip
+    assert build.ntotal == 12_000 and build.shards == 5 and build.train_points == 10_000
+    assert np.array_equal(np.concatenate(seen), x)  # every vector passed the observer, in order
+    assert (tmp_path / ONDISK_DATA).is_file() and not (tmp_path / ".blocks").exists()
+    index = load_on_disk(tmp_path / "index.faiss")
+    # the twin: the same factory trained on the same first 10,000 vectors, filled in memory
+    twin = faiss.index_factory(32, factory, faiss.METRIC_INNER_PRODUCT)
+    ivf = faiss.downcast_index(faiss.extract_index_ivf(twin))
+    ivf.cp.niter = KMEANS_ITERATIONS
+    if hasattr(ivf, "do_polysemous_training"):
+        ivf.do_polysemous_training = False
+    if isinstance(twin, faiss.IndexPreTransform):
+        faiss.downcast_VectorTransform(twin.chain.at(0)).niter = OPQ_ITERATIONS
+    twin.train(x[:10_000])
+    twin.add(x)
+    queries = _unit(20, 32, 1)
+    for nprobe in (4, 32):
+        set_nprobe(index, nprobe)
+        set_nprobe(twin, nprobe)
+        got_s, got_i = search(index, queries, 10)
+        want_s, want_i = search(twin, queries, 10)
+        for a, b, sa, sb in zip(got_i, want_i, got_s, want_s, strict=True):
+            assert a.tolist() == b.tolist()
+            np.testing.assert_allclose(sa, sb, atol=1e-5)
+    if factory.endswith(",Flat"):  # every list probed: exact, equal to brute force
+        truth = np.argsort(-(queries @ x.T), axis=1, kind="stable")[:, :10]
+        assert [r.tolist() for r in got_i] == truth.tolist()
+
+
+def test_the_budget_picks_the_codes():
+    gib = 1 << 30
+    assert choose_on_disk_factory(1_000_000, 256, 4 * gib)[0] == "IVF4000,Flat"  # 1.0 GiB of floats + ids
+    factory, reason = choose_on_disk_factory(10_000_000, 256, 4 * gib)
+    assert factory == "IVF12649_HNSW32,PQ64" and "16x smaller" in reason and "HNSW" in reason
+    assert choose_on_disk_factory(10_000_000, 256, 1 * gib)[0] == "OPQ32,IVF12649_HNSW32,PQ32"
+    assert choose_on_disk_factory(3 * 10**8, 256, 16 * gib)[0] == "OPQ16,IVF65536_HNSW32,PQ16"  # nlist capped
+    with pytest.raises(ValueError, match="raise --memory-budget-mb"):
+        choose_on_disk_factory(10**9, 256, 1 * gib)
+
+
+def test_an_on_disk_index_folder_is_served_memory_mapped(tiny_checkpoint, tmp_path):
+    import faiss
+    from PIL import Image
+
+    from icr.index.filters import parse_filter
+    from icr.service.retriever import Retriever
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(photos / f"{i}.png")
+    distractors = tmp_path / "distractors.npy"
+    np.save(distractors, _unit(4_000, 32, 2))
+    out = tmp_path / "idx"
+    manifest = build_photo_index(
+        tiny_checkpoint, images=photos, distractor_embeddings=distractors, on_disk=True,
+        memory_budget_bytes=64 << 20, out=out, progress=False, gpu="off",
+    )  # fmt: skip
+    assert manifest.ntotal == 4_006 and manifest.factory == "IVF253,Flat"
+    assert manifest.extra["on_disk"] and set(manifest.files) == {
+        "index.faiss",
+        "metadata.sqlite",
+        ONDISK_DATA,
+    }
+    assert manifest.recall_check["nprobe"] is not None and manifest.recall_check["recall"] >= 0.95
+    index, _, store = load_index_dir(out)
+    ivf = faiss.extract_index_ivf(index)
+    assert type(faiss.downcast_InvertedLists(ivf.invlists)).__name__ == "OnDiskInvertedLists"
+    store.close()
+
+    retriever = Retriever.load(out, tiny_checkpoint, gpu="off")
+    query = retriever.encode_image(Image.open(photos / "3.png").convert("RGB"))  # (1, D)
+    page = retriever.search(retriever.images, query, k=5, offset=0, depth=100, timings={})
+    assert page.ids[0] == 3 and page.scores[0] == pytest.approx(1.0, abs=1e-5)
+    gallery_only = parse_filter({"is_distractor": False}, [])
+    only = retriever.search(
+        retriever.images, query, k=10, offset=0, depth=100, filter_=gallery_only, timings={}
+    )
+    assert sorted(only.ids.tolist()) == list(range(6)) and only.matched == 6
