@@ -2,7 +2,9 @@
 distractor images lazily.
 
 Every image is a pure function of (seed, stream, index): image i of a split is the same whatever
-the split sizes, and distractor k can be drawn without drawing the k - 1 before it.
+the split sizes, and distractor k can be drawn without drawing the k - 1 before it. Images are
+rendered a batch at a time (:func:`render.render_batch`), and a batch holds the same bytes as the
+images drawn one by one.
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ from PIL import Image
 from icr.training.atomic import replace_dir
 from icr.training.data.errors import DatasetError, parse_json, read_text
 from icr.training.data.synthetic.captions import write_captions
-from icr.training.data.synthetic.render import render
+from icr.training.data.synthetic.render import noise_words, render_batch, words_to_bits
+from icr.training.data.synthetic.render_v1 import render_v1
 from icr.training.data.synthetic.scene import Scene, SceneTable, sample_scene
 from icr.training.data.vocab import tokenize
 
 GENERATOR_NAME = "icr-synthetic-scenes"
 # Bump when a change alters what a seed produces, so stored datasets are known to be stale.
-GENERATOR_VERSION = 1
+# 2: the vectorised renderer (render.py; same scenes and captions, other pixels, about 6x less CPU).
+GENERATOR_VERSION = 2
+# Versions whose images this code still draws: a dataset written by version 1 keeps rendering its
+# distractors with the version-1 renderer, byte for byte (an index stores distractor ids only).
+RENDERED_VERSIONS = (1, 2)
 SCENES_FORMAT_VERSION = 1
 JSON_NAME = "dataset_synthetic.json"
 SCENES_NAME = "scenes.json"
@@ -39,23 +46,52 @@ SPLITS = ("train", "val", "test")
 STREAMS = {"train": 1, "val": 2, "test": 3, "distractor": 4}
 
 
-def _rngs(seed: int, stream: str, index: int) -> tuple[np.random.Generator, ...]:
-    """Three independent generators (scene, pixels, captions) for one image."""
-    children = np.random.SeedSequence([seed, STREAMS[stream], index]).spawn(3)
-    return tuple(np.random.default_rng(c) for c in children)
+def _child_rng(seed: int, stream: str, index: int, child: int) -> np.random.Generator:
+    """Child ``child`` of the image's seed sequence: 0 scene (and, since version 2, pixel noise),
+    1 pixel noise of version 1, 2 captions. The same generator as ``SeedSequence(...).spawn(3)[child]``
+    without spawning (and paying for) the others."""
+    return np.random.default_rng(np.random.SeedSequence([seed, STREAMS[stream], index], spawn_key=(child,)))
 
 
 def make_scene(seed: int, stream: str, index: int) -> Scene:
-    # Only the first of the three child streams: the same scene as make_image, without spawning
-    # (and paying for) the pixel and caption generators.
-    child = np.random.SeedSequence([seed, STREAMS[stream], index], spawn_key=(0,))
-    return sample_scene(np.random.default_rng(child))
+    return sample_scene(_child_rng(seed, stream, index, 0))
 
 
-def make_image(seed: int, stream: str, index: int, image_size: int) -> tuple[Scene, np.ndarray]:
-    scene_rng, pixel_rng, _ = _rngs(seed, stream, index)
-    scene = sample_scene(scene_rng)
-    return scene, render(scene, image_size, pixel_rng)
+def make_images(
+    seed: int, stream: str, indices: Sequence[int], image_size: int, *, version: int = GENERATOR_VERSION
+) -> tuple[list[Scene], np.ndarray]:
+    """Scenes and (B, H, W, 3) uint8 images of ``indices``; image k depends on (seed, stream, k) only.
+
+    Version 2 draws the scene and then the noise bits from one generator (child 0) and renders the
+    batch at once; version 1 (:mod:`render_v1`) draws the noise from child 1, one image at a time.
+    """
+    _check_version(version)
+    scenes = []
+    if version == 1:
+        images = []
+        for k in indices:
+            scene = sample_scene(_child_rng(seed, stream, k, 0))
+            scenes.append(scene)
+            images.append(render_v1(scene, image_size, _child_rng(seed, stream, k, 1)))
+        return scenes, np.stack(images) if images else np.empty((0, image_size, image_size, 3), np.uint8)
+    words = np.empty((len(indices), noise_words(image_size)), np.uint64)
+    for j, k in enumerate(indices):
+        rng = _child_rng(seed, stream, k, 0)
+        scenes.append(sample_scene(rng))  # a fixed number of draws, then the noise bits
+        words[j] = rng.bit_generator.random_raw(words.shape[1])
+    return scenes, render_batch(scenes, image_size, words_to_bits(words, image_size))
+
+
+def make_image(
+    seed: int, stream: str, index: int, image_size: int, *, version: int = GENERATOR_VERSION
+) -> tuple[Scene, np.ndarray]:
+    scenes, images = make_images(seed, stream, [index], image_size, version=version)
+    return scenes[0], images[0]
+
+
+def _check_version(version: int) -> None:
+    if version not in RENDERED_VERSIONS:
+        raise ValueError(f"generator version {version!r}: this code renders versions {RENDERED_VERSIONS}")
 
 
 def _png_bytes(image: np.ndarray) -> bytes:
@@ -163,12 +199,11 @@ def _synth_items(
     seed: int, split: str, lo: int, hi: int, image_size: int
 ) -> list[tuple[bytes, list[str], Scene]]:
     """(PNG bytes, captions, scene) of images [lo, hi) of ``split``: a function of the seed alone."""
+    scenes, images = make_images(seed, split, range(lo, hi), image_size)
     out = []
-    for i in range(lo, hi):
-        scene_rng, pixel_rng, caption_rng = _rngs(seed, split, i)
-        scene = sample_scene(scene_rng)
-        png = _png_bytes(render(scene, image_size, pixel_rng))
-        out.append((png, [text for text, _ in write_captions(scene, caption_rng)], scene))
+    for i, scene, image in zip(range(lo, hi), scenes, images, strict=True):
+        captions = write_captions(scene, _child_rng(seed, split, i, 2))
+        out.append((_png_bytes(image), [text for text, _ in captions], scene))
     return out
 
 
@@ -213,6 +248,11 @@ class SyntheticScenes:
     def image_size(self) -> int:
         return int(self.generator["image_size"])
 
+    @property
+    def version(self) -> int:
+        """The generator version that wrote the dataset (the renderer its distractors must use)."""
+        return int(self.generator.get("version", 1))
+
     def for_imgids(self, imgids: list[int]) -> list[Scene]:
         return [self.by_imgid[i] for i in imgids]
 
@@ -244,14 +284,17 @@ def load_scenes(directory: str | os.PathLike[str]) -> SyntheticScenes:
 
 def render_workers() -> int:
     """Processes that render generated distractors while the caller embeds them: one per core (at
-    most 4), since rendering (about 1,300 images/s per process) is the slow side of that pipeline."""
+    most 4), so rendering stays off the embedding's critical path. At 64 px a process renders about
+    6,000 images/s with version 2 (about 1,000 with version 1)."""
     return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
-def _render_batch(seed: int, image_size: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, list[Scene]]:
+def _render_batch(
+    seed: int, image_size: int, lo: int, hi: int, version: int = GENERATOR_VERSION
+) -> tuple[np.ndarray, np.ndarray, list[Scene]]:
     ids = np.arange(lo, hi, dtype=np.int64)
-    pairs = [make_image(seed, "distractor", int(k), image_size) for k in ids]
-    return ids, np.stack([img for _, img in pairs]), [s for s, _ in pairs]
+    scenes, images = make_images(seed, "distractor", range(lo, hi), image_size, version=version)
+    return ids, images, scenes
 
 
 def split_scene_table(directory: str | os.PathLike[str], split: str) -> SceneTable:
@@ -269,16 +312,26 @@ class DistractorStream:
     index can store only k and re-derive the image and its scene (for relevance) on demand.
     """
 
-    def __init__(self, n: int, *, seed: int = 0, image_size: int = 64):
+    def __init__(self, n: int, *, seed: int = 0, image_size: int = 64, version: int = GENERATOR_VERSION):
         if n < 0:
             raise ValueError(f"number of distractors must be >= 0, got {n}")
-        self.n, self.seed, self.image_size = n, seed, image_size
+        _check_version(version)
+        self.n, self.seed, self.image_size, self.version = n, seed, image_size, version
 
     @classmethod
     def for_dataset(cls, directory: str | os.PathLike[str], n: int) -> DistractorStream:
-        """Distractors matching a stored synthetic dataset's seed and image size."""
+        """Distractors matching a stored synthetic dataset's seed, image size and generator version:
+        a dataset written by version 1 gets version-1 distractors (slower, but the same bytes as
+        when its index was built); regenerate it to get the fast renderer."""
         scenes = load_scenes(directory)
-        return cls(n, seed=scenes.seed, image_size=scenes.image_size)
+        if scenes.version not in RENDERED_VERSIONS:
+            raise DatasetError(
+                f"written by generator version {scenes.version}, this code renders versions "
+                f"{', '.join(map(str, RENDERED_VERSIONS))}.",
+                path=Path(directory) / SCENES_NAME,
+                hint=_REGENERATE,
+            )
+        return cls(n, seed=scenes.seed, image_size=scenes.image_size, version=scenes.version)
 
     def __len__(self) -> int:
         return self.n
@@ -294,11 +347,11 @@ class DistractorStream:
     def image(self, k: int) -> np.ndarray:
         """(H, W, 3) uint8."""
         self._check(k)
-        return make_image(self.seed, "distractor", k, self.image_size)[1]
+        return make_image(self.seed, "distractor", k, self.image_size, version=self.version)[1]
 
     def __iter__(self) -> Iterator[tuple[int, Scene, np.ndarray]]:
         for k in range(self.n):
-            scene, image = make_image(self.seed, "distractor", k, self.image_size)
+            scene, image = make_image(self.seed, "distractor", k, self.image_size, version=self.version)
             yield k, scene, image
 
     def batches(
@@ -312,7 +365,7 @@ class DistractorStream:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         args = [
-            (self.seed, self.image_size, lo, min(lo + batch_size, self.n))
+            (self.seed, self.image_size, lo, min(lo + batch_size, self.n), self.version)
             for lo in range(start, self.n, batch_size)
         ]
         yield from _ordered_map(_render_batch, args, workers)
