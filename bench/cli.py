@@ -25,7 +25,7 @@ import typer
 
 from icr.training.cli.support import fail_cleanly
 
-SECTIONS = ("build", "search", "http", "filters", "relevance", "train", "eval", "gpu")
+SECTIONS = ("build", "search", "http", "filters", "scale", "relevance", "train", "eval", "gpu")
 
 
 def _log(text: str) -> None:
@@ -89,7 +89,7 @@ def bench_command(
         "sections": {},
     }
     sections = report["sections"]
-    needs_gallery = {"build", "search", "http", "filters", "relevance", "gpu"} & set(chosen)
+    needs_gallery = {"build", "search", "http", "filters", "scale", "relevance", "gpu"} & set(chosen)
     needs_model = needs_gallery or "train" in chosen
     model = gallery.prepare_model(workdir, quick, checkpoint, data, _log) if needs_model else None
     largest = max(counts)
@@ -146,16 +146,13 @@ def bench_command(
             )
             for n in counts
         }
-    if "filters" in chosen:
-        from bench import filters
-
+    if {"filters", "scale"} & set(chosen):
         assert model is not None
-        sections["filters"] = {
-            "select": filters.select(workdir, 100_000 if quick else 1_000_000, _log),
-            "search": filters.search(
-                model.checkpoint, ann_dirs[largest], captions[: 100 if quick else 500], 1000, _log
-            ),
-        }
+        sections.update(
+            _filters_and_scale(
+                chosen, model.checkpoint, ann_dirs[largest], embeddings, captions, workdir, quick
+            )
+        )
     if "relevance" in chosen:
         sections["relevance"] = relevance.run(ann_dirs[largest], _log)
     if "train" in chosen:
@@ -203,6 +200,31 @@ def bench_command(
     json_path, md_path = _write(report, text, out)
     typer.echo(text)
     typer.echo(f"wrote {json_path} and {md_path}")
+
+
+def _filters_and_scale(
+    chosen: list[str],
+    checkpoint: Path,
+    index_dir: Path,
+    embeddings: Path,
+    captions: list[str],
+    workdir: Path,
+    quick: bool,
+) -> dict[str, Any]:
+    """The ``filters`` and ``scale`` sections (each only when chosen)."""
+    out: dict[str, Any] = {}
+    if "filters" in chosen:
+        from bench import filters
+
+        out["filters"] = {
+            "select": filters.select(workdir, 100_000 if quick else 1_000_000, _log),
+            "search": filters.search(checkpoint, index_dir, captions[: 100 if quick else 500], 1000, _log),
+        }
+    if "scale" in chosen:
+        from bench import scale
+
+        out["scale"] = scale.run(checkpoint, embeddings, workdir, quick, _log)
+    return out
 
 
 def _captions(data: Path) -> list[str]:

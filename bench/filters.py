@@ -103,3 +103,26 @@ def search(checkpoint: Path, index_dir: Path, captions: list[str], depth: int, l
             matched = page.matched
         out[name] = {"matched": matched, "latency": latency(times[1:])}  # the first pays the selection
     return out
+
+
+def markdown(section: dict[str, Any]) -> list[str]:
+    from bench.report import _table
+
+    select, found = section["select"], section["search"]
+    lines = [f"## Query filters: selecting ids in a metadata store of {select['rows']:,} rows", ""]
+    lines += _table(
+        ["filter", "ids selected", "cold ms (SQL + bitmap)", "cached ms"],
+        [[name, r["selected"], r["cold_ms"], r["cached_ms"]] for name, r in select["filters"].items()],
+    )
+    lines += [
+        f"Search stage at depth {found['depth']} over {found['ntotal']:,} vectors, {found['queries']} "
+        "caption queries, one at a time (filtered: the unfiltered list for the calibration, then FAISS over "
+        "the selected ids):",
+        "",
+    ]
+    rows = [
+        [name, "-" if r["matched"] is None else r["matched"], r["latency"]["p50_ms"], r["latency"]["p99_ms"]]
+        for name, r in found.items()
+        if isinstance(r, dict)
+    ]
+    return lines + _table(["filter", "matched", "p50 ms", "p99 ms"], rows)

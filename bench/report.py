@@ -155,6 +155,18 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return lines + [""]
 
 
+def _evaluation(e: dict[str, Any]) -> list[str]:
+    full = e["full_metrics"]
+    return [
+        "## Evaluation",
+        "",
+        f"Every metric incl. PR-AUC on {e['images']:,} x {e['captions']:,} ({e['pairs']:,} pairs): "
+        f"{full['median_ms'] / 1e3:.1f} s median (min {full['min_ms'] / 1e3:.1f}, "
+        f"max {full['max_ms'] / 1e3:.1f}).",
+        "",
+    ]
+
+
 def markdown(report: dict[str, Any]) -> str:
     s, m = report["sections"], report["machine"]
     lines = [
@@ -281,36 +293,11 @@ def markdown(report: dict[str, Any]) -> str:
         lines += _table(
             ["index, clients", "p50 ms", "p99 ms", "queries/s", "queries per FAISS call", "errors"], rows
         )
-    if "filters" in s:
-        f = s["filters"]
-        lines += [f"## Query filters: selecting ids in a metadata store of {f['select']['rows']:,} rows", ""]
-        lines += _table(
-            ["filter", "ids selected", "cold ms (SQL + bitmap)", "cached ms"],
-            [
-                [name, r["selected"], r["cold_ms"], r["cached_ms"]]
-                for name, r in f["select"]["filters"].items()
-            ],
-        )
-        fs = f["search"]
-        lines += [
-            f"Search stage at depth {fs['depth']} over {fs['ntotal']:,} vectors, {fs['queries']} caption "
-            "queries, one at a time (filtered: the unfiltered list for the calibration, then FAISS over "
-            "the selected ids):",
-            "",
-        ]
-        lines += _table(
-            ["filter", "matched", "p50 ms", "p99 ms"],
-            [
-                [
-                    name,
-                    r["matched"] if r["matched"] is not None else "-",
-                    r["latency"]["p50_ms"],
-                    r["latency"]["p99_ms"],
-                ]
-                for name, r in fs.items()
-                if isinstance(r, dict)
-            ],
-        )
+    from bench import filters, scale  # sections that render themselves
+
+    for name, render in (("filters", filters.markdown), ("scale", scale.markdown), ("eval", _evaluation)):
+        if name in s:
+            lines += render(s[name])
     if "relevance" in s and "evaluation" in s["relevance"]:
         r = s["relevance"]
         ev = r["evaluation"]
@@ -384,16 +371,6 @@ def markdown(report: dict[str, Any]) -> str:
             ],
         )
         lines += _failed(t)
-    if "eval" in s:
-        e = s["eval"]
-        lines += [
-            "## Evaluation",
-            "",
-            f"Every metric incl. PR-AUC on {e['images']:,} x {e['captions']:,} "
-            f"({e['pairs']:,} pairs): {e['full_metrics']['median_ms'] / 1e3:.1f} s median "
-            f"(min {e['full_metrics']['min_ms'] / 1e3:.1f}, max {e['full_metrics']['max_ms'] / 1e3:.1f}).",
-            "",
-        ]
     if "gpu" in s:
         g = s["gpu"]
         lines += ["## GPU", ""]

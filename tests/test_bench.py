@@ -226,3 +226,26 @@ def test_a_failing_objective_is_reported_and_the_others_still_run(tmp_path, monk
     report["sections"]["train"] = result
     report["targets"] = targets(report)
     assert "Failed to train: no_such_loss (" in markdown(report)
+
+
+def test_scatter_gather_merges_shard_lists_into_the_single_index_list(tmp_path) -> None:
+    """merge() against sorting the concatenation (ties by id), then the real thing: shard processes."""
+    from bench.scatter_gather import merge, run
+
+    rng = np.random.default_rng(0)
+    lists = []
+    for n in (0, 5, 40, 17):
+        scores = np.sort(rng.choice(np.linspace(0, 1, 30), n))[::-1].astype(np.float32)  # many ties
+        lists.append((scores, rng.permutation(1000)[:n].astype(np.int64)))
+    flat_s = np.concatenate([s for s, _ in lists])
+    flat_i = np.concatenate([i for _, i in lists])
+    order = np.lexsort((flat_i, -flat_s))[:25]
+    scores, ids = merge(lists, 25)
+    assert ids.tolist() == flat_i[order].tolist() and np.array_equal(scores, flat_s[order])
+
+    x = rng.normal(size=(3000, 16)).astype(np.float32)
+    np.save(tmp_path / "v.npy", x / np.linalg.norm(x, axis=1, keepdims=True))
+    result = run(tmp_path / "v.npy", [2, 3], queries=20, depth=100)
+    for shards in (2, 3):
+        r = result[f"{shards}_shards"]
+        assert r["queries_with_identical_top_depth"] == 20 and r["max_score_difference"] == 0.0
