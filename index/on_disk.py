@@ -6,8 +6,9 @@ the trained, empty index filling with one shard's codes, written to a block file
 blocks' inverted lists are then merged into one ``index.ivfdata`` file (FAISS's
 ``OnDiskInvertedLists``, reading the blocks memory-mapped), which ``index.faiss`` refers to by
 name: the service maps it instead of loading it, so the index may exceed RAM. Peak resident memory
-is then bounded by ``--memory-budget-mb``: the factory is chosen so that the codes and ids (what
-the merge and the searches touch) fit in half the budget, the sample and shards in the other half.
+is then bounded by ``--memory-budget-mb``: the factory is chosen so that the codes and ids fit a
+quarter of the budget (the merge maps both the blocks it reads and the file it writes, so twice
+the codes may be resident: half the budget), the sample and shards take the other half.
 
 Factories: ``IVF{nlist},Flat`` when raw vectors fit; ``IVF{nlist},PQ{m}`` down to 16x compression;
 ``OPQ{m},IVF{nlist},PQ{m}`` beyond (a learned rotation keeps more of the recall at few bytes); with
@@ -46,7 +47,7 @@ OPQ_ITERATIONS = 4  # most of the rotation's gain; each iteration retrains the P
 
 
 def choose_on_disk_factory(n: int, dim: int, memory_budget_bytes: int) -> tuple[str, str]:
-    """(factory, reason): the codes and ids of ``n`` vectors must fit half the memory budget."""
+    """(factory, reason): the codes and ids of ``n`` vectors must fit a quarter of the memory budget."""
     if n < 1 or dim < 1:
         raise ValueError(f"need n >= 1 and dim >= 1, got n={n}, dim={dim}")
     nlist = int(min(MAX_NLIST, max(1, round(4 * math.sqrt(n)))))
@@ -54,12 +55,12 @@ def choose_on_disk_factory(n: int, dim: int, memory_budget_bytes: int) -> tuple[
     lists = (
         f"{nlist} lists (4 sqrt(n){', found through an HNSW graph' if nlist > HNSW_QUANTIZER_ABOVE else ''})"
     )
-    half = memory_budget_bytes // 2
-    budget = f"half the memory budget ({half / 2**20:,.0f} MiB)"
-    if n * (dim * 4 + ID_BYTES) <= half:
+    quarter = memory_budget_bytes // 4
+    budget = f"a quarter of the memory budget ({quarter / 2**20:,.0f} MiB)"
+    if n * (dim * 4 + ID_BYTES) <= quarter:
         return f"{ivf},Flat", f"{n:,} raw vectors and ids fit {budget}; {lists}"
     for m in PQ_CHOICES:
-        if dim % m or n * (m + ID_BYTES) > half:
+        if dim % m or n * (m + ID_BYTES) > quarter:
             continue
         ratio = dim * 4 / m
         opq = f"OPQ{m}," if ratio > 16 else ""

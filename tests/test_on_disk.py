@@ -69,11 +69,11 @@ def test_on_disk_build_equals_its_in_memory_twin(tmp_path, factory):
 
 def test_the_budget_picks_the_codes():
     gib = 1 << 30
-    assert choose_on_disk_factory(1_000_000, 256, 4 * gib)[0] == "IVF4000,Flat"  # 1.0 GiB of floats + ids
+    assert choose_on_disk_factory(1_000_000, 256, 4 * gib)[0] == "IVF4000,Flat"  # 0.96 GiB of floats + ids
     factory, reason = choose_on_disk_factory(10_000_000, 256, 4 * gib)
     assert factory == "IVF12649_HNSW32,PQ64" and "16x smaller" in reason and "HNSW" in reason
-    assert choose_on_disk_factory(10_000_000, 256, 1 * gib)[0] == "OPQ32,IVF12649_HNSW32,PQ32"
-    assert choose_on_disk_factory(3 * 10**8, 256, 16 * gib)[0] == "OPQ16,IVF65536_HNSW32,PQ16"  # nlist capped
+    assert choose_on_disk_factory(10_000_000, 256, 1 * gib)[0] == "OPQ16,IVF12649_HNSW32,PQ16"
+    assert choose_on_disk_factory(3 * 10**8, 256, 16 * gib)[0] == "OPQ4,IVF65536_HNSW32,PQ4"  # nlist capped
     with pytest.raises(ValueError, match="raise --memory-budget-mb"):
         choose_on_disk_factory(10**9, 256, 1 * gib)
 
