@@ -70,6 +70,13 @@ class Settings(BaseSettings):
         description="When loading the model or an index fails, retry after this many seconds, doubling "
         "up to 60; /readyz says why it is not ready meanwhile.",
     )
+    watch_seconds: float = Field(
+        2.0,
+        ge=0.0,
+        le=3600.0,
+        description="Check the served files this often; changed and whole: swapped in, changed in place and "
+        "broken: searches answer 503 until they are whole (0: no watching; POST /v1/admin/reload only).",
+    )
     thumbnail_size: int = Field(160, ge=16, le=1024)
     api_key: str | None = Field(
         None,

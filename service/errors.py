@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -125,6 +126,17 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"{request.method} is not supported here; use {' or '.join(allowed)}"
         return error_response(
             err.status_code, _STATUS_CODES.get(err.status_code, "http_error"), message, headers=headers
+        )
+
+    @app.exception_handler(sqlite3.DatabaseError)
+    async def _metadata_changed(request: Request, err: sqlite3.DatabaseError) -> JSONResponse:
+        # the served metadata.sqlite was rewritten under its open handle (the watcher refuses it next)
+        log.error("metadata unreadable on %s %s: %s", request.method, request.url.path, err)
+        return error_response(
+            503,
+            "artifacts_changed",
+            f"the index's metadata could not be read ({err}): a served file changed on disk; retry in a few "
+            "seconds (the server reloads whole artifacts by itself)",
         )
 
     @app.exception_handler(Exception)

@@ -30,6 +30,7 @@ from icr.service.retriever import Retriever, preflight
 from icr.service.routes import admin, benchmarks, health, images, page, search
 from icr.service.schemas import NONBLANK_TEXT_PATTERN
 from icr.service.telemetry import MetricsMiddleware, Telemetry
+from icr.service.watcher import ArtifactWatcher, watched_files
 
 log = logging.getLogger("icr.service")
 VERSION = "1"
@@ -74,6 +75,9 @@ def _load(app: FastAPI, settings: Settings, stop: threading.Event) -> None:
             app.openapi_schema = None  # its filter schema names the loaded index's fields
             app.state.load_error = None
             log.info("ready: %s", settings.index)
+            if settings.watch_seconds > 0 and not stop.is_set():
+                app.state.watcher = _watcher(app, settings)
+                app.state.watcher.start()
             return
         except Exception as err:  # reported by /readyz and every search; the first with its traceback
             reason = without_paths(f"{type(err).__name__}: {err}", settings)
@@ -88,6 +92,31 @@ def _load(app: FastAPI, settings: Settings, stop: threading.Event) -> None:
         stop.wait(delay)
         delay = min(2 * delay, _MAX_RETRY_SECONDS)
         attempt += 1
+
+
+def _watcher(app: FastAPI, settings: Settings) -> ArtifactWatcher:
+    """Reloads the artifacts when their files change on disk (see :mod:`service.watcher`)."""
+
+    def files() -> list[Path]:
+        retriever = app.state.retriever
+        folders = [settings.index, *([settings.caption_index] if settings.caption_index else [])]
+        return watched_files(folders, retriever.checkpoint if retriever is not None else None)
+
+    def swap(fresh: Retriever) -> None:
+        app.state.retriever = fresh
+        app.openapi_schema = None
+
+    def refuse(reason: str | None) -> None:
+        app.state.refused = reason
+
+    return ArtifactWatcher(
+        files,
+        settings.watch_seconds,
+        reload=lambda: load_retriever(settings),
+        swap=swap,
+        refuse=refuse,
+        describe=lambda err: without_paths(f"{type(err).__name__}: {err}", settings),
+    )
 
 
 @asynccontextmanager
@@ -113,6 +142,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         stop.set()
+        if app.state.watcher is not None:
+            app.state.watcher.close()
         app.state.runner.stop()
 
 
@@ -195,6 +226,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.retriever = None
     app.state.load_error = None
+    app.state.refused = None  # why the served artifacts may not be used (changed in place on disk)
+    app.state.watcher = None
     app.state.telemetry = Telemetry()
     install_error_handlers(app)
     for module in (health, search, images, benchmarks, admin, page):

@@ -48,6 +48,8 @@ def reload(request: Request) -> dict[str, Any]:
         request.app.state.retriever = fresh  # one assignment: each request sees the old or the new one
         request.app.openapi_schema = None  # the filter schema names the index's fields
         request.app.state.load_error = None
+        if request.app.state.watcher is not None:
+            request.app.state.watcher.rebase()  # what is served is what is on disk now
         return {
             "status": "reloaded",
             "seconds": round(time.perf_counter() - started, 3),

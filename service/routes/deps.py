@@ -17,6 +17,9 @@ def settings_of(request: Request) -> Settings:
 def retriever_of(request: Request) -> Retriever:
     """The loaded retriever, or 503 while the model and index are still loading (or failed to)."""
     retriever: Retriever | None = request.app.state.retriever
+    refused = request.app.state.refused
+    if refused is not None:
+        raise ApiError(503, "artifacts_changed", refused)
     if retriever is None:
         error = request.app.state.load_error
         if error is not None:
