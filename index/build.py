@@ -37,6 +37,7 @@ from icr.index.vector_index import (
     ExactTopK,
     build_index,
     choose_factory,
+    exact_depth,
     nprobe_of,
     parse_factory,
     recall_at_k,
@@ -53,8 +54,11 @@ INDEX_FILE = "index.faiss"
 DEFAULT_MEMORY_BUDGET = 2 << 30
 RECALL_QUERIES = 200
 RECALL_K = 10
-# Recall@10 an IVF index's nprobe is tuned to reach on the held-out queries.
-NPROBE_TARGET = 0.95
+# What an IVF index's nprobe is tuned to reach on the held-out queries: recall@10, and recall of the
+# top SEARCH_DEPTH (the service's ICR_SEARCH_DEPTH, where thresholds count what passes them).
+NPROBE_TARGET = 0.98
+SEARCH_DEPTH = 1000
+DEPTH_TARGET = 0.95
 # Distractor embeddings whose norms stray further from 1 were not L2-normalised.
 NORM_TOL = 1e-3
 _BUILDING = ".building-"
@@ -441,7 +445,7 @@ def _write_index(
     tmp = out.parent / f".{out.name}{_BUILDING}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        exact = ExactTopK(queries, 2 * RECALL_K)
+        exact = ExactTopK(queries, max(exact_depth(RECALL_K), exact_depth(SEARCH_DEPTH)))
         built: dict[str, str] = {}
         on_disk_build = None
         with MetadataStore.create(tmp / METADATA_FILE) as store:
@@ -465,9 +469,11 @@ def _write_index(
             raise RuntimeError(f"index holds {index.ntotal} vectors, {ntotal} were streamed")
         t0 = time.perf_counter()
         if nprobe_of(index) is not None:
-            nprobe, recall = tune_nprobe(index, exact, queries, RECALL_K, NPROBE_TARGET)
+            nprobe, recall, deep = tune_nprobe(
+                index, exact, queries, RECALL_K, NPROBE_TARGET, depth=SEARCH_DEPTH, depth_target=DEPTH_TARGET
+            )
         else:
-            nprobe, recall = None, recall_at_k(index, exact, queries, RECALL_K)
+            nprobe, recall, deep = None, recall_at_k(index, exact, queries, RECALL_K), None
         recall_seconds = time.perf_counter() - t0
         written = [INDEX_FILE, METADATA_FILE, *([ONDISK_DATA] if on_disk else [])]
         if not on_disk:  # an on-disk index was written by its build (index.faiss names index.ivfdata)
@@ -493,6 +499,9 @@ def _write_index(
                 "query_modality": query_modality,
                 "nprobe": nprobe,
                 "nprobe_target": NPROBE_TARGET if nprobe is not None else None,
+                "depth": min(SEARCH_DEPTH, ntotal),
+                "recall_at_depth": None if deep is None else round(float(deep), 6),
+                "depth_target": DEPTH_TARGET if nprobe is not None else None,
             },
             build_seconds=round(time.perf_counter() - built_by.started, 3),
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

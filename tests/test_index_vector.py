@@ -244,21 +244,34 @@ def test_recall_at_k_known_cases():
     assert recall_at_k(build_index(base[:4], DIM, "Flat", gpu="off"), base[:4], queries, 10) == 1.0
 
 
-def test_exact_top_k_streaming_equals_one_pass(base, queries):
-    acc = ExactTopK(queries, 20)
+@pytest.mark.parametrize("depth", [20, 700])
+def test_exact_top_k_streaming_equals_one_pass(base, queries, depth, monkeypatch):
+    import icr.index.vector_index as vi
+
+    monkeypatch.setattr(vi, "EXACT_FLUSH", 500)  # several partitions while streaming
+    acc = ExactTopK(queries, depth)
     for block in chunks(base, 333):
         acc.add(block)
     scores = queries @ base.T  # (Q, N)
-    top = np.sort(scores, axis=1)[:, ::-1][:, :20]
+    order = np.lexsort((np.broadcast_to(np.arange(scores.shape[1]), scores.shape), -scores), axis=1)
+    top = np.take_along_axis(scores, order, 1)[:, :depth]
     assert np.allclose(acc.scores, top, atol=TOL)
     assert np.allclose(np.take_along_axis(scores, acc.ids, axis=1), acc.scores, atol=TOL)
+    assert np.all(np.diff(acc.scores, axis=1) <= 0)  # best first
 
 
 def test_tune_nprobe_reaches_the_target(base, queries):
     index = build_index(base, DIM, "IVF32,Flat", gpu="off")
-    nprobe, recall = tune_nprobe(index, base, queries, 10, target=0.99)
-    assert recall >= 0.99 and nprobe_of(index) == nprobe
+    nprobe, recall, deep = tune_nprobe(index, base, queries, 10, target=0.99)
+    assert recall >= 0.99 and nprobe_of(index) == nprobe and deep is None
     assert nprobe == 1 or recall_at_k(index, base, queries, 10, nprobe=nprobe // 2) < 0.99
+    # at the service's depth too: the smallest power of two reaching both targets
+    depth = len(base) // 4
+    nprobe_deep, recall, deep = tune_nprobe(index, base, queries, 10, 0.99, depth=depth, depth_target=0.97)
+    assert recall >= 0.99 and deep >= 0.97 and nprobe_deep >= nprobe
+    assert deep == recall_at_k(index, base, queries, depth, nprobe=nprobe_deep)
+    half = nprobe_deep // 2
+    assert nprobe_deep == nprobe or recall_at_k(index, base, queries, depth, nprobe=half) < 0.97
     with pytest.raises(ValueError, match="IVF"):
         tune_nprobe(build_index(base[:10], DIM, "Flat", gpu="off"), base[:10], queries)
 
