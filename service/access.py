@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import re
+from functools import lru_cache
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -32,9 +33,14 @@ KEY_HEADER = "X-API-Key"
 
 def access_of(method: str, path: str, settings: Settings) -> str:
     """``open``, ``read`` or ``admin``: what a request to ``path`` needs."""
+    return _access(method, path, settings.metrics_need_key)
+
+
+@lru_cache(maxsize=1024)  # every request asks; the paths in use are few (bounded: any path may come)
+def _access(method: str, path: str, metrics_need_key: bool) -> str:
     if any(m == method and p.match(path) for m, p in _ADMIN):
         return "admin"
-    if _OPEN.match(path) or (path == "/metrics" and not settings.metrics_need_key):
+    if _OPEN.match(path) or (path == "/metrics" and not metrics_need_key):
         return "open"
     return "read"
 
@@ -61,7 +67,7 @@ class AccessMiddleware:
 
     def _refusal(self, scope: Scope, settings: Settings) -> tuple[int, str, str] | None:
         need = access_of(scope["method"], scope["path"], settings)
-        if need == "open":
+        if need == "open" or (need == "read" and settings.api_key is None):  # nothing to check
             return None
         headers = dict(scope["headers"])
         given = headers.get(KEY_HEADER.lower().encode())

@@ -38,7 +38,10 @@ class BodyLimitMiddleware:
         async def limited_receive() -> Message:
             nonlocal received
             try:
-                message = await asyncio.wait_for(receive(), self.read_timeout_s)
+                # a deadline on this await, not wait_for's task per message (a body of one message,
+                # as a search is, then costs no extra task and loop turn)
+                async with asyncio.timeout(self.read_timeout_s):
+                    message = await receive()
             except TimeoutError:
                 raise HTTPException(
                     408,

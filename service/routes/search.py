@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from icr.service.config import Settings
@@ -15,11 +16,8 @@ from icr.service.quality import query_quality
 from icr.service.retriever import LoadedIndex, NotServable, Page, Retriever, public_source
 from icr.service.routes.deps import retriever_of, settings_of
 from icr.service.schemas import (
-    CaptionHit,
-    ImageHit,
     ImageResults,
     ImageSearchResponse,
-    Quality,
     TextSearchRequest,
     TextSearchResponse,
     ThresholdFields,
@@ -28,6 +26,17 @@ from icr.service.schemas import (
 )
 
 router = APIRouter(prefix="/v1/search", tags=["search"])
+
+
+def _json(response: TextSearchResponse | ImageSearchResponse) -> Response:
+    """``response`` as the JSON FastAPI would send for it, serialised here, once.
+
+    The model was validated when it was built; returning a Response skips FastAPI's second
+    validation of it against ``response_model`` and, for these sync routes, the second hop to the
+    thread pool that validation takes (``response_model`` still documents the body). The bytes are
+    the ones FastAPI's own path writes: pydantic's JSON dump of the model, by alias."""
+    body = type(response).__pydantic_serializer__.to_json(response, by_alias=True)
+    return Response(content=body, media_type="application/json")
 
 
 def _check_paging(settings: Settings, k: int, offset: int) -> None:
@@ -87,40 +96,49 @@ def _search(
         raise ApiError(409, "no_calibration", str(err)) from None
 
 
-def _image_hits(retriever: Retriever, page: Page) -> list[ImageHit]:
+def _image_hits(retriever: Retriever, page: Page) -> list[dict[str, Any]]:
+    """The page's hits as ImageHit fields: plain dicts, validated with the response that holds
+    them (one pydantic call for the whole body, not one model per hit)."""
     hits = []
-    for i, row in enumerate(page.rows):
-        image_id = int(page.ids[i])
+    pixels = retriever.has_pixels
+    root = retriever.images.source_root
+    relevance = page.relevance.tolist() if page.relevance is not None else None
+    rows = zip(page.ids.tolist(), page.scores.tolist(), page.rows, strict=False)
+    for i, (image_id, score, row) in enumerate(rows):
         metadata = {key: row[key] for key in ("captions", "image_id", "scene")}
         if row.get("fields"):
             metadata["fields"] = row["fields"]
-        metadata["source"] = public_source(row["source"], retriever.images.source_root)
+        metadata["source"] = public_source(row["source"], root)
         hits.append(
-            ImageHit(
-                id=image_id,
-                rank=page.offset + i + 1,
-                score=float(page.scores[i]),
-                relevance=None if page.relevance is None else float(page.relevance[i]),
-                is_distractor=row["is_distractor"],
-                image_url=f"/v1/images/{image_id}" if retriever.has_pixels(row) else None,
-                metadata=metadata,
-            )
+            {
+                "id": image_id,
+                "rank": page.offset + i + 1,
+                "score": score,
+                "relevance": None if relevance is None else relevance[i],
+                "is_distractor": row["is_distractor"],
+                "image_url": f"/v1/images/{image_id}" if pixels(row) else None,
+                "metadata": metadata,
+            }
         )
     return hits
 
 
-def _caption_hits(page: Page, root: str | None) -> list[CaptionHit]:
+def _caption_hits(page: Page, root: str | None) -> list[dict[str, Any]]:
+    """The page's hits as CaptionHit fields (plain dicts, as :func:`_image_hits`)."""
+    relevance = page.relevance.tolist() if page.relevance is not None else None
     return [
-        CaptionHit(
-            id=int(page.ids[i]),
-            rank=page.offset + i + 1,
-            score=float(page.scores[i]),
-            relevance=None if page.relevance is None else float(page.relevance[i]),
-            caption=(row["captions"] or [""])[0],
-            image_id=row["image_id"],
-            source=public_source(row["source"], root),
+        {
+            "id": caption_id,
+            "rank": page.offset + i + 1,
+            "score": score,
+            "relevance": None if relevance is None else relevance[i],
+            "caption": (row["captions"] or [""])[0],
+            "image_id": row["image_id"],
+            "source": public_source(row["source"], root),
+        }
+        for i, (caption_id, score, row) in enumerate(
+            zip(page.ids.tolist(), page.scores.tolist(), page.rows, strict=False)
         )
-        for i, row in enumerate(page.rows)
     ]
 
 
@@ -152,7 +170,7 @@ def _assessment(target: LoadedIndex, page: Page | None, text: str | None, benchm
         "calibration": page.calibration if page is not None else None,
         "expected_precision": page.expected_precision if page is not None else None,
         "expected_relevant": page.expected_relevant if page is not None else None,
-        "quality": Quality(**quality),
+        "quality": quality,
     }
 
 
@@ -173,7 +191,7 @@ def _timings(timings: dict[str, float], start: float) -> Timings:
     summary="Text -> images, thresholded, paginated",
     responses=error_responses(408, 413, 422, 503),
 )
-def search_text(body: TextSearchRequest, request: Request) -> TextSearchResponse:
+def search_text(body: TextSearchRequest, request: Request) -> Response:
     """Images for a caption. With ``min_relevance`` (calibrated probability) or ``min_score`` (cosine),
     only hits meeting it are counted and paginated; the response says how many passed.
 
@@ -203,15 +221,17 @@ def search_text(body: TextSearchRequest, request: Request) -> TextSearchResponse
     page = _search(
         retriever, retriever.images, query, body, settings, timings, text=text, filter_spec=body.filter
     )
-    response = TextSearchResponse(
-        query=text,
-        hits=_image_hits(retriever, page),
-        timings=_timings(timings, start),
-        **_page_info(page),
-        **_assessment(retriever.images, page, text, retriever.benchmark),
+    response = TextSearchResponse.model_validate(
+        {
+            "query": text,
+            "hits": _image_hits(retriever, page),
+            "timings": _timings(timings, start),
+            **_page_info(page),
+            **_assessment(retriever.images, page, text, retriever.benchmark),
+        }
     )
     request.app.state.telemetry.observe_stages("text", response.timings.model_dump())
-    return response
+    return _json(response)
 
 
 def _read_image(upload: UploadFile, settings: Settings) -> Any:
@@ -256,7 +276,7 @@ def search_image(
     min_score: Annotated[float | None, Form()] = None,
     min_relevance: Annotated[float | None, Form()] = None,
     include_images: Annotated[bool, Form(description="Also return similar gallery images.")] = False,
-) -> ImageSearchResponse:
+) -> Response:
     """Captions for an uploaded image, thresholded and paginated like text search (and, with
     ``include_images``, similar gallery images, which carry no relevance).
 
@@ -301,7 +321,7 @@ def search_image(
             timings,
             cross_modal=False,
         )
-        similar = ImageResults(hits=_image_hits(retriever, page), **_page_info(page))
+        similar = ImageResults.model_validate({"hits": _image_hits(retriever, page), **_page_info(page)})
     if retriever.captions is not None:
         page = _search(retriever, retriever.captions, query, fields, settings, timings)
         info, hits = _page_info(page), _caption_hits(page, retriever.captions.source_root)
@@ -310,8 +330,8 @@ def search_image(
         assert similar is not None
         info, hits = similar.model_dump(exclude={"hits"}), []
         assessment = _assessment(retriever.images, None, None, retriever.benchmark)
-    response = ImageSearchResponse(
-        hits=hits, similar_images=similar, timings=_timings(timings, start), **info, **assessment
+    response = ImageSearchResponse.model_validate(
+        {"hits": hits, "similar_images": similar, "timings": _timings(timings, start), **info, **assessment}
     )
     request.app.state.telemetry.observe_stages("image", response.timings.model_dump())
-    return response
+    return _json(response)
