@@ -32,6 +32,8 @@ from typing import Any
 import faiss
 import numpy as np
 
+from icr.index.vector_index import empty_index, load_index
+
 ONDISK_DATA = "index.ivfdata"
 MAX_NLIST = 65_536
 TRAIN_POINTS_PER_LIST = 32  # FAISS warns below 39; 32 keeps k-means on 2 cores within minutes at 10M
@@ -95,11 +97,9 @@ def build_on_disk(
     (ids 0..N-1 in order, consumed once). ``on_vectors`` sees every chunk (e.g. an exact top-k for
     the recall check). Shards hold at most ``shard_size`` vectors, fewer when the budget asks."""
     out_dir = Path(out_dir)
-    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    index = empty_index(dim, factory)
     # Any: the stubs declare the base classes, not the downcast ones FAISS returns
     ivf: Any = faiss.downcast_index(faiss.extract_index_ivf(index))
-    if hasattr(ivf, "do_polysemous_training"):
-        ivf.do_polysemous_training = False  # codes only a Hamming-filtered search would use
     ivf.cp.niter = KMEANS_ITERATIONS
     if isinstance(index, faiss.IndexPreTransform):  # OPQ: FAISS's default 50 rotation updates take minutes
         opq: Any = faiss.downcast_VectorTransform(index.chain.at(0))  # type: ignore[attr-defined]
@@ -217,8 +217,4 @@ def _add_shards(
 
 def load_on_disk(path: str | os.PathLike[str]) -> Any:
     """An index whose inverted lists live in :data:`ONDISK_DATA` beside ``path``, memory-mapped."""
-    try:
-        return faiss.read_index(str(path), faiss.IO_FLAG_ONDISK_SAME_DIR)
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[-1] if str(err).strip() else "unreadable"
-        raise ValueError(f"{path}: not a readable on-disk FAISS index ({first})") from None
+    return load_index(path, on_disk=True)

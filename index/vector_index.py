@@ -165,12 +165,7 @@ def build_index(
             raise ValueError(f"{factory} has no GPU form in faiss; use --gpu auto or off, or an IVF factory")
         on_gpu = False
         report["gpu_fallback"] = f"{factory} has no GPU form in faiss"
-    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
-    if "pq" in spec:
-        # Polysemous training (on by default) adds ~12 s of annealing for codes that only a
-        # Hamming-filtered search uses, which this module never does.
-        ivfpq = faiss.downcast_index(faiss.extract_index_ivf(index))  # an IndexIVFPQ; the stub says Index
-        ivfpq.do_polysemous_training = False  # type: ignore[attr-defined]
+    index = empty_index(dim, factory)
     resources = None  # must outlive the GPU index: it holds the index's GPU memory and streams
     if on_gpu:
         index, resources = _to_gpu(index, factory, gpu, report)
@@ -185,6 +180,21 @@ def build_index(
         index.add(block)
     if on_gpu:
         index = faiss.index_gpu_to_cpu(index)
+    return index
+
+
+def empty_index(dim: int, factory: str) -> faiss.Index:
+    """An untrained inner-product index of ``factory`` (any string FAISS parses).
+
+    PQ codes skip polysemous training (on by default): ~12 s of annealing for codes that only a
+    Hamming-filtered search uses, which this project never does.
+    """
+    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    ivf = _ivf(index)
+    if ivf is not None:
+        ivfpq: Any = faiss.downcast_index(ivf)  # the stubs declare the base class
+        if hasattr(ivfpq, "do_polysemous_training"):
+            ivfpq.do_polysemous_training = False
     return index
 
 
@@ -521,12 +531,15 @@ def save_index(index: faiss.Index, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def load_index(path: str | os.PathLike[str], *, mmap: bool = False) -> faiss.Index:
-    """Read an index written by :func:`save_index`; ``mmap`` maps it instead of reading it all."""
+def load_index(path: str | os.PathLike[str], *, mmap: bool = False, on_disk: bool = False) -> faiss.Index:
+    """Read an index written by :func:`save_index`; ``mmap`` maps it instead of reading it all;
+    ``on_disk``: its inverted lists are a file beside it (``index.on_disk``), mapped from there."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: index file not found")
     flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+    if on_disk:
+        flags = faiss.IO_FLAG_ONDISK_SAME_DIR
     try:
         return faiss.read_index(str(path), flags)
     except RuntimeError as err:

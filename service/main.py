@@ -66,14 +66,19 @@ def load_retriever(settings: Settings) -> Retriever:
     )
 
 
+def install_retriever(app: FastAPI, fresh: Retriever) -> None:
+    """Serve ``fresh`` (at start-up, on POST /v1/admin/reload, when the watcher reloads)."""
+    app.state.retriever = fresh  # one assignment: each request sees the old or the new one
+    app.openapi_schema = None  # the filter schema names the index's fields
+    app.state.load_error = None
+
+
 def _load(app: FastAPI, settings: Settings, stop: threading.Event) -> None:
     delay = settings.load_retry_seconds
     attempt = 1
     while not stop.is_set():
         try:
-            app.state.retriever = load_retriever(settings)
-            app.openapi_schema = None  # its filter schema names the loaded index's fields
-            app.state.load_error = None
+            install_retriever(app, load_retriever(settings))
             log.info("ready: %s", settings.index)
             if settings.watch_seconds > 0 and not stop.is_set():
                 app.state.watcher = _watcher(app, settings)
@@ -102,10 +107,6 @@ def _watcher(app: FastAPI, settings: Settings) -> ArtifactWatcher:
         folders = [settings.index, *([settings.caption_index] if settings.caption_index else [])]
         return watched_files(folders, retriever.checkpoint if retriever is not None else None)
 
-    def swap(fresh: Retriever) -> None:
-        app.state.retriever = fresh
-        app.openapi_schema = None
-
     def refuse(reason: str | None) -> None:
         app.state.refused = reason
 
@@ -113,7 +114,7 @@ def _watcher(app: FastAPI, settings: Settings) -> ArtifactWatcher:
         files,
         settings.watch_seconds,
         reload=lambda: load_retriever(settings),
-        swap=swap,
+        swap=lambda fresh: install_retriever(app, fresh),
         refuse=refuse,
         describe=lambda err: without_paths(f"{type(err).__name__}: {err}", settings),
     )

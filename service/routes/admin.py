@@ -27,7 +27,7 @@ def reload(request: Request) -> dict[str, Any]:
     them in one step; requests already running finish on the previous ones, so none fails. If the
     new artifacts do not load, nothing changes: 409 with the reason. Needs the admin key
     (ICR_ADMIN_KEY; unset: clients on this machine only)."""
-    from icr.service.main import load_retriever, without_paths
+    from icr.service.main import install_retriever, load_retriever, without_paths
     from icr.service.retriever import preflight
 
     settings = settings_of(request)
@@ -45,9 +45,7 @@ def reload(request: Request) -> dict[str, Any]:
                 "reload_failed",
                 f"the new artifacts did not load ({reason}); still serving the previous ones",
             ) from None
-        request.app.state.retriever = fresh  # one assignment: each request sees the old or the new one
-        request.app.openapi_schema = None  # the filter schema names the index's fields
-        request.app.state.load_error = None
+        install_retriever(request.app, fresh)
         if request.app.state.watcher is not None:
             request.app.state.watcher.rebase()  # what is served is what is on disk now
         return {
