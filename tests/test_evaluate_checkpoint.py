@@ -371,3 +371,21 @@ def test_cli_compare_with_max_steps_inside_the_first_epoch(tiny, tmp_path):
     else:
         assert run.exit_code == 2 and "error:" in run.output
         assert not (seed_dir / "last").exists(), f"refused only after training: {run.output}"
+
+
+def test_variant_specs_with_objective_parameters():
+    from icr.training.analysis.compare import Variant, split_variants
+    from icr.training.config import load_config
+
+    specs = split_variants("triplet, goal[triplet_weight=cir,pair_weight=sig_ms] ,ntxent+itd:constraint,")
+    assert specs == ["triplet", "goal[triplet_weight=cir,pair_weight=sig_ms]", "ntxent+itd:constraint"]
+    goal = Variant.parse(specs[1])
+    assert goal.name == specs[1] and goal.slug == "goal-triplet_weight-cir-pair_weight-sig_ms"
+    loss = load_config("synthetic-ntxent", goal.overrides())["loss"]
+    assert loss["name"] == "goal" and loss["goal"] == {"triplet_weight": "cir", "pair_weight": "sig_ms"}
+    both = Variant.parse("goal[pair_weight=lin]+ltd:dual")
+    assert (both.decoder, both.mode, both.params) == ("ltd", "dual", (("pair_weight", "lin"),))
+    assert Variant.parse("ntxent+ltd:dual").slug == "ntxent-ltd-dual"  # older run folders still found
+    for bad in ("goal[triplet_weight]", "goal[a=1", "nope[a=1]", "goal[a=[1]]", "ntxent+ltd:both"):
+        with pytest.raises(ValueError):
+            Variant.parse(bad)

@@ -364,3 +364,17 @@ def test_epoch_plans_are_pure_functions_of_seed_and_epoch(data):
     for p in images:  # image-level batches: 4 distinct images, each with all 5 of its captions
         assert len(set(p.img_idx.tolist())) == 4
         assert sorted(split.img_of_cap[p.cap_idx].tolist()) == sorted(np.repeat(p.img_idx, 5).tolist())
+
+
+def test_patience_stops_when_validation_stops_improving_and_resume_keeps_it(data, tmp_path):
+    # lr ~ 0: validation rsum never beats epoch 1, so patience 2 stops after epoch 3 of 10
+    out = tmp_path / "run"
+    cfg = tiny_config(data, out, "train.epochs=10", "train.patience=2", "optim.lr=1e-12")
+    summary = train(cfg, progress=False)
+    assert summary is not None
+    stopped = (summary["best_epoch"], summary["epochs_completed"], summary["stopped_by_patience"])
+    assert stopped == (1, 3, True)
+    vals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [v["epoch"] for v in vals if v["event"] == "val"] == [1, 2, 3]
+    again = train(cfg, resume=True, progress=False)  # resuming a stopped run trains nothing more
+    assert again is not None and again["epochs_completed"] == 3 and again["steps"] == summary["steps"]

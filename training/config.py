@@ -60,6 +60,10 @@ DEFAULTS: dict[str, Any] = {
         "amp": "auto",  # auto (CUDA: bf16 if supported, else fp16; CPU: off) | bf16 | fp16 | on (fp16) | off
         "workers": 0,  # DataLoader worker processes
         "val_every": 1,  # epochs, and after the last epoch; 0 = never (last checkpoint only)
+        # Stop when validation rsum has not improved for this many epochs (0 = run all epochs):
+        # "until validation stops improving", the papers' protocol. Epochs stays the upper bound
+        # (and the length the lr schedule is laid out over).
+        "patience": 0,
         "log_every": 20,  # steps between metrics.jsonl lines
         "save_every": 500,  # steps between resumable training-state saves
         "swa": False,  # average snapshots from the last 10% of every epoch (LTD setting)
@@ -184,6 +188,7 @@ class TrainSection(BaseModel):
     amp: Literal["auto", "bf16", "fp16", "on", "off"]
     workers: int = Field(ge=0)
     val_every: int = Field(ge=0)
+    patience: int = Field(ge=0)
     log_every: int = Field(ge=1)
     save_every: int = Field(ge=1)
     swa: bool

@@ -247,3 +247,10 @@ def barrier() -> None:
     """Wait for every process (no-op in one process): e.g. while rank 0 validates and saves."""
     if is_distributed():
         dist.barrier()
+
+
+def main_decides(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every process (e.g. early stopping, which only rank 0 can judge)."""
+    if not is_distributed():
+        return flag
+    return bool(_gather_ints((int(flag),))[0][0])

@@ -152,16 +152,18 @@ class Trainer:
         from icr.training.data.synthetic.generate import SCENES_NAME, split_scene_table
         from icr.training.data.synthetic.parse import parse_caption
         from icr.training.data.synthetic.relevance import PairTruth
+        from icr.training.data.training_data import synthetic_source
 
-        directory = self.train_data.source.parent
-        if self.train_data.kind != "karpathy" or not (directory / SCENES_NAME).is_file():
+        source = synthetic_source(self.train_data)  # the benchmark, or features extracted from it
+        if source is None:
             raise ValueError(
                 f"data.positives=ground_truth needs the embedded benchmark's scene structures "
-                f"({SCENES_NAME} beside the dataset, written by `icr data synth`); {self.train_data.source} "
-                "has none: use data.positives=annotations"
+                f"({SCENES_NAME} beside the dataset, written by `icr data synth`, or a features folder "
+                f"from `icr data features`); {self.train_data.source} has none: "
+                "use data.positives=annotations"
             )
         queries = [parse_caption(c) for c in self.train_data.captions]
-        return PairTruth(queries, split_scene_table(directory, self.train_data.name))
+        return PairTruth(queries, split_scene_table(*source))
 
     def _learned_logit_scale(self) -> bool:
         """Whether the model's learned logit scale replaces the objective's temperature (or scale).
@@ -335,7 +337,7 @@ class Trainer:
         started, samples, stopped_early = time.perf_counter(), 0, False
         from tqdm import tqdm
 
-        while self.state.epoch < epochs:
+        while self.state.epoch < epochs and not self._out_of_patience():
             epoch = self.state.epoch
             plans = plan_epoch(self.train_data, self.loss_fn.sampling, self.batch_size, self.seed, epoch)
             if not plans:
@@ -413,6 +415,7 @@ class Trainer:
             "epochs_completed": self.state.epoch,
             "best_rsum": self.state.best_rsum if self.state.best_epoch >= 0 else None,
             "best_epoch": self.state.best_epoch + 1 if self.state.best_epoch >= 0 else None,
+            "stopped_by_patience": self._out_of_patience(),
             "samples_per_s": round(samples / elapsed, 1) if elapsed > 0 else None,
             "elapsed_s": round(elapsed, 1),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -442,6 +445,12 @@ class Trainer:
                 )
         dist.barrier()
         self.save_state()
+
+    def _out_of_patience(self) -> bool:
+        """``train.patience`` epochs have passed since validation rsum last improved."""
+        patience = int(self.config["train"]["patience"])
+        best = self.state.best_epoch  # validation runs on rank 0 only: it decides for all
+        return dist.main_decides(patience > 0 and best >= 0 and self.state.epoch - (best + 1) >= patience)
 
     def _swa_update(self) -> None:
         if self.swa is None:

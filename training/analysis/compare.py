@@ -43,40 +43,70 @@ DEFAULT_VARIANTS: tuple[str, ...] = (
 )
 
 
+def split_variants(text: str) -> list[str]:
+    """``a,goal[x=1,y=2],b`` -> ``["a", "goal[x=1,y=2]", "b"]``: commas inside brackets stay."""
+    out, depth, current = [], 0, ""
+    for ch in text:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            out.append(current)
+            current = ""
+        else:
+            current += ch
+    return [v.strip() for v in [*out, current] if v.strip()]
+
+
 @dataclass(frozen=True)
 class Variant:
+    """``OBJECTIVE[key=value,...]+DECODER:MODE``; the bracket and the decoder are optional."""
+
     objective: str
     decoder: str | None = None  # ltd | itd
     mode: str | None = None  # dual | constraint
+    params: tuple[tuple[str, str], ...] = ()  # the objective's [loss.<objective>] parameters
 
     @classmethod
     def parse(cls, spec: str) -> Variant:
         from icr.training.losses import load_all
 
-        objective, _, decoding = spec.strip().partition("+")
+        head, _, decoding = spec.strip().partition("+")
+        objective, bracket, rest = head.partition("[")
+        params: list[tuple[str, str]] = []
+        if bracket:
+            if not rest.endswith("]") or "[" in rest[:-1] or "]" in rest[:-1]:
+                raise ValueError(f"variant {spec!r}: write OBJECTIVE[key=value,key=value]")
+            for item in filter(None, (p.strip() for p in rest[:-1].split(","))):
+                key, eq, value = item.partition("=")
+                if not eq or not key.strip() or not value.strip():
+                    raise ValueError(f"variant {spec!r}: parameter {item!r} is not key=value")
+                params.append((key.strip(), value.strip()))
         if objective not in load_all():
             raise ValueError(
                 f"unknown objective {objective!r} in variant {spec!r}; see `icr train --list-losses`"
             )
         if not decoding:
-            return cls(objective)
+            return cls(objective, params=tuple(params))
         decoder, _, mode = decoding.partition(":")
         if decoder not in ("ltd", "itd") or mode not in ("dual", "constraint"):
             raise ValueError(
                 f"variant {spec!r}: write OBJECTIVE+ltd:dual, +ltd:constraint, +itd:dual or +itd:constraint"
             )
-        return cls(objective, decoder, mode)
+        return cls(objective, decoder, mode, tuple(params))
 
     @property
     def name(self) -> str:
-        return self.objective if self.decoder is None else f"{self.objective}+{self.decoder}:{self.mode}"
+        head = self.objective
+        if self.params:
+            head += "[" + ",".join(f"{k}={v}" for k, v in self.params) + "]"
+        return head if self.decoder is None else f"{head}+{self.decoder}:{self.mode}"
 
     @property
     def slug(self) -> str:
-        return self.name.replace("+", "-").replace(":", "-")
+        return "".join(c if c.isalnum() or c in "_." else "-" for c in self.name).strip("-")
 
     def overrides(self) -> list[str]:
         out = [f'loss.name="{self.objective}"']
+        out += [f"loss.{self.objective}.{k}={v}" for k, v in self.params]
         if self.decoder is not None:
             out += [f'decoding.kind="{self.decoder}"', f'decoding.mode="{self.mode}"']
         return out
@@ -94,14 +124,25 @@ class Regime:
     overrides: tuple[str, ...] = ()
     distractors: int = 10000
     cocos_batches: int = 20
+    # Stop a run once validation rsum has not improved for this many epochs (0: train all epochs,
+    # which then are a fixed budget rather than an upper bound).
+    patience: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def key(self) -> str:
-        blob = json.dumps({k: v for k, v in self.__dict__.items() if k != "extra"}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        # patience joined later: leaving it out at 0 keeps older run folders valid
+        fields = {k: v for k, v in self.__dict__.items() if k != "extra" and (k, v) != ("patience", 0)}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _factor(self, variant: Variant) -> int:
+        return self.smoothap_epoch_factor if variant.objective == "smoothap" else 1
 
     def epochs_for(self, variant: Variant) -> int:
-        return self.epochs * (self.smoothap_epoch_factor if variant.objective == "smoothap" else 1)
+        return self.epochs * self._factor(variant)
+
+    def patience_for(self, variant: Variant) -> int:
+        """SmoothAP's epochs are 1/factor as long, so its patience is as many steps, not epochs."""
+        return self.patience * self._factor(variant)
 
 
 def run_config(regime: Regime, variant: Variant, seed: int, out: Path) -> dict[str, Any]:
@@ -113,6 +154,7 @@ def run_config(regime: Regime, variant: Variant, seed: int, out: Path) -> dict[s
             f'data.path="{regime.data}"',
             f'train.out="{out}"',
             f"train.epochs={regime.epochs_for(variant)}",
+            f"train.patience={regime.patience_for(variant)}",
             f"train.batch_size={regime.batch_size}",
             f"train.seed={seed}",
             *regime.overrides,
@@ -165,14 +207,18 @@ def run_one(
         return result
     config = run_config(regime, variant, seed, run_dir)
     t0 = time.perf_counter()
-    train(config, resume=(run_dir / STATE_FILE).is_file(), progress=progress)
+    summary = train(config, resume=(run_dir / STATE_FILE).is_file(), progress=progress)
+    assert summary is not None  # one process: rank 0
     train_s = time.perf_counter() - t0
     # best/ exists once a validation ran (every epoch end); a run cut short by train.max_steps
     # inside its first epoch only has last/.
     best = run_dir / "best" if (run_dir / "best").is_dir() else run_dir / "last"
     t0 = time.perf_counter()
     report = evaluate_checkpoint(
-        best, regime.data, EvalOptions(distractors=regime.distractors, progress=progress)
+        # relevance_depth 0: the tables read no threshold-honesty section, and it costs a search
+        best,
+        regime.data,
+        EvalOptions(distractors=regime.distractors, progress=progress, relevance_depth=0),
     )
     eval_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -184,6 +230,9 @@ def run_one(
         "seed": seed,
         "regime_key": regime.key(),
         "epochs": regime.epochs_for(variant),
+        "epochs_completed": summary["epochs_completed"],
+        "best_epoch": summary["best_epoch"],
+        "stopped_by_patience": summary["stopped_by_patience"],
         "checkpoint": report["checkpoint"],
         "eval": _summary_of_eval(report),
         "cocos": {
@@ -306,7 +355,9 @@ def build_report(results: list[dict[str, Any]], regime: Regime, command: str) ->
         f"Regime: base config `{regime.base_config}`, {regime.epochs} epochs "
         f"(SmoothAP x{regime.smoothap_epoch_factor}: "
         f"image-level batches, same number of steps), batch {regime.batch_size}, seeds {seeds}, "
-        f"overrides {list(regime.overrides) or 'none'}. Test split of `{regime.data}`; "
+        f"overrides {list(regime.overrides) or 'none'}"
+        + (f", early stopping after {regime.patience} epochs without improvement" if regime.patience else "")
+        + f". Test split of `{regime.data}`; "
         "mean ± std over seeds. "
         "Recall in percent, AP-type metrics on a 0-1 scale. "
         f"COCOS on {regime.cocos_batches} training batches "
@@ -323,9 +374,28 @@ def build_report(results: list[dict[str, Any]], regime: Regime, command: str) ->
     )
     md += _table("Global calibration (all caption-image pairs) and distractors", CALIBRATION_COLUMNS, groups)
     md += _cocos_lines(groups)
-    timing = {name: _mean_std([r["seconds"]["train"] for r in rs]) for name, rs in groups.items()}
-    md += ["### Training time per run (s, 2-core CPU)", "", "| variant | train s |", "|---|---:|"]
-    md += [f"| {name} | {_cell(ms, 0)} |" for name, ms in timing.items()] + [""]
+    md += [
+        "### Convergence and training time per run (2-core CPU)",
+        "",
+        "Best epoch: where validation rsum peaked (the checkpoint evaluated above); epochs run: "
+        + (
+            f"until {regime.patience} epochs without improvement (SmoothAP x{regime.smoothap_epoch_factor}) "
+            f"or the cap of {regime.epochs}."
+            if regime.patience
+            else "all of them (no early stopping)."
+        ),
+        "",
+        "| variant | best epoch | epochs run | stopped early | train s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, rs in groups.items():
+        early = sum(bool(r.get("stopped_by_patience")) for r in rs)
+        md.append(
+            f"| {name} | {_cell(_mean_std([r.get('best_epoch') for r in rs]), 1)} "
+            f"| {_cell(_mean_std([r.get('epochs_completed') for r in rs]), 1)} | {early}/{len(rs)} "
+            f"| {_cell(_mean_std([r['seconds']['train'] for r in rs]), 0)} |"
+        )
+    md.append("")
     report = {
         "regime": {k: v for k, v in regime.__dict__.items() if k != "extra"},
         "regime_key": regime.key(),
@@ -345,6 +415,9 @@ def build_report(results: list[dict[str, Any]], regime: Regime, command: str) ->
                 "cocos": {
                     k: _pooled([r["cocos"]["metrics"][k] for r in rs]) for k in rs[0]["cocos"]["metrics"]
                 },
+                "best_epoch": _mean_std([r.get("best_epoch") for r in rs]),
+                "epochs_completed": _mean_std([r.get("epochs_completed") for r in rs]),
+                "train_seconds": _mean_std([r["seconds"]["train"] for r in rs]),
             }
             for name, rs in groups.items()
         },

@@ -28,7 +28,10 @@ def compare_command(
         Path, typer.Option("--data", "-d", help="Embedded benchmark folder (icr data synth / icr demo).")
     ] = Path("icr-demo/data"),
     variants: Annotated[
-        str, typer.Option(help="Comma-separated OBJECTIVE or OBJECTIVE+ltd:dual|constraint.")
+        str,
+        typer.Option(
+            help="Comma-separated OBJECTIVE, OBJECTIVE[param=value,...] or OBJECTIVE+ltd|itd:dual|constraint."
+        ),
     ] = ",".join(DEFAULT_VARIANTS),
     seeds: Annotated[str, typer.Option(help="Comma-separated training seeds.")] = "0,1,2",
     epochs: Annotated[int, typer.Option(help="Epochs for every caption-level objective.")] = 2,
@@ -42,6 +45,13 @@ def compare_command(
     ] = None,
     distractors: Annotated[int, typer.Option(help="Generated distractors for t2i recall.")] = 10000,
     cocos_batches: Annotated[int, typer.Option(help="Training batches COCOS analyses per run.")] = 20,
+    patience: Annotated[
+        int,
+        typer.Option(
+            help="Stop a run after this many epochs without a better validation rsum "
+            "(0: train every epoch; --epochs is then the cap)."
+        ),
+    ] = 0,
     runs: Annotated[Path, typer.Option(help="Folder for the runs (resumable).")] = Path(
         "runs/loss-comparison"
     ),
@@ -61,17 +71,19 @@ def compare_command(
       icr analyze compare --variants ntxent,sampled_softmax,cross_example_softmax --seeds 0,1 --epochs 3
 
       icr analyze compare --variants ntxent,ntxent+ltd:dual,ntxent+ltd:constraint --report docs/ltd
+
+      icr analyze compare --variants 'triplet_hardest,goal[triplet_weight=cir,pair_weight=sig_ms]'
+      --patience 3
     """
     import shlex
     import sys
 
-    from icr.training.analysis.compare import Regime, compare
+    from icr.training.analysis.compare import Regime, compare, split_variants
 
-    if epochs < 1 or batch_size < 1 or smoothap_epoch_factor < 1 or cocos_batches < 1 or distractors < 0:
-        raise ValueError(
-            "--epochs, --batch-size, --smoothap-epoch-factor and --cocos-batches must be >= 1, "
-            "--distractors >= 0"
-        )
+    if epochs < 1 or batch_size < 1 or smoothap_epoch_factor < 1 or cocos_batches < 1:
+        raise ValueError("--epochs, --batch-size, --smoothap-epoch-factor and --cocos-batches must be >= 1")
+    if distractors < 0 or patience < 0:
+        raise ValueError("--distractors and --patience must be >= 0")
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
@@ -85,10 +97,11 @@ def compare_command(
         overrides=tuple(set_ or ()),
         distractors=distractors,
         cocos_batches=cocos_batches,
+        patience=patience,
     )
     command = "icr analyze " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     result = compare(
-        [v for v in variants.split(",") if v.strip()],
+        split_variants(variants),
         seed_list,
         regime,
         runs,
@@ -99,3 +112,88 @@ def compare_command(
     )
     typer.echo((report / "report.md").read_text().split("### COCOS")[0])
     typer.echo(f"wrote {report / 'report.md'}, report.json and {len(result['plots'])} plots")
+
+
+@analyze_app.command("paper")
+@fail_cleanly
+def paper_command(
+    features: Annotated[
+        Path, typer.Option("--features", "-f", help="Precomp feature folder from `icr data features`.")
+    ] = Path("icr-demo/features"),
+    encoders: Annotated[str, typer.Option(help="Comma-separated: vsepp, gpo.")] = "vsepp,gpo",
+    variants: Annotated[
+        str, typer.Option(help="Run only these variants of each encoder's suite (default: all of them).")
+    ] = "",
+    seeds: Annotated[str, typer.Option(help="Comma-separated training seeds.")] = "0,1,2",
+    epochs: Annotated[int, typer.Option(help="Cap on epochs per run (SmoothAP x5).")] = 30,
+    patience: Annotated[
+        int, typer.Option(help="Stop a run after this many epochs without a better validation rsum.")
+    ] = 3,
+    batch_size: Annotated[int, typer.Option(help="Batch size (the papers': 128).")] = 128,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override for every run, e.g. --set train.threads=1.")
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option(help="A few steps of two variants per encoder, one seed (a smoke test).")
+    ] = False,
+    runs: Annotated[Path, typer.Option(help="Folder for the runs (resumable).")] = Path("runs/paper-regime"),
+    docs: Annotated[Path, typer.Option(help="Folder for each encoder's comparison report.")] = Path(
+        "docs/paper-regime"
+    ),
+    out: Annotated[Path, typer.Option(help="The findings markdown (JSON beside it).")] = Path(
+        "docs/paper-findings.md"
+    ),
+    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+) -> None:
+    """The papers' findings under the papers' regime: every objective on frozen pretrained features,
+    trained until validation stops improving, 3 seeds; verdicts side by side with the papers.
+
+    Runs `icr analyze compare` once per encoder (VSE++-style precomp and VSE-infinity GPO) and writes
+    docs/paper-findings.md + .json from every report present. Interrupt and re-run to continue; run
+    one process per encoder to use two cores.
+
+    Examples:
+
+      icr data features --data icr-demo/data --out icr-demo/features
+
+      icr analyze paper --features icr-demo/features
+
+      icr analyze paper --encoders vsepp --set train.threads=1 &
+
+      icr analyze paper --encoders gpo --set train.threads=1
+
+      icr analyze paper --quick --runs /tmp/pq --docs /tmp/pq/docs --out /tmp/pq/findings.md
+    """
+    import shlex
+    import sys
+    from dataclasses import replace
+
+    from icr.training.analysis.compare import split_variants
+    from icr.training.analysis.paper_regime import PaperSuite, quick_suite, run_paper_suite
+
+    if epochs < 1 or batch_size < 1 or patience < 0:
+        raise ValueError("--epochs and --batch-size must be >= 1, --patience >= 0")
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+    overrides = tuple(set_ or ())
+    suite = (
+        quick_suite(features, overrides, batch_size)
+        if quick
+        else PaperSuite(features, seed_list, epochs, batch_size, patience, overrides=overrides)
+    )
+    suite = replace(suite, only=tuple(split_variants(variants)))
+    command = "icr analyze " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    findings = run_paper_suite(
+        suite,
+        [e.strip() for e in encoders.split(",") if e.strip()],
+        runs,
+        docs,
+        out,
+        command=command,
+        progress=not quiet,
+        log=typer.echo,
+    )
+    counts = ", ".join(f"{n} {verdict}" for verdict, n in findings["summary"]["all"].items() if n)
+    typer.echo(f"wrote {out} and {out.with_suffix('.json')}: {counts}")

@@ -109,6 +109,8 @@ def format_cxc_table(section: dict[str, Any]) -> str:
 
 def format_relevance_table(section: dict[str, Any]) -> str:
     """Threshold honesty per map and query kind: what min_relevance 0.5 / 0.8 deliver."""
+    if "skipped" in section:
+        return f"threshold honesty: skipped ({section['skipped']})"
     g = section["gallery"]
     lines = [
         f"threshold honesty: held-out captions, top {section['depth']} of {g['images']:,} images + "

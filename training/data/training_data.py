@@ -194,10 +194,34 @@ def plan_epoch(data: SplitData, sampling: str, batch_size: int, seed: int, epoch
 
 
 def synthetic_dir(data: SplitData) -> Path | None:
-    """The dataset folder when ``data`` is the embedded benchmark (it stores scene structures)."""
+    """The dataset folder when ``data`` is the embedded benchmark (it stores scene structures).
+
+    None for precomp splits, even those extracted from the benchmark by ``icr data features``:
+    callers of this function read or render the split's images. Ground truth for those splits:
+    :func:`synthetic_source`.
+    """
     from icr.training.data.synthetic.generate import SCENES_NAME
 
     if data.kind != "karpathy":
         return None
     directory = Path(data.source).parent
     return directory if (directory / SCENES_NAME).is_file() else None
+
+
+def synthetic_source(data: SplitData) -> tuple[Path, str] | None:
+    """Where the generator's scenes of ``data``'s images are: (synthetic dataset folder, split name in it).
+
+    The embedded benchmark itself, or a precomp folder written by ``icr data features`` (its
+    ``features.json`` names the source dataset and maps ``dev`` to ``val``); None for any other
+    dataset. Raises DatasetError when a features folder's source has moved or changed, rather than
+    judging relevance with other scenes. Unlike :func:`synthetic_dir`, the folder may not hold
+    ``data``'s images (a precomp split has feature rows): use it for scenes and ground truth only.
+    """
+    if data.kind == "karpathy":
+        directory = synthetic_dir(data)
+        return None if directory is None else (directory, data.name)
+    if data.kind != "precomp":
+        return None
+    from icr.training.data.synthetic.features import split_source
+
+    return split_source(Path(data.source), data.name)

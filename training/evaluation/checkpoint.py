@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from icr.training.checkpoint import checkpoint_sha256, load_checkpoint, trained_captions_per_image
-from icr.training.data.training_data import SplitData, open_split, synthetic_dir
+from icr.training.data.training_data import SplitData, open_split, synthetic_source
 from icr.training.devices import resolve_device
 from icr.training.embedding import embed_captions, embed_image_batch, embed_images, open_embeddings
 from icr.training.evaluation.metrics.calibration import Calibration, fit_calibration, score_histogram
@@ -85,14 +85,19 @@ class EmbeddedSplit:
 
 
 def ground_truth_relevance(data: SplitData) -> Relevance | None:
-    """(N_img, N_cap) generator truth united with the annotations; None off the embedded benchmark."""
-    directory = synthetic_dir(data)
-    if directory is None:
+    """(N_img, N_cap) generator truth united with the annotations; None off the embedded benchmark.
+
+    Also for precomp features extracted from it (``icr data features``): their manifest names the
+    source dataset and split (precomp ``dev`` is its ``val``).
+    """
+    source = synthetic_source(data)
+    if source is None:
         return None
     from icr.training.data.synthetic.generate import split_scene_table
     from icr.training.data.synthetic.relevance import relevance_matrix
 
-    truth = relevance_matrix(data.captions, split_scene_table(directory, data.name))  # (N_cap, N_img)
+    directory, split = source
+    truth = relevance_matrix(data.captions, split_scene_table(directory, split))  # (N_cap, N_img)
     annotations = Relevance.annotations(data.img_of_cap, data.num_images)
     return Relevance.matrix(np.ascontiguousarray(truth.T)).union(annotations)
 
@@ -119,9 +124,17 @@ def fit_split_calibration(split: EmbeddedSplit, method: str) -> Calibration:
 
 
 def _synthetic_distractors(
-    model: DualEncoder, directory: Path, n: int, options: EvalOptions
+    model: DualEncoder,
+    directory: Path,
+    n: int,
+    options: EvalOptions,
+    featurise: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> Iterator[tuple[np.ndarray, Any]]:
-    """Embedded-benchmark distractors: (embeddings (b, D), their scenes as a SceneTable) per batch."""
+    """Embedded-benchmark distractors: (embeddings (b, D), their scenes as a SceneTable) per batch.
+
+    ``featurise`` ((b, H, W, 3) uint8 -> (b, R, F) features): for a model trained on precomp
+    features extracted from the benchmark, the frozen backbone that extracted them.
+    """
     from tqdm import tqdm
 
     from icr.training.data.synthetic.generate import DistractorStream, render_workers
@@ -130,7 +143,8 @@ def _synthetic_distractors(
     stream = DistractorStream.for_dataset(directory, n)
     bar = tqdm(total=n, desc="distractors", unit="img", disable=not options.progress, leave=False)
     for _, images, scenes in stream.batches(options.batch_size, workers=render_workers()):
-        emb = embed_image_batch(model, list(images), device=options.device)  # (b, D)
+        inputs = list(images) if featurise is None else list(featurise(images))  # pixels or (R, F) rows
+        emb = embed_image_batch(model, inputs, device=options.device)  # (b, D)
         bar.update(len(images))
         yield emb, SceneTable.from_scenes(scenes)
     bar.close()
@@ -171,7 +185,7 @@ def evaluate_model(
         cxc = load_cxc(options.cxc, PRECOMP_TO_KARPATHY.get(options.split, options.split))
     test = embed_split(model, data_path, options.split, options)
     timings["embed_s"] = time.perf_counter() - t0
-    if options.distractors and options.distractor_embeddings is None and synthetic_dir(test.data) is None:
+    if options.distractors and options.distractor_embeddings is None and synthetic_source(test.data) is None:
         # fail before the minutes of metrics, not after
         raise ValueError(
             "--distractors N draws images from the embedded benchmark's generator; for Flickr30k/COCO "
@@ -286,8 +300,13 @@ def _distractor_section(
     from icr.training.data.synthetic.parse import parse_caption
     from icr.training.data.synthetic.relevance import relevance_matrix
 
-    directory = synthetic_dir(test.data)
-    assert directory is not None  # checked in evaluate_model
+    source = synthetic_source(test.data)
+    assert source is not None  # checked in evaluate_model
+    featurise = None
+    if test.data.kind == "precomp":  # features from `icr data features`: its backbone featurises the images
+        from icr.training.data.synthetic.features import load_featurizer
+
+        featurise = load_featurizer(test.data.source, options.batch_size)
     # embed_split gives every split of the embedded benchmark (directory above) its ground truth
     assert test.ground_truth is not None
     queries = [parse_caption(c) for c in test.data.captions]
@@ -298,7 +317,7 @@ def _distractor_section(
     gallery = test.sim.T  # (N_cap, N_img)
     by_annotations.add(gallery, test.annotations.caption_rows(0, test.annotations.n_cap), distractor=False)
     by_truth.add(gallery, test.ground_truth.caption_rows(0, test.ground_truth.n_cap), distractor=False)
-    for emb, table in _synthetic_distractors(model, directory, options.distractors, options):
+    for emb, table in _synthetic_distractors(model, source[0], options.distractors, options, featurise):
         scores = test.cap_emb @ emb.T  # (N_cap, b)
         by_annotations.add(scores)
         by_truth.add(scores, relevance_matrix(queries, table))  # (N_cap, b)
@@ -338,9 +357,9 @@ def _relevance_section(
             from icr.training.data.synthetic.scene import SceneTable
             from icr.training.evaluation.relevance import synthetic_hits
 
-            directory = synthetic_dir(split.data)
-            assert directory is not None  # ground truth (synthetic) exists only where the scenes do
-            table = SceneTable.concat([split_scene_table(directory, split.data.name), *distractor_scenes])
+            source = synthetic_source(split.data)
+            assert source is not None  # ground truth (synthetic) exists only where the scenes do
+            table = SceneTable.concat([split_scene_table(*source), *distractor_scenes])
             # the test captions are judged on the distractors (when there are any), the fit on
             # every image but the caption's own
             hits[name] = synthetic_hits(
@@ -354,7 +373,19 @@ def _relevance_section(
             )
         else:
             hits[name] = annotation_hits(side)
-    per_query, served = fit_served_maps(hits["fit"], held_out.cap_emb, held_out.data.captions)
+    fit = hits["fit"]
+    if not fit.relevant[fit.judged].any():
+        # Five annotated captions per image and nothing else (Flickr30k/COCO without CxC): once each
+        # caption's own image is left out, no judged hit is relevant, so there is nothing to fit on.
+        return {
+            "depth": options.relevance_depth,
+            "labels": "annotations",
+            "skipped": "no held-out caption has a relevant image other than its own among its hits, "
+            "so the served maps cannot be fitted on images the captions were not written for; "
+            "this needs labels beyond the one annotated image per caption (the embedded benchmark's "
+            "ground truth, or a dataset whose captions are annotated on several images)",
+        }, []
+    per_query, served = fit_served_maps(fit, held_out.cap_emb, held_out.data.captions)
     maps = {"per_query": per_query, "isotonic_served": served, "isotonic_all_pairs": all_pairs}
     section: dict[str, Any] = {
         "depth": options.relevance_depth,

@@ -1,0 +1,160 @@
+"""The papers' findings under the papers' regime: one suite of ``compare`` runs per encoder, then
+``docs/paper-findings.md``.
+
+The regime: frozen "pretrained" grid features (``icr data features``: a CNN pretrained on the
+synthetic train split to classify shapes, colours, sizes and positions, then frozen) in the precomp
+format, the papers' precomp models (``synthetic-paper-vsepp``: VSE++-style averaged features + GRU;
+``synthetic-paper-gpo``: VSE-infinity's GPO on regions and words, GOAL's base), each run trained
+until validation rsum stops improving (``patience`` epochs, ``epochs`` the cap), 3 seeds.
+
+Which objective runs on which encoder follows the papers: ECIR Table 1's four objectives on both;
+Cross-Example Softmax and LTD/ITD on the VSE++-style encoder (their papers' towers pool one vector
+per image); GOAL's weight combinations on GPO (its VSE-infinity base). Every run is a ``compare``
+run, so the suite resumes after an interruption and can be split over processes by encoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from icr.training.analysis.compare import Regime, compare
+from icr.training.analysis.paper_findings import goal_variant, load_reports, write_findings
+
+ECIR = ("triplet", "triplet_hardest", "ntxent", "smoothap")
+CROSS_EXAMPLE = ("sampled_softmax", "cross_example_softmax", "cross_example_mining")
+TARGET_DECODING = ("ntxent+ltd:dual", "ntxent+ltd:constraint", "ntxent+itd:constraint")
+# GOAL Tables 3-5: P_con, P_lin, P_sig, P_sig-ms with T_con and T_cir (the issue's minimum), plus
+# the combinations its other findings name (P_lin-ms; T_nca with P_con and P_sig-ms).
+GOAL = (
+    *(goal_variant(t, p) for t in ("con", "cir") for p in ("con", "lin", "sig", "sig_ms")),
+    goal_variant("con", "lin_ms"),
+    goal_variant("nca", "con"),
+    goal_variant("nca", "sig_ms"),
+)
+SUITES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "vsepp": ("synthetic-paper-vsepp", (*ECIR, *CROSS_EXAMPLE, *TARGET_DECODING)),
+    "gpo": ("synthetic-paper-gpo", (*ECIR, *GOAL)),
+}
+# --quick: the CI path, a few steps of a few variants on a tiny benchmark
+QUICK_VARIANTS = {
+    "vsepp": ("triplet_hardest", "ntxent"),
+    "gpo": ("triplet_hardest", goal_variant("cir", "sig_ms")),
+}
+
+REGIME_NOTES = """\
+- **Images and features.** The papers use ImageNet ResNet features (VSE++ variant, LTD, Cross-Example
+  Softmax) or Visual-Genome BUTD region features (VSRN, VSE-infinity, GOAL) of real photos. Here the
+  images are the embedded benchmark's synthetic 64 px scenes, and the "pretrained" features are the
+  4 x 4 grid of a small CNN pretrained on the synthetic train split to classify each cell's shapes,
+  colours and sizes (and the background and object count), then frozen (`icr data features`). They
+  play the role of detector features; they are far smaller (16 regions x 256, not 36 x 2048) and the
+  backbone's task is much closer to the captions' vocabulary than ImageNet's is to Flickr30k's.
+- **Captions** are generated (templates over shapes, colours, sizes, positions, relations, counts)
+  and five per image, as in Flickr30k/COCO; the vocabulary is tiny. The ground-truth columns (every
+  image a caption is true of counts as relevant) have no counterpart in the papers, which only have
+  the five annotations (and CxC for LTD).
+- **Encoders.** VSE++-style: averaged grid features + Linear, 1-layer GRU over words learned from
+  scratch; GPO: Linear per region and VSE-infinity's GPO pooling, bi-GRU words pooled by GPO. ECIR's
+  VSRN (graph reasoning over regions) is tested on the GPO encoder. Widths are an eighth of the
+  papers' (embed 128, GRU 128, words 64) so an epoch costs seconds on 2 CPU cores.
+- **Training.** The papers' optimisers, learning rates, schedules, margins, temperatures, batch size
+  128 and clipping; SmoothAP on image-level batches with 5x the epochs (the same number of steps).
+  Every run stops once validation rsum has not improved for the stated patience (the papers train
+  a fixed 25-30 epochs and keep the best validation checkpoint); the epoch of the best checkpoint
+  is reported per variant. 3 seeds where the papers use 5 (ECIR) or 1-3.
+- **Test protocol.** The benchmark's 1,000 test images x 5 captions (Flickr30k's 1K protocol). Margins
+  are in seed standard deviations of our runs; the papers' own stds (where printed) are shown but not
+  used.
+"""
+
+
+@dataclass(frozen=True)
+class PaperSuite:
+    """What the suite shares: where the features are, seeds and the convergence rule."""
+
+    features: Path
+    seeds: tuple[int, ...] = (0, 1, 2)
+    epochs: int = 30
+    batch_size: int = 128
+    patience: int = 3
+    cocos_batches: int = 20
+    overrides: tuple[str, ...] = ()
+    quick: bool = False
+    only: tuple[str, ...] = ()  # run just these variants of each encoder's suite (all when empty)
+
+    def regime(self, encoder: str) -> Regime:
+        config, _ = SUITES[encoder]
+        return Regime(
+            data=str(self.features),
+            base_config=config,
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            overrides=self.overrides,
+            distractors=0,  # precomp features: no images to render distractors from
+            cocos_batches=self.cocos_batches,
+            patience=self.patience,
+        )
+
+    def variants(self, encoder: str) -> tuple[str, ...]:
+        suite = QUICK_VARIANTS[encoder] if self.quick else SUITES[encoder][1]
+        return tuple(v for v in suite if v in self.only) if self.only else suite
+
+
+def quick_suite(features: Path, overrides: Sequence[str] = (), batch_size: int = 128) -> PaperSuite:
+    """The CI path: one seed, two epochs of at most a few steps, two variants per encoder."""
+    return PaperSuite(
+        features,
+        batch_size=batch_size,
+        seeds=(0,),
+        epochs=2,
+        patience=1,
+        cocos_batches=1,
+        overrides=("train.max_steps=4", "train.threads=1", *overrides),
+        quick=True,
+    )
+
+
+def run_paper_suite(
+    suite: PaperSuite,
+    encoders: Sequence[str],
+    runs_dir: Path,
+    docs_dir: Path,
+    findings_md: Path,
+    *,
+    command: str,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run (or resume) each encoder's comparison, then write the findings from every report there is.
+
+    Reports of encoders not run now (e.g. another process runs them) are still read if present, so
+    two processes, one per encoder, end with the same findings file.
+    """
+    unknown = [e for e in encoders if e not in SUITES]
+    if unknown or not encoders:
+        raise ValueError(f"--encoders: choose from {', '.join(SUITES)}; got {list(encoders)}")
+    known = {v for _, variants in SUITES.values() for v in variants}
+    if stray := [v for v in suite.only if v not in known]:
+        raise ValueError(f"--variants {stray} are in no encoder's suite; choose from {sorted(known)}")
+    if not (suite.features / "train_ims.npy").is_file():
+        raise ValueError(
+            f"{suite.features} holds no precomp features; build them with "
+            f"`icr data features --data DATASET --out {suite.features}`"
+        )
+    for encoder in (e for e in encoders if suite.variants(e)):
+        log(f"== {encoder}: {SUITES[encoder][0]}, {len(suite.variants(encoder))} variants")
+        compare(
+            suite.variants(encoder),
+            suite.seeds,
+            suite.regime(encoder),
+            runs_dir / encoder,
+            docs_dir / encoder,
+            command=command,
+            progress=progress,
+            log=log,
+        )
+    reports = load_reports({enc: docs_dir / enc / "report.json" for enc in SUITES})
+    return write_findings(reports, findings_md, findings_md.with_suffix(".json"), REGIME_NOTES)
