@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from icr.training.analysis.compare import Variant
 from icr.training.analysis.paper_numbers import NUMBERS, PAPERS
 from icr.training.atomic import atomic_write_text
 
@@ -134,10 +135,14 @@ class Outcome:
 
 
 # --- verdict rule -----------------------------------------------------------------------------------
+def _margin(difference: float, std: float) -> float:
+    """``difference / std`` in stds, std floored at STD_FLOOR, the result capped at +-MARGIN_CAP."""
+    return max(-MARGIN_CAP, min(MARGIN_CAP, difference / max(std, STD_FLOOR)))
+
+
 def pairwise_margin(a: Sequence[float], b: Sequence[float]) -> float:
     """(mean_A - mean_B) / sqrt((std_A^2 + std_B^2) / 2), std floored at STD_FLOOR, capped at MARGIN_CAP."""
-    s = max(math.sqrt((a[1] ** 2 + b[1] ** 2) / 2), STD_FLOOR)
-    return max(-MARGIN_CAP, min(MARGIN_CAP, (a[0] - b[0]) / s))
+    return _margin(a[0] - b[0], math.sqrt((a[1] ** 2 + b[1] ** 2) / 2))
 
 
 def pairwise_verdict(kind: str, margin: float) -> str:
@@ -262,7 +267,7 @@ def evaluate(finding: Finding, reports: Mapping[str, Mapping[str, Any]]) -> Outc
         if finding.target is None or finding.tolerance is None:
             raise ValueError(f"finding {finding.id}: a single-quantity claim needs target and tolerance")
         mean, std = values[sides[0]]
-        margin = max(-MARGIN_CAP, min(MARGIN_CAP, (mean - finding.target) / max(std, STD_FLOOR)))
+        margin = _margin(mean - finding.target, std)
         detail = f"target {finding.target:g}, tolerance {finding.tolerance:g}"
         return Outcome(
             single_verdict(finding.kind, mean, finding.target, finding.tolerance), margin, detail, tuple(ours)
@@ -294,7 +299,9 @@ RSUM = "annotations/rsum"
 
 
 def goal_variant(triplet_weight: str, pair_weight: str) -> str:
-    return f"goal[triplet_weight={triplet_weight},pair_weight={pair_weight}]"
+    """The comparison's name of a GOAL variant, e.g. ``goal[triplet_weight=cir,pair_weight=sig_ms]``."""
+    params = (("triplet_weight", triplet_weight), ("pair_weight", pair_weight))
+    return Variant("goal", params=params).name
 
 
 def _ecir_t1(method: str, losses: Sequence[str], column: str) -> tuple[tuple[str, ...], ...]:

@@ -36,6 +36,7 @@ Nothing is filled in from memory or from other sources: a number that is not in 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +151,36 @@ def _add(
     )
 
 
+def _add_row(
+    prefix: str,
+    columns: Sequence[str],
+    cells: str,
+    paper: str,
+    table: str,
+    dataset: str,
+    method: str,
+    row: str,
+    note: str = "",
+) -> None:
+    """One printed row: ``cells`` (space-separated ``mean`` or ``mean±std``) under ``columns``, each
+    added as ``{prefix}.{column}`` with the cell as printed."""
+    for column, cell in zip(columns, cells.split(), strict=True):
+        mean, std = _pm(cell)
+        _add(
+            f"{prefix}.{column}",
+            paper,
+            table,
+            dataset,
+            method,
+            row,
+            column,
+            mean,
+            std,
+            printed=cell,
+            note=note,
+        )
+
+
 # --- ECIR 2022, Table 1 ---------------------------------------------------------------------------
 ECIR_DATASETS = {"f30k": "Flickr30k", "coco": "MS-COCO"}
 ECIR_METHODS = {"vsepp": "VSE++", "vsrn": "VSRN"}
@@ -201,20 +232,16 @@ def ecir_row(row: str) -> tuple[str, str, str]:
 
 for _row, _cells in ECIR_T1.items():
     _ds, _m, _loss = ecir_row(_row)
-    for _col, _cell in zip(ECIR_T1_COLUMNS, _cells.split(), strict=True):
-        _mean, _std = _pm(_cell)
-        _add(
-            f"ecir.t1.{_ds}.{_m}.{_loss}.{_col}",
-            "ecir",
-            "Table 1",
-            ECIR_DATASETS[_ds],
-            ECIR_METHODS[_m],
-            f"{ECIR_LOSSES[_loss]} ({_row})",
-            _col,
-            _mean,
-            _std,
-            printed=_cell,
-        )
+    _add_row(
+        f"ecir.t1.{_ds}.{_m}.{_loss}",
+        ECIR_T1_COLUMNS,
+        _cells,
+        "ecir",
+        "Table 1",
+        ECIR_DATASETS[_ds],
+        ECIR_METHODS[_m],
+        f"{ECIR_LOSSES[_loss]} ({_row})",
+    )
 
 # --- ECIR Table 2: COCOS for Triplet loss and Triplet loss SH -----------------------------------------
 ECIR_T2_COLUMNS = ("i2t_Cq", "i2t_CB", "i2t_C0", "t2i_Cq", "t2i_CB", "t2i_C0")
@@ -255,21 +282,17 @@ ECIR_T3_COCO: tuple[tuple[str, str], ...] = (
     ("vsrn", "1.10±0.14 0.10±0.02 0.14±0.02 1.11±0.14 0.09±0.02 0.14±0.02"),
 )
 for _m, _cells in ECIR_T3_COCO:
-    for _col, _cell in zip(ECIR_T3_COLUMNS, _cells.split(), strict=True):
-        _mean, _std = _pm(_cell)
-        _add(
-            f"ecir.t3.coco.{_m}.ntxent.{_col}",
-            "ecir",
-            "Table 3",
-            "MS-COCO",
-            ECIR_METHODS[_m],
-            f"NT-Xent ({'2.3' if _m == 'vsepp' else '2.7'})",
-            _col,
-            _mean,
-            _std,
-            printed=_cell,
-            note="std over training batches of one checkpoint",
-        )
+    _add_row(
+        f"ecir.t3.coco.{_m}.ntxent",
+        ECIR_T3_COLUMNS,
+        _cells,
+        "ecir",
+        "Table 3",
+        "MS-COCO",
+        ECIR_METHODS[_m],
+        f"NT-Xent ({'2.3' if _m == 'vsepp' else '2.7'})",
+        note="std over training batches of one checkpoint",
+    )
 # Flickr30k: the markdown kept only one cell of the two rows, "0.56 ± 0.02  0.20 ± 0.02", in the 6th
 # tab-separated field, which the header names i2t W^{qv+}; top value VSE++ (1.3), bottom VSRN (1.7).
 for _m, _mean in (("vsepp", 0.56), ("vsrn", 0.20)):
@@ -421,20 +444,18 @@ CES_MERGED_NOTE = (
     "'Negative Mining further improves' with distractors agree)"
 )
 for _name, _cells in CES_T1:
-    for _col, _cell in zip(CES_T1_COLUMNS, _cells.split(), strict=True):
-        _add(
-            f"ces.t1.cc.{_name}.{_col}",
-            "ces",
-            "Table 1",
-            "Conceptual Captions",
-            "BERT-base / ResNet-50",
-            CES_MODELS[_name],
-            _col,
-            float(_cell),
-            printed=_cell,
-            note="mean of 5 runs, no std; PR-AUC in percent; *_distr: the 3.3M training images added as "
-            "distractors" + ("; " + CES_MERGED_NOTE if _name.startswith("ce_") else ""),
-        )
+    _add_row(
+        f"ces.t1.cc.{_name}",
+        CES_T1_COLUMNS,
+        _cells,
+        "ces",
+        "Table 1",
+        "Conceptual Captions",
+        "BERT-base / ResNet-50",
+        CES_MODELS[_name],
+        note="mean of 5 runs, no std; PR-AUC in percent; *_distr: the 3.3M training images added as "
+        "distractors" + ("; " + CES_MERGED_NOTE if _name.startswith("ce_") else ""),
+    )
 CES_T2: tuple[tuple[str, str], ...] = (
     ("vilbert", "31.86 61.12 72.80"),
     ("sampled_softmax", "29.22 55.70 67.20"),
@@ -445,19 +466,17 @@ CES_T2: tuple[tuple[str, str], ...] = (
     ("ce_mining", "30.49 57.04 68.06"),
 )
 for _name, _cells in CES_T2:
-    for _col, _cell in zip(("t2i_r1", "t2i_r5", "t2i_r10"), _cells.split(), strict=True):
-        _add(
-            f"ces.t2.f30k.{_name}.{_col}",
-            "ces",
-            "Table 2",
-            "Flickr30k (zero-shot)",
-            "BERT-base / ResNet-50",
-            CES_MODELS[_name],
-            _col,
-            float(_cell),
-            printed=_cell,
-            note="mean of 5 runs, no std" + ("; " + CES_MERGED_NOTE if _name.startswith("ce_") else ""),
-        )
+    _add_row(
+        f"ces.t2.f30k.{_name}",
+        ("t2i_r1", "t2i_r5", "t2i_r10"),
+        _cells,
+        "ces",
+        "Table 2",
+        "Flickr30k (zero-shot)",
+        "BERT-base / ResNet-50",
+        CES_MODELS[_name],
+        note="mean of 5 runs, no std" + ("; " + CES_MERGED_NOTE if _name.startswith("ce_") else ""),
+    )
 
 # --- GOAL, Tables 2-5 (MS-COCO 5K, R@1) --------------------------------------------------------------
 GOAL_METHODS = {
@@ -561,20 +580,16 @@ GOAL_T2: tuple[tuple[str, str, str], ...] = (
     ("vseinf_wsl", "ours", "66.2±0.2 51.6±0.3"),
 )
 for _m, _who, _cells in GOAL_T2:
-    for _d, _cell in zip(("i2t", "t2i"), _cells.split(), strict=True):
-        _mean, _std = _pm(_cell)
-        _add(
-            f"goal.t2.coco.{_m}.{_who}.{_d}_r1",
-            "goal",
-            "Table 2",
-            "MS-COCO 5K",
-            GOAL_METHODS[_m].replace("VSE++ (ResNet152, fine-tuned)", "VSE++(R152,FT)"),
-            "triplet loss (original paper)" if _who == "original" else "gradient T_con x P_con (GOAL)",
-            f"{_d}_r1",
-            _mean,
-            _std,
-            printed=_cell,
-        )
+    _add_row(
+        f"goal.t2.coco.{_m}.{_who}",
+        ("i2t_r1", "t2i_r1"),
+        _cells,
+        "goal",
+        "Table 2",
+        "MS-COCO 5K",
+        GOAL_METHODS[_m].replace("VSE++ (ResNet152, fine-tuned)", "VSE++(R152,FT)"),
+        "triplet loss (original paper)" if _who == "original" else "gradient T_con x P_con (GOAL)",
+    )
 _add(
     "goal.appendix.f30k",
     "goal",

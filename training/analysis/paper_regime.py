@@ -103,7 +103,9 @@ class PaperSuite:
         return tuple(v for v in suite if v in self.only) if self.only else suite
 
 
-def quick_suite(features: Path, overrides: Sequence[str] = (), batch_size: int = 128) -> PaperSuite:
+def quick_suite(
+    features: Path, overrides: Sequence[str] = (), batch_size: int = 128, only: tuple[str, ...] = ()
+) -> PaperSuite:
     """The CI path: one seed, two epochs of at most a few steps, two variants per encoder."""
     return PaperSuite(
         features,
@@ -114,6 +116,7 @@ def quick_suite(features: Path, overrides: Sequence[str] = (), batch_size: int =
         cocos_batches=1,
         overrides=("train.max_steps=4", "train.threads=1", *overrides),
         quick=True,
+        only=only,
     )
 
 

@@ -21,6 +21,22 @@ analyze_app = typer.Typer(
 analyze_app.command("cocos")(cocos)
 
 
+def _seed_list(seeds: str) -> tuple[int, ...]:
+    """``"0,1,2"`` -> (0, 1, 2), or a ValueError naming --seeds."""
+    try:
+        return tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+
+
+def _invoked_command() -> str:
+    """The ``icr analyze ...`` command line as typed, for the reports to quote."""
+    import shlex
+    import sys
+
+    return "icr analyze " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+
+
 @analyze_app.command("compare")
 @fail_cleanly
 def compare_command(
@@ -75,19 +91,12 @@ def compare_command(
       icr analyze compare --variants 'triplet_hardest,goal[triplet_weight=cir,pair_weight=sig_ms]'
       --patience 3
     """
-    import shlex
-    import sys
-
     from icr.training.analysis.compare import Regime, compare, split_variants
 
     if epochs < 1 or batch_size < 1 or smoothap_epoch_factor < 1 or cocos_batches < 1:
         raise ValueError("--epochs, --batch-size, --smoothap-epoch-factor and --cocos-batches must be >= 1")
     if distractors < 0 or patience < 0:
         raise ValueError("--distractors and --patience must be >= 0")
-    try:
-        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-    except ValueError:
-        raise ValueError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
     regime = Regime(
         data=str(data),
         base_config=config,
@@ -99,14 +108,13 @@ def compare_command(
         cocos_batches=cocos_batches,
         patience=patience,
     )
-    command = "icr analyze " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     result = compare(
         split_variants(variants),
-        seed_list,
+        _seed_list(seeds),
         regime,
         runs,
         report,
-        command=command,
+        command=_invoked_command(),
         progress=not quiet,
         log=typer.echo,
     )
@@ -164,34 +172,24 @@ def paper_command(
 
       icr analyze paper --quick --runs /tmp/pq --docs /tmp/pq/docs --out /tmp/pq/findings.md
     """
-    import shlex
-    import sys
-    from dataclasses import replace
-
     from icr.training.analysis.compare import split_variants
     from icr.training.analysis.paper_regime import PaperSuite, quick_suite, run_paper_suite
 
     if epochs < 1 or batch_size < 1 or patience < 0:
         raise ValueError("--epochs and --batch-size must be >= 1, --patience >= 0")
-    try:
-        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
-    except ValueError:
-        raise ValueError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
-    overrides = tuple(set_ or ())
+    seed_list, overrides, only = _seed_list(seeds), tuple(set_ or ()), tuple(split_variants(variants))
     suite = (
-        quick_suite(features, overrides, batch_size)
+        quick_suite(features, overrides, batch_size, only)
         if quick
-        else PaperSuite(features, seed_list, epochs, batch_size, patience, overrides=overrides)
+        else PaperSuite(features, seed_list, epochs, batch_size, patience, overrides=overrides, only=only)
     )
-    suite = replace(suite, only=tuple(split_variants(variants)))
-    command = "icr analyze " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     findings = run_paper_suite(
         suite,
         [e.strip() for e in encoders.split(",") if e.strip()],
         runs,
         docs,
         out,
-        command=command,
+        command=_invoked_command(),
         progress=not quiet,
         log=typer.echo,
     )

@@ -240,13 +240,19 @@ def featurise(model: Backbone, images: np.ndarray, batch_size: int = 256) -> np.
 
 
 def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
-    """AP of ranking ``scores`` (M,) against binary ``labels`` (M,); NaN when there is no positive."""
-    hits = labels[np.argsort(-scores, kind="stable")].astype(np.float64)
-    positives = hits.sum()
-    if positives == 0:
+    """AP of ranking ``scores`` (M,) against binary ``labels`` (M,); NaN when there is no positive.
+
+    The evaluation's own global AP (tie-aware, oracle-tested), on one row of M pairs.
+    """
+    from icr.training.evaluation.metrics.global_pr import pr_curve
+    from icr.training.evaluation.metrics.relevance import Relevance
+
+    relevant = np.asarray(labels, dtype=bool)[None, :]  # (1, M)
+    if not relevant.any():
         return math.nan
-    precision = np.cumsum(hits) / np.arange(1, len(hits) + 1)
-    return float((precision * hits).sum() / positives)
+    return pr_curve(
+        np.asarray(scores, dtype=np.float32)[None, :], Relevance.matrix(relevant)
+    ).average_precision()
 
 
 def held_out_metrics(
