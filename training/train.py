@@ -449,8 +449,10 @@ class Trainer:
     def _out_of_patience(self) -> bool:
         """``train.patience`` epochs have passed since validation rsum last improved."""
         patience = int(self.config["train"]["patience"])
+        if patience <= 0:  # every process knows this from the config: no collective needed
+            return False
         best = self.state.best_epoch  # validation runs on rank 0 only: it decides for all
-        return dist.main_decides(patience > 0 and best >= 0 and self.state.epoch - (best + 1) >= patience)
+        return dist.main_decides(best >= 0 and self.state.epoch - (best + 1) >= patience)
 
     def _swa_update(self) -> None:
         if self.swa is None:
