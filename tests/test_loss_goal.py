@@ -201,6 +201,36 @@ def test_con_con_gradient_is_vsepp(seed: int, mask_duplicates: bool) -> None:
     torch.testing.assert_close(g_cap, h_cap, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize(("tw", "pw"), [("con", "con"), ("cir", "sig_ms")])
+def test_warmup_is_vse0_then_the_gradient_objective(tw: str, pw: str) -> None:
+    """warmup_epochs = 1: the VSE0 hinge sum in epoch 0 (VSE-infinity's warm-up), GOAL from epoch 1."""
+    img, cap, ids = caption_batch(0)
+    pos = ids[:, None] == ids[None, :]
+    loss = Goal(tw, pw, warmup_epochs=1)
+    loss.on_epoch_start(0)
+    warm = value_and_grads(sum(loss.terms(img @ cap.T, pos).values()), img, cap)
+    vse0 = value_and_grads(naive_vse0(img @ cap.T, pos, 0.2), img, cap)
+    loss.on_epoch_start(1)
+    after = value_and_grads(goal_value(loss, img, cap, pos), img, cap)
+    plain = value_and_grads(goal_value(Goal(tw, pw), img, cap, pos), img, cap)
+    for got, want in [*zip(warm, vse0, strict=True), *zip(after, plain, strict=True)]:
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="warmup_epochs"):
+        Goal(warmup_epochs=-1)
+
+
+def naive_vse0(sim: Tensor, pos: Tensor, margin: float) -> Tensor:
+    """VSE0 with loops: the hinge of every (query, negative) pair, both directions, summed."""
+    total = sim.new_zeros(())
+    n = sim.shape[0]
+    for i in range(n):
+        for j in range(n):
+            if not pos[i, j]:
+                total = total + (margin + sim[i, j] - sim[i, i]).clamp(min=0)  # image i, caption j
+                total = total + (margin + sim[i, j] - sim[j, j]).clamp(min=0)  # caption j, image i
+    return total
+
+
 @pytest.mark.parametrize("ids", [[7], [3, 3, 3]], ids=["batch-of-1", "all-duplicates"])
 @pytest.mark.parametrize(("tw", "pw"), COMBOS)
 def test_nothing_to_contrast_gives_zero_and_finite_grads(ids: list[int], tw: str, pw: str) -> None:

@@ -274,7 +274,10 @@ def test_paper_suite_quick_path_end_to_end(built, tmp_path):
     for encoder, variants in (("vsepp", ["triplet_hardest", "ntxent"]), ("gpo", ["triplet_hardest"])):
         report = json.loads((docs / encoder / "report.json").read_text())
         assert set(variants) <= set(report["variants"])
-        assert report["regime"]["distractors"] == 0 and report["regime"]["patience"] == 1
+        assert report["regime"]["distractors"] == (16 if encoder == "vsepp" else 0)
+        assert report["regime"]["patience"] == 1
+        calibration = report["variants"]["triplet_hardest"]["calibration"]
+        assert (calibration["t2i R@10 +distractors (annot.)"] is not None) == (encoder == "vsepp")
         assert report["variants"]["triplet_hardest"]["best_epoch"] is not None
     data = json.loads(findings.with_suffix(".json").read_text())
     verdicts = [f["verdict"] for f in data["findings"]]
@@ -283,3 +286,17 @@ def test_paper_suite_quick_path_end_to_end(built, tmp_path):
 
     bad = CliRunner().invoke(app, [*args, "--variants", "no_such_loss"])
     assert bad.exit_code == 2 and "in no encoder's suite" in bad.output
+
+    # --report-only trains nothing: a run without result.json drops out of the report
+    missing = next((runs / "vsepp").glob("ntxent/seed0/result.json"))
+    missing.unlink()
+    partial = CliRunner().invoke(app, [*args, "--report-only"])
+    assert partial.exit_code == 0, partial.output
+    assert "ntxent seed 0: not run, left out of the report" in partial.output
+    assert not missing.exists()
+    report = json.loads((docs / "vsepp" / "report.json").read_text())
+    assert list(report["variants"]) == ["triplet_hardest"]
+    assert report["variants"]["triplet_hardest"]["runs"] == 1
+    empty = CliRunner().invoke(app, [*args, "--report-only", "--runs", str(tmp_path / "none")])
+    assert empty.exit_code == 0, empty.output
+    assert "no finished runs" in empty.output and (docs / "gpo" / "report.json").is_file()

@@ -66,9 +66,12 @@ def test_gpo_matches_a_per_sample_loop_in_values_and_gradients() -> None:
     expected = naive_gpo(gpo, features, lengths)
     assert_close(pooled, expected, rtol=1e-9, atol=1e-10)
     probe = torch.randn_like(pooled)
-    (g_batched,) = torch.autograd.grad((pooled * probe).sum(), features)
-    (g_loop,) = torch.autograd.grad((expected * probe).sum(), features)
+    params = [features, *gpo.parameters()]
+    g_batched, *p_batched = torch.autograd.grad((pooled * probe).sum(), params)
+    g_loop, *p_loop = torch.autograd.grad((expected * probe).sum(), params)
     assert_close(g_batched, g_loop, rtol=1e-9, atol=1e-10)
+    for got, want in zip(p_batched, p_loop, strict=True):  # the GRU runs once per distinct length
+        assert_close(got, want, rtol=1e-9, atol=1e-10)
     # padding: zero weight, zero gradient, and the weights of each sample sum to one
     for b, n in enumerate(lengths):
         assert torch.all(weights[b, n:] == 0) and torch.all(g_batched[b, n:] == 0)

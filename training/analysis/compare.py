@@ -486,8 +486,13 @@ def compare(
     command: str,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    finished_only: bool = False,
 ) -> dict[str, Any]:
-    """Run every (variant, seed) (resumably), then write report.md, report.json and PNGs."""
+    """Run every (variant, seed) (resumably), then write report.md, report.json and PNGs.
+
+    ``finished_only``: train nothing; report the runs that have finished (a variant may then have
+    fewer seeds than others, which its ``runs`` count and the convergence table show).
+    """
     parsed = [Variant.parse(v) for v in variants]
     if len({v.name for v in parsed}) != len(parsed):
         raise ValueError(f"duplicate variants in {list(variants)}")
@@ -496,8 +501,13 @@ def compare(
     results = []
     total = len(parsed) * len(seeds)
     for k, (variant, seed) in enumerate(((v, s) for v in parsed for s in seeds), start=1):
+        if finished_only and not (runs_dir / variant.slug / f"seed{seed}" / RESULT_FILE).is_file():
+            log(f"[{k}/{total}] {variant.name} seed {seed}: not run, left out of the report")
+            continue
         log(f"[{k}/{total}] {variant.name} seed {seed}")
         results.append(run_one(regime, variant, seed, runs_dir, progress=progress))
+    if not results:
+        raise ValueError(f"no finished runs in {runs_dir} for {list(variants)}; run them first")
     report, markdown = build_report(results, regime, command)
     report_dir.mkdir(parents=True, exist_ok=True)
     report["plots"] = [p.name for p in write_plots(results, report_dir)]

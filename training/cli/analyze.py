@@ -152,6 +152,13 @@ def paper_command(
         "docs/paper-findings.md"
     ),
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    report_only: Annotated[
+        bool,
+        typer.Option(
+            help="Train nothing: report and judge the runs that have finished (variants may then "
+            "have fewer seeds; each report says how many)."
+        ),
+    ] = False,
 ) -> None:
     """The papers' findings under the papers' regime: every objective on frozen pretrained features,
     trained until validation stops improving, 3 seeds; verdicts side by side with the papers.
@@ -171,6 +178,8 @@ def paper_command(
       icr analyze paper --encoders gpo --set train.threads=1
 
       icr analyze paper --quick --runs /tmp/pq --docs /tmp/pq/docs --out /tmp/pq/findings.md
+
+      icr analyze paper --report-only                 # findings from the runs finished so far
     """
     from icr.training.analysis.compare import split_variants
     from icr.training.analysis.paper_regime import PaperSuite, quick_suite, run_paper_suite
@@ -192,6 +201,7 @@ def paper_command(
         command=_invoked_command(),
         progress=not quiet,
         log=typer.echo,
+        finished_only=report_only,
     )
     counts = ", ".join(f"{n} {verdict}" for verdict, n in findings["summary"]["all"].items() if n)
     typer.echo(f"wrote {out} and {out.with_suffix('.json')}: {counts}")

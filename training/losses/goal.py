@@ -40,6 +40,10 @@ Defaults and deviations from ``microsoft/VSE_Gradient`` (``Gradient/gradient.py`
 * T con is the paper's Heaviside of the hinge; the released code uses a constant 1. A margin above 2
   (cosine gaps are at most 2) gives the released behaviour.
 * ``cir_relaxation = 0.5`` is the released code's ``- 0.5`` in T cir (paper eq. 8 has none, i.e. 0).
+* ``warmup_epochs``: VSE0 (the hinge summed over all negatives, :mod:`icr.training.losses.triplet`)
+  for the first epochs, then the gradient objective. GOAL is trained on VSE-infinity's code, whose
+  region-feature runs use ``--vse_mean_warmup_epochs 1``; GOAL's Table 2 (T con / P con reproduces
+  VSE-infinity's triplet numbers) holds only with the same warm-up (``triplet_hardest`` has it too).
 * Fixed reference bugs: set membership of lin_ms counted by the set rule, not by ``value != 0`` /
   ``value > 0`` (ties and negative linear differences were dropped from the counts); alpha/beta taken
   from the parameters (the released ``sig_ms_term`` reads undefined globals); in-batch duplicates of an
@@ -52,6 +56,7 @@ import torch
 from torch import Tensor
 
 from icr.training.losses.base import ContrastiveLoss, register
+from icr.training.losses.triplet import hinge_costs
 
 TRIPLET_WEIGHTS = ("con", "nca", "cir")
 PAIR_WEIGHTS = ("con", "lin", "sig", "lin_ms", "sig_ms")
@@ -78,9 +83,12 @@ class Goal(ContrastiveLoss):
         lam: float = 0.5,
         ms_margin: float = 0.1,
         cir_relaxation: float = 0.5,
+        warmup_epochs: int = 0,
         mask_duplicates: bool = True,
     ) -> None:
         super().__init__(mask_duplicates=mask_duplicates)
+        if warmup_epochs < 0:
+            raise ValueError(f"goal: warmup_epochs must be >= 0 (epochs of VSE0 first), got {warmup_epochs}")
         if triplet_weight not in TRIPLET_WEIGHTS:
             raise ValueError(
                 f"goal: unknown triplet_weight {triplet_weight!r}; "
@@ -99,8 +107,12 @@ class Goal(ContrastiveLoss):
         self.lam = lam
         self.ms_margin = ms_margin
         self.cir_relaxation = cir_relaxation
+        self.warmup_epochs = warmup_epochs
 
     def terms(self, sim: Tensor, pos: Tensor) -> dict[str, Tensor]:
+        if self.epoch < self.warmup_epochs:
+            cost_i2t, cost_t2i = hinge_costs(sim, pos, self.margin)  # (N, N) each, 0 off the negatives
+            return {"i2t": cost_i2t.sum(), "t2i": cost_t2i.sum()}
         return {"i2t": self._direction(sim, pos), "t2i": self._direction(sim.T, pos.T)}
 
     def _direction(self, sim: Tensor, pos: Tensor) -> Tensor:

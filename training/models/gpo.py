@@ -68,18 +68,22 @@ class GPO(nn.Module):
 
     def pool_weights(self, lengths: Tensor, n: int, device: torch.device) -> Tensor:
         """(B, n) softmax weights over the valid positions of each sample (0 on padding)."""
-        valid = self._valid(lengths, n, device)  # (B, n)
-        batch = lengths.shape[0]
+        self._valid(lengths, n, device)  # checks the lengths
+        # The weights depend on the length alone: run the GRU once per distinct length, not once per
+        # sample (every image has the same R regions; captions share a few lengths). Same values and
+        # gradients, a fraction of the GRU's cost.
+        distinct, which = lengths.unique(return_inverse=True)  # (U,), (B,)
+        valid = self._valid(distinct, n, device)  # (U, n)
         pes = positional_encoding(n, self.d_pe, device, self.linear.weight.dtype)
-        pes = pes.unsqueeze(0).expand(batch, n, self.d_pe)
-        pes = pes.masked_fill(~valid.unsqueeze(-1), 0.0)  # (B, n, d_pe)
-        packed = pack_padded_sequence(pes, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        pes = pes.unsqueeze(0).expand(distinct.shape[0], n, self.d_pe)
+        pes = pes.masked_fill(~valid.unsqueeze(-1), 0.0)  # (U, n, d_pe)
+        packed = pack_padded_sequence(pes, distinct.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = self.gru(packed)
-        out, _ = pad_packed_sequence(out, batch_first=True, total_length=n)  # (B, n, 2 * d_hidden)
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=n)  # (U, n, 2 * d_hidden)
         out = (out[..., : self.d_hidden] + out[..., self.d_hidden :]) / 2  # both directions averaged
-        scores = self.linear(out).squeeze(-1)  # (B, n)
+        scores = self.linear(out).squeeze(-1)  # (U, n)
         scores = scores.masked_fill(~valid, float("-inf"))
-        return torch.softmax(scores / TEMPERATURE, dim=1)
+        return torch.softmax(scores / TEMPERATURE, dim=1)[which.to(device)]  # (B, n)
 
     def forward(self, features: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         if features.dim() != 3:
