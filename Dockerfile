@@ -40,7 +40,11 @@ ENV ICR_INDEX=/artifacts/index/images \
     ICR_HOST=0.0.0.0 \
     ICR_PORT=8000
 EXPOSE 8000
+# Bound to every interface: put a reverse proxy (nginx, a cloud load balancer) in front of a port that
+# leaves the host; icr serve bounds slow clients itself (ICR_HEADER_TIMEOUT_SECONDS,
+# ICR_BODY_TIMEOUT_SECONDS, ICR_MAX_CONNECTIONS) but not per client. The health check sends
+# ICR_API_KEY, which /readyz needs with ICR_HEALTH_NEED_KEY=true.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s \
-  CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=4)"
+  CMD python -c "import os, urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:8000/readyz', headers={'X-API-Key': os.environ.get('ICR_API_KEY', '')}), timeout=4)"
 ENTRYPOINT ["icr"]
 CMD ["serve"]

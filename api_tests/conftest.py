@@ -85,11 +85,14 @@ class Server:
                 self.args, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
             )
         deadline = time.monotonic() + timeout
+        key = (
+            {"X-API-Key": self.env["ICR_API_KEY"]} if "ICR_API_KEY" in self.env else {}
+        )  # ICR_HEALTH_NEED_KEY
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"icr serve exited with {self.process.returncode}:\n{self.log_text()}")
             try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/readyz", headers=key, timeout=2).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -69,6 +71,10 @@ def test_malformed_bodies(client: httpx.Client) -> None:
     assert r.status_code == 422 and "not valid JSON" in r.json()["message"]
     r = client.post("/v1/search/text", content=b"text=a", headers={"content-type": "text/plain"})
     assert r.status_code == 422 and r.json()["message"]
+    # bytes that are not UTF-8 (a Latin-1 client): the same 422, saying what to send
+    latin1 = '{"text": "a caf\xe9 sign"}'.encode("latin-1")
+    r = client.post("/v1/search/text", content=latin1, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "not valid JSON (UTF-8)" in r.json()["message"], r.text
 
 
 def _upload(client: httpx.Client, content: bytes, name: str = "q.png", **data: str) -> httpx.Response:
@@ -191,3 +197,82 @@ def test_a_body_that_stops_arriving_gets_408(make_server) -> None:
     assert "ICR_BODY_TIMEOUT_SECONDS" in answer and waited < 10
     with httpx.Client(base_url=server.url, timeout=30) as c:
         assert c.post("/v1/search/text", json={"text": "a red circle"}).status_code == 200
+
+
+@functools.cache
+def _forty_megapixels() -> bytes:
+    """6324 x 6324 RGB (40 M pixels, just within ICR_MAX_IMAGE_PIXELS) in about 116 KB: 160 MB
+    decoded, as much again converted."""
+    return _png((6324, 6324))
+
+
+def _upload_at_once(url: str, content: bytes, n: int) -> list[httpx.Response]:
+    def one(_: int) -> httpx.Response:
+        with httpx.Client(base_url=url, timeout=180) as c:
+            return _upload(c, content, name="big.png", k="2")
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_concurrent_large_uploads_are_decoded_a_few_at_a_time(make_server) -> None:
+    """Eight 40 M-pixel uploads at once, each within every limit: decoded two at a time
+    (ICR_MAX_CONCURRENT_DECODES, default 2), all answered, and the server's peak RSS grows by what
+    two decodes take, not eight. Measured here (a 287 MiB server): 8 decodes at once, as before the
+    bound, took the peak to 2,526 MiB (+2.2 GiB); two at a time, with the heap trimmed after each
+    decode, to 935 MiB (+648 MiB); two at a time without the trim, +2,385 MiB."""
+    big = _forty_megapixels()
+    assert len(big) < 200_000
+    server = make_server(ICR_DECODE_WAIT_SECONDS="300").start()
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert _upload(c, _png(), k="2").status_code == 200  # torch's own first-call allocations
+    before = _peak_rss_kib(server.process.pid)
+    answers = _upload_at_once(server.url, big, 8)
+    assert [r.status_code for r in answers] == [200] * 8, [r.text[:200] for r in answers]
+    growth_mib = (_peak_rss_kib(server.process.pid) - before) / 1024
+    print(f"\npeak RSS {before / 1024:.0f} MiB, grew by {growth_mib:.0f} MiB")  # noqa: T201 (shown with -s)
+    assert growth_mib < 1024  # two decodes at a time: ~520 MiB; eight: ~2,200 MiB
+
+
+def test_uploads_beyond_the_decode_limit_wait_then_get_503_with_retry_after(make_server) -> None:
+    """One decode at a time and no waiting: while the first 40 M-pixel upload decodes, the others
+    are told to come back (503, Retry-After), and the server keeps serving."""
+    server = make_server(ICR_MAX_CONCURRENT_DECODES="1", ICR_DECODE_WAIT_SECONDS="0").start()
+    answers = _upload_at_once(server.url, _forty_megapixels(), 4)
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses[0] == 200 and statuses[-1] == 503, statuses
+    busy = next(r for r in answers if r.status_code == 503)
+    assert busy.headers["retry-after"] == "2" and busy.json()["error"] == "busy"
+    assert "ICR_MAX_CONCURRENT_DECODES" in busy.json()["message"]
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert _upload(c, _png(), k="2").status_code == 200  # the slot was given back
+        operation = c.get("/openapi.json").json()["paths"]["/v1/search/image"]["post"]
+        assert "ICR_MAX_CONCURRENT_DECODES" in operation["responses"]["503"]["description"]
+        assert "Retry-After" in operation["responses"]["503"]["headers"]
+
+
+def test_gallery_files_are_opened_within_the_servers_limits(artifacts, make_server, tmp_path) -> None:
+    """A gallery file replaced since the build by one over ICR_MAX_IMAGE_PIXELS, or by a format
+    outside the photo formats, is not decoded for /v1/images: 404 naming the limit, and the peak
+    RSS does not move (before, any file PIL opens was decoded whole)."""
+    from icr.index.build import build_photo_index
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("a.png", "b.png", "c.png"):
+        Image.new("RGB", (40, 30), "red").save(photos / name)
+    index = tmp_path / "index"
+    build_photo_index(artifacts.checkpoint, images=photos, out=index, progress=False, gpu="off")
+    Image.new("1", (6000, 6000)).save(photos / "b.png")  # 36 M pixels (144 MB decoded), over 1 M
+    Image.new("RGB", (40, 30)).save(photos / "c.png", format="SGI")  # named .png, not a photo format
+    server = make_server(index=index, ICR_MAX_IMAGE_PIXELS="1000000").start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        assert c.get("/v1/images/0").status_code == 200
+        before = _peak_rss_kib(server.process.pid)
+        for image_id, says in ((1, "more than 1,000,000 pixels"), (2, "accepted format (JPEG, PNG")):
+            for size in ("full", "thumb"):
+                r = c.get(f"/v1/images/{image_id}", params={"size": size})
+                assert r.status_code == 404, r.text
+                assert r.json()["error"] == "no_pixels" and says in r.json()["message"], r.json()
+                assert str(photos) not in r.json()["message"]  # named relative to the gallery
+        assert _peak_rss_kib(server.process.pid) - before < 16 * 1024

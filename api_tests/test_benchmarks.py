@@ -159,6 +159,38 @@ def test_a_killed_server_leaves_no_job_running(make_server, tmp_path) -> None:
     second.stop()
 
 
+def test_the_queue_limit_holds_under_a_burst_of_submissions(make_server) -> None:
+    """30 submissions at once against ICR_MAX_QUEUED_JOBS=2: the count and the insert are one
+    transaction, so never more than 2 jobs wait (the runner may take one of them meanwhile)."""
+    import threading
+
+    server = make_server(ICR_MAX_QUEUED_JOBS="2").start()
+    statuses: list[int] = []
+    accepted: list[str] = []
+    go = threading.Barrier(30)
+
+    def submit() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            go.wait()
+            r = c.post("/v1/benchmarks", json={"dataset": "synthetic", "distractors": 50000})
+        statuses.append(r.status_code)
+        if r.status_code == 202:
+            accepted.append(r.json()["id"])
+
+    threads = [threading.Thread(target=submit) for _ in range(30)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        jobs = c.get("/v1/benchmarks").json()["jobs"]
+        for job_id in accepted:  # leave nothing running
+            c.delete(f"/v1/benchmarks/{job_id}")
+    assert set(statuses) <= {202, 429} and statuses.count(429) >= 27, statuses
+    assert 2 <= len(accepted) <= 3 and sum(j["status"] == "queued" for j in jobs) <= 2, jobs
+    server.stop()
+
+
 def _running_pid(jobs_db, job_id: str) -> int:
     import sqlite3
 
@@ -193,6 +225,8 @@ def test_two_servers_share_one_job_database(make_server, tmp_path) -> None:
     time.sleep(4)  # more than two lease periods: renewed by the first server, never taken away
     assert b.get(f"/v1/benchmarks/{long_job['id']}").json()["status"] == "running"
     assert _owner_pid(jobs_db, long_job["id"]) == first.process.pid
+    # each job claimed exactly once (every claim counts an attempt): neither server ran the other's
+    assert _attempt(jobs_db, long_job["id"]) == _attempt(jobs_db, queued["id"]) == 1
 
     # cancel the first server's job through the second: its worker stops within a lease period
     worker = _running_pid(jobs_db, long_job["id"])
@@ -216,6 +250,7 @@ def test_two_servers_share_one_job_database(make_server, tmp_path) -> None:
     second.process.wait()
     cut = _wait(a, queued["id"], {"interrupted"}, timeout=30)
     assert "restart" in cut["error"], cut
+    assert _attempt(jobs_db, queued["id"]) == 1  # marked, not run again by the surviving server
     a.close()
     b.close()
     first.stop()
@@ -227,3 +262,10 @@ def _owner_pid(jobs_db, job_id: str) -> int:
     with sqlite3.connect(jobs_db) as db:
         owner = db.execute("SELECT lease_owner FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
     return int(owner.split(":")[1])
+
+
+def _attempt(jobs_db, job_id: str) -> int:
+    import sqlite3
+
+    with sqlite3.connect(jobs_db) as db:
+        return int(db.execute("SELECT attempt FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])

@@ -231,6 +231,39 @@ def test_no_response_spells_out_a_server_path(client: httpx.Client, artifacts) -
     assert all(h["source"].startswith("images/") for h in responses[2].json()["hits"])
 
 
+def test_a_gallery_file_gone_or_damaged_since_the_build_is_a_404_without_its_path(
+    artifacts, make_server, tmp_path
+) -> None:
+    """GET /v1/images/{id} for a gallery file moved away or overwritten after the build: 404 naming
+    the file as hits do (relative to the dataset), never the server's path (the OS's and PIL's own
+    messages spell it out)."""
+    import shutil
+
+    from icr.index.build import build_image_index
+
+    data = tmp_path / "data"  # a copy: the session's dataset stays whole for the other tests
+    shutil.copytree(artifacts.data, data)
+    index = tmp_path / "images"
+    build_image_index(artifacts.checkpoint, data, distractors=0, out=index, progress=False, gpu="off")
+    server = make_server(index=index).start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        hits = c.post("/v1/search/text", json={"text": "a red circle", "k": 2}).json()["hits"]
+        (gone, gone_source), (damaged, damaged_source) = [(h["id"], h["metadata"]["source"]) for h in hits]
+        assert c.get(f"/v1/images/{gone}").status_code == 200
+        (data / gone_source).rename(tmp_path / "moved.png")
+        (data / damaged_source).write_bytes(b"not a png any more")
+        for image_id, source, says in (
+            (gone, gone_source, "No such file or directory"),
+            (damaged, damaged_source, "not an image in an accepted format (JPEG, PNG"),
+        ):
+            for size in ("full", "thumb"):
+                r = c.get(f"/v1/images/{image_id}", params={"size": size})
+                assert r.status_code == 404 and r.json()["error"] == "no_pixels", r.text
+                assert f"{source}: {says}" in r.json()["message"], r.text
+                assert str(tmp_path) not in r.text and str(tmp_path.resolve()) not in r.text, r.text
+    server.stop()
+
+
 def test_security_headers_and_cors(client: httpx.Client, make_server) -> None:
     page = client.get("/")
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
@@ -254,4 +287,36 @@ def test_security_headers_and_cors(client: httpx.Client, make_server) -> None:
         headers = {"Origin": "https://app.example", "X-API-Key": "k"}
         r = c.post("/v1/search/text", json={"text": "a star"}, headers=headers)
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+    server.stop()
+
+
+def test_probes_can_need_the_api_key(make_server) -> None:
+    """ICR_HEALTH_NEED_KEY: /healthz and /readyz become read routes (the schema says so), for a
+    server whose /readyz reasons should not be public; /metrics keeps its own setting."""
+    server = make_server(ICR_API_KEY="reader", ICR_HEALTH_NEED_KEY="true").start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        schema = c.get("/openapi.json").json()
+        for path in ("/healthz", "/readyz"):
+            r = c.get(path)
+            assert r.status_code == 401 and "ICR_API_KEY" in r.json()["message"], r.text
+            assert c.get(path, headers={"X-API-Key": "nope"}).status_code == 403
+            assert c.get(path, headers={"X-API-Key": "reader"}).status_code == 200
+            operation = schema["paths"][path]["get"]
+            assert operation["security"] == [{"ApiKey": []}] and {"401", "403"} <= set(operation["responses"])
+        assert c.get("/metrics").status_code == 200
+    server.stop()
+
+
+def test_metrics_can_need_the_api_key(make_server) -> None:
+    """ICR_METRICS_NEED_KEY: /metrics becomes a read route (the schema says so); probes stay open."""
+    server = make_server(ICR_API_KEY="reader", ICR_METRICS_NEED_KEY="true").start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        r = c.get("/metrics")
+        assert r.status_code == 401 and "ICR_API_KEY" in r.json()["message"], r.text
+        assert c.get("/metrics", headers={"X-API-Key": "nope"}).status_code == 403
+        r = c.get("/metrics", headers={"X-API-Key": "reader"})
+        assert r.status_code == 200 and "icr_http_requests_total" in r.text
+        assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
+        operation = c.get("/openapi.json").json()["paths"]["/metrics"]["get"]
+        assert operation["security"] == [{"ApiKey": []}] and {"401", "403"} <= set(operation["responses"])
     server.stop()

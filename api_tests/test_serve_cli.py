@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import httpx
+import pytest
 from server_support import ICR, ROOT
 
 
@@ -55,6 +56,47 @@ def test_a_bad_jobs_database_is_one_line_and_exit_status_2(artifacts, tmp_path) 
         assert r.returncode == 2, r.stderr
         assert says in r.stderr and "ICR_JOBS_DB" in r.stderr and "Traceback" not in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        (
+            {"ICR_MAX_K": "abc"},
+            "error: invalid settings: ICR_MAX_K: Input should be a valid integer, unable to parse string "
+            "as an integer (got 'abc') (set in the environment, the --config file or the matching option "
+            "of `icr serve --help`)",
+        ),
+        (
+            {"ICR_MAX_K": "5000"},
+            "error: invalid settings: ICR_MAX_K: Input should be less than or equal to 1000",
+        ),
+        (
+            {"ICR_DATASETS": "notjson"},
+            "error: invalid settings: ICR_DATASETS: not valid JSON (Expecting value: line 1 column 1 "
+            """(char 0)); e.g. ICR_DATASETS='{"coco": "/data/coco"}'""",
+        ),
+        (
+            {"ICR_CORS_ORIGINS": "https://app.example"},
+            "error: invalid settings: ICR_CORS_ORIGINS: not valid JSON",
+        ),
+        (
+            {"ICR_MAX_CONCURRENT_DECODES": "0"},
+            "error: invalid settings: ICR_MAX_CONCURRENT_DECODES: Input should",
+        ),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_its_variable(tmp_path, env: dict[str, str], line: str) -> None:
+    r = subprocess.run(
+        [str(ICR), "serve", "--port", "9"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "ICR_INDEX": str(tmp_path), **env},
+    )
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(line), r.stderr
 
 
 def test_a_failed_load_is_reported_by_readyz_and_retried(artifacts, make_server, tmp_path) -> None:

@@ -2,8 +2,9 @@
 
 ``icr index build --images DIR [--metadata FILE]`` and ``icr embed --images DIR`` read:
 
-- every file under DIR (recursive, sorted by relative path) whose extension a PIL plug-in opens,
-  except formats that hand the file to an external program (EPS runs Ghostscript);
+- every file under DIR (recursive, sorted by relative path) with the extension of a common photo
+  format (:func:`photo_formats`: JPEG, PNG, WebP, GIF, BMP, TIFF, PPM); a file whose content is in
+  another format (EPS, which runs Ghostscript, PSD, ICO...) is refused naming it and these formats;
 - an optional metadata file keyed by the file's path relative to DIR: JSON lines, CSV or Parquet
   with a key column named ``file``, ``path``, ``image_path`` or ``filename`` and any other columns,
   stored with each image and returned with each hit. A ``caption`` (text) or ``captions`` (list)
@@ -28,17 +29,15 @@ from icr.index.filters import check_field_name
 
 KEY_COLUMNS = ("file", "path", "image_path", "filename")
 CAPTION_COLUMNS = ("caption", "captions")
-# Formats PIL can open that must not be: EPS (and PostScript) decode by running Ghostscript.
-UNSAFE_FORMATS = frozenset({"EPS"})
 METADATA_SUFFIXES = (".jsonl", ".ndjson", ".csv", ".parquet")
 
 
 def photo_formats() -> tuple[str, ...]:
-    """Every image format this PIL build opens, less :data:`UNSAFE_FORMATS`."""
-    from PIL import Image
+    """The formats a gallery may hold: an allow-list (``GALLERY_FORMATS``), not every format PIL
+    opens, since some of those run external programs (EPS) and most are no photos."""
+    from icr.training.models.image_input import GALLERY_FORMATS
 
-    Image.init()
-    return tuple(sorted(set(Image.OPEN) - UNSAFE_FORMATS))
+    return GALLERY_FORMATS
 
 
 def photo_suffixes() -> frozenset[str]:
@@ -238,9 +237,8 @@ def decode_image(item: Path | ImageRef) -> Any:
             if len(source) != item.size:
                 raise OSError(f"{item.path} ends before byte {item.offset + item.size}")
         return open_image(source, limits)
-    except ImageRefused as err:
-        what = "not an image in a format PIL decodes" if err.reason == "format" else str(err)
-        return DatasetError(f"cannot decode image ({what}).", path=name, hint=_HINT)
+    except ImageRefused as err:  # says which limit, or for a format the accepted ones
+        return DatasetError(f"cannot decode image ({err}).", path=name, hint=_HINT)
     except OSError as err:
         return DatasetError(f"cannot read image ({err}).", path=name, hint=_HINT)
 

@@ -4,8 +4,9 @@
   ``X-API-Key`` header must carry it (or the admin key);
 * **admin** (submitting and cancelling benchmark jobs, reloading artifacts): with ``ICR_ADMIN_KEY``
   set, that key; unset, clients on this machine only (a job costs minutes of CPU);
-* **open**: liveness and readiness, the search page and its files, the API docs, and ``/metrics``
-  (unless ``ICR_METRICS_NEED_KEY``, then it is a read route).
+* **open**: the search page and its files, the API docs, liveness and readiness (unless
+  ``ICR_HEALTH_NEED_KEY``) and ``/metrics`` (unless ``ICR_METRICS_NEED_KEY``): either setting makes
+  those read routes.
 
 Keys are compared in constant time. Being an ASGI middleware, the check runs before routing and
 before the body is read, so a client without a key learns nothing from validation errors.
@@ -22,7 +23,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from icr.service.config import LOCAL_HOSTS, Settings
 from icr.service.errors import error_response
 
-_OPEN = re.compile(r"^/($|healthz$|readyz$|static/|docs|redoc|openapi\.json$)")
+_OPEN = re.compile(r"^/($|static/|docs|redoc|openapi\.json$)")
+_HEALTH = ("/healthz", "/readyz")
 _ADMIN = {
     ("POST", re.compile(r"^/v1/benchmarks/?$")),
     ("DELETE", re.compile(r"^/v1/benchmarks/[^/]+$")),
@@ -33,14 +35,18 @@ KEY_HEADER = "X-API-Key"
 
 def access_of(method: str, path: str, settings: Settings) -> str:
     """``open``, ``read`` or ``admin``: what a request to ``path`` needs."""
-    return _access(method, path, settings.metrics_need_key)
+    return _access(method, path, settings.metrics_need_key, settings.health_need_key)
 
 
 @lru_cache(maxsize=1024)  # every request asks; the paths in use are few (bounded: any path may come)
-def _access(method: str, path: str, metrics_need_key: bool) -> str:
+def _access(method: str, path: str, metrics_need_key: bool, health_need_key: bool) -> str:
     if any(m == method and p.match(path) for m, p in _ADMIN):
         return "admin"
-    if _OPEN.match(path) or (path == "/metrics" and not metrics_need_key):
+    if (
+        _OPEN.match(path)
+        or (path == "/metrics" and not metrics_need_key)
+        or (path in _HEALTH and not health_need_key)
+    ):
         return "open"
     return "read"
 

@@ -1,5 +1,7 @@
 """Refuse request bodies above the configured size before they are read into memory, and bodies
-that stop arriving (a client that sends its headers and then trickles or stalls holds a worker)."""
+that do not arrive in time (a client that sends its headers and then trickles or stalls holds a
+worker): the whole body has one deadline, counted from when the request reached the app, so a
+client sending a byte now and then cannot stretch it."""
 
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ from icr.service.errors import error_response
 
 
 class BodyLimitMiddleware:
-    """413 for a declared Content-Length over the limit, or for a chunked body that grows past it."""
+    """413 for a declared Content-Length over the limit, or for a chunked body that grows past it;
+    408 for a body not complete ``read_timeout_s`` after the request's headers."""
 
     def __init__(self, app: ASGIApp, max_bytes: int, read_timeout_s: float = 30.0):
         self.app = app
         self.max_bytes = max_bytes
-        self.read_timeout_s = read_timeout_s  # for each chunk of the body
+        self.read_timeout_s = read_timeout_s  # for the whole body
 
     def _message(self) -> str:
         return (
@@ -34,24 +37,29 @@ class BodyLimitMiddleware:
             await error_response(413, "payload_too_large", self._message())(scope, receive, send)
             return
         received = 0
+        complete = False
+        deadline = asyncio.get_running_loop().time() + self.read_timeout_s
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, complete
+            if complete:  # after the body the app only waits for a disconnect: no deadline for that
+                return await receive()
             try:
                 # a deadline on this await, not wait_for's task per message (a body of one message,
                 # as a search is, then costs no extra task and loop turn)
-                async with asyncio.timeout(self.read_timeout_s):
+                async with asyncio.timeout_at(deadline):
                     message = await receive()
             except TimeoutError:
                 raise HTTPException(
                     408,
-                    f"the request body stopped arriving for {self.read_timeout_s:g} s "
-                    "(ICR_BODY_TIMEOUT_SECONDS); send it at once",
+                    f"the request body did not arrive within {self.read_timeout_s:g} s "
+                    f"({received} bytes came; ICR_BODY_TIMEOUT_SECONDS); send it at once",
                 ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
                     raise HTTPException(413, self._message())
+                complete = not message.get("more_body", False)
             return message
 
         await self.app(scope, limited_receive, send)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -14,12 +15,26 @@ if TYPE_CHECKING:
     from icr.service.config import Settings
 
 
+# Settings that `icr serve` also takes as options, named with them in error messages.
+_OPTIONS = {
+    "index": "--index",
+    "checkpoint": "--checkpoint",
+    "caption_index": "--caption-index",
+    "host": "--host",
+    "port": "--port",
+    "datasets": "--dataset",
+}
+# What a setting that must be JSON looks like, for the message when it is not.
+_JSON_EXAMPLES = {"datasets": '\'{"coco": "/data/coco"}\'', "cors_origins": "'[\"https://app.example\"]'"}
+
+
 def settings_from(config: Path | None, **overrides: Any) -> Settings:
-    """Settings from ICR_* variables and the ``--config`` file, with command-line options on top."""
+    """Settings from ICR_* variables and the ``--config`` file, with command-line options on top;
+    a bad value is one line naming its variable (ValueError)."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     from icr.service.config import Settings
-    from icr.service.errors import validation_message
 
     given = {k: v for k, v in overrides.items() if v is not None}
     env_file = config if config is not None else os.environ.get("ICR_CONFIG")
@@ -27,17 +42,44 @@ def settings_from(config: Path | None, **overrides: Any) -> Settings:
         raise FileNotFoundError(f"{env_file}: config file not found (KEY=value lines such as ICR_INDEX=...)")
     try:
         return Settings(_env_file=env_file, **given)
+    except SettingsError as err:  # a value that must be JSON is not (pydantic names the field only)
+        field = re.search(r'field "(\w+)"', str(err))
+        name = field.group(1) if field else "?"
+        example = f"; e.g. ICR_{name.upper()}={_JSON_EXAMPLES[name]}" if name in _JSON_EXAMPLES else ""
+        raise ValueError(
+            f"invalid settings: ICR_{name.upper()}: not valid JSON ({err.__cause__}){example}"
+        ) from None
     except ValidationError as err:
         raise ValueError(
-            f"invalid settings: {validation_message(err.errors())} (options of `icr serve --help`, or ICR_* "
-            "variables)"
+            f"invalid settings: {_setting_errors(err.errors())} (set in the environment, the --config file "
+            "or the matching option of `icr serve --help`)"
         ) from None
+
+
+def _setting_errors(errors: list[Any]) -> str:
+    """``ICR_MAX_K: Input should be a valid integer (got 'abc')``: each error named by its variable."""
+    parts = []
+    for error in errors:
+        loc = [str(p) for p in error.get("loc", ())]
+        name = f"ICR_{loc[0].upper()}" + "".join(f"[{p}]" for p in loc[1:]) if loc else "settings"
+        if loc and loc[0] in _OPTIONS:
+            name += f" ({_OPTIONS[loc[0]]})"
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        given = error.get("input")
+        shown = (
+            f" (got {given!r})"
+            if loc and isinstance(given, str | int | float) and len(str(given)) <= 60
+            else ""
+        )
+        parts.append(f"{name}: {message}{shown}")
+    return "; ".join(parts)
 
 
 def serve(settings: Any, log_level: str = "info") -> None:
     """Check the artifacts agree, then serve until interrupted (Ctrl-C)."""
     import uvicorn
 
+    from icr.service.http_protocol import KEEP_ALIVE_SECONDS, MAX_HEADER_BYTES, header_deadline_protocol
     from icr.service.jobs import JobStore
     from icr.service.main import create_app
     from icr.service.retriever import preflight
@@ -50,7 +92,18 @@ def serve(settings: Any, log_level: str = "info") -> None:
     typer.echo(
         f"serving on http://{host}:{settings.port}/  (API docs: /docs, metrics: /metrics; Ctrl-C stops)"
     )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False)
+    # What bounds slow and greedy clients, and what uvicorn leaves unbounded: service/http_protocol.py.
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        access_log=False,
+        http=header_deadline_protocol(settings.header_timeout_seconds),
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,  # when it falls back to h11
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        limit_concurrency=settings.max_connections,
+    )
 
 
 def _datasets(values: list[str] | None) -> dict[str, Path] | None:

@@ -63,6 +63,21 @@ class Settings(BaseSettings):
         description="Uploads whose longer side exceeds this many times the shorter are refused: scaling "
         "the shorter side to the model's size would make them huge.",
     )
+    max_concurrent_decodes: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Images decoded at once (uploads searched by image, gallery images shown): each can "
+        "take several hundred MB (a 40 M-pixel image is 160 MB decoded), so this bounds the server's memory.",
+    )
+    decode_wait_seconds: float = Field(
+        10.0,
+        ge=0.0,
+        le=600.0,
+        description="An image request waits this long for a free decode (ICR_MAX_CONCURRENT_DECODES); "
+        "then it gets 503 with Retry-After. A burst is queued and answered; sustained overload is refused "
+        "at once instead of timing out.",
+    )
     load_retry_seconds: float = Field(
         2.0,
         gt=0.0,
@@ -88,13 +103,35 @@ class Settings(BaseSettings):
         "clients on this machine may.",
     )
     metrics_need_key: bool = Field(False, description="/metrics needs the API key too.")
+    health_need_key: bool = Field(
+        False,
+        description="/healthz and /readyz need the API key too (probes then send X-API-Key); /readyz "
+        "says why loading failed.",
+    )
     cors_origins: list[str] = Field(
         default_factory=list,
         description="Browser origins allowed to call the API from other sites (a JSON list such as "
         '["https://app.example"]); none by default.',
     )
     body_timeout_seconds: float = Field(
-        30.0, gt=0.0, le=600.0, description="A request body that stops arriving this long is refused (408)."
+        30.0,
+        gt=0.0,
+        le=600.0,
+        description="A request's whole body must arrive within this many seconds of its headers, or it is "
+        "refused (408): a client trickling bytes cannot hold a worker (a 10 MiB upload needs ~3 Mbit/s).",
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0.0,
+        le=600.0,
+        description="A request's headers must arrive within this many seconds of connecting (or of the "
+        "previous response on a kept-alive connection), or the connection is closed with 408.",
+    )
+    max_connections: int = Field(
+        512,
+        ge=1,
+        description="Open connections (or running requests) beyond this get 503 at once (uvicorn's "
+        "limit_concurrency): memory and file handles stay bounded however many clients connect.",
     )
     datasets: dict[str, Path] = Field(default_factory=dict, description="Benchmark datasets by name.")
     state_dir: Path | None = Field(

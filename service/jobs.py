@@ -107,6 +107,14 @@ def _json(value: Any) -> str:
     return json.dumps(_plain(value), allow_nan=False)
 
 
+class QueueFull(Exception):
+    """A submission found ``queued`` jobs waiting, the most the server takes."""
+
+    def __init__(self, queued: int) -> None:
+        super().__init__(f"{queued} jobs queued")
+        self.queued = queued
+
+
 class JobStore:
     """Job rows in a SQLite file, shared by the server's threads and the worker processes."""
 
@@ -158,14 +166,30 @@ class JobStore:
             job["report"] = None if row["report"] is None else json.loads(row["report"])
         return job
 
-    def submit(self, dataset: str, split: str, protocol: str, distractors: int) -> dict[str, Any]:
+    def submit(
+        self, dataset: str, split: str, protocol: str, distractors: int, max_queued: int | None = None
+    ) -> dict[str, Any]:
+        """Queue a job; with ``max_queued``, QueueFull when that many already wait (counted and
+        inserted in one transaction: concurrent submissions, or replicas, cannot overfill the queue)."""
         job_id = uuid.uuid4().hex
         with self._connect() as db:
-            db.execute(
-                "INSERT INTO jobs (id, status, dataset, split, protocol, distractors, created_at) "
-                "VALUES (?, 'queued', ?, ?, ?, ?, ?)",
-                (job_id, dataset, split, protocol, int(distractors), _now()),
-            )
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if max_queued is not None:
+                    queued = int(
+                        db.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()[0]
+                    )
+                    if queued >= max_queued:
+                        raise QueueFull(queued)
+                db.execute(
+                    "INSERT INTO jobs (id, status, dataset, split, protocol, distractors, created_at) "
+                    "VALUES (?, 'queued', ?, ?, ?, ?, ?)",
+                    (job_id, dataset, split, protocol, int(distractors), _now()),
+                )
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
         job = self.get(job_id)
         assert job is not None
         return job

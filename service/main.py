@@ -28,6 +28,7 @@ from icr.service.errors import install_error_handlers
 from icr.service.headers import SecurityHeadersMiddleware
 from icr.service.retriever import Retriever, preflight
 from icr.service.routes import admin, benchmarks, health, images, page, search
+from icr.service.routes.deps import DecodeSlots
 from icr.service.schemas import NONBLANK_TEXT_PATTERN
 from icr.service.telemetry import MetricsMiddleware, Telemetry
 from icr.service.watcher import ArtifactWatcher, watched_files
@@ -230,6 +231,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.refused = None  # why the served artifacts may not be used (changed in place on disk)
     app.state.watcher = None
     app.state.telemetry = Telemetry()
+    app.state.decode_slots = DecodeSlots(settings.max_concurrent_decodes, settings.decode_wait_seconds)
     install_error_handlers(app)
     for module in (health, search, images, benchmarks, admin, page):
         app.include_router(module.router)

@@ -21,6 +21,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,14 @@ from icr.index.vector_index import Rescorer
 from icr.service.batcher import MicroBatcher
 from icr.service.quality import TOP_N, over_embedded_benchmark
 from icr.training.devices import resolve_device
+from icr.training.models.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
 
 log = logging.getLogger("icr.service")
 DISTRACTOR_PREFIX = "distractor:"
 
 
 THUMB_CACHE_BYTES = 64 << 20
+GALLERY_LIMITS = ImageLimits(formats=GALLERY_FORMATS)  # the server passes its own pixel and aspect limits
 
 
 class BytesLRU:
@@ -472,8 +475,9 @@ class Retriever:
         source = row["source"]
         return source.startswith(DISTRACTOR_PREFIX) or "#" not in source
 
-    def image(self, image_id: int) -> Any:
-        """The PIL image of an image-index id; KeyError if unknown, FileNotFoundError without pixels."""
+    def image(self, image_id: int, limits: ImageLimits = GALLERY_LIMITS) -> Any:
+        """The PIL image of an image-index id; KeyError if unknown, OSError without pixels or when
+        its file is outside ``limits`` (a file replaced since the build is as untrusted as an upload)."""
         from PIL import Image
 
         if not 0 <= image_id < self.images.manifest.ntotal:
@@ -482,10 +486,15 @@ class Retriever:
         source = row["source"]
         if source.startswith(DISTRACTOR_PREFIX):
             return Image.fromarray(self._distractor_stream().image(int(source[len(DISTRACTOR_PREFIX) :])))
+        shown = public_source(source, self.images.source_root)  # errors reach clients: never a server path
         if "#" in source:
-            raise FileNotFoundError(f"item {image_id} is a row of precomputed features ({source}): no image")
-        with Image.open(source) as image:
-            return image.convert("RGB")
+            raise FileNotFoundError(f"item {image_id} is a row of precomputed features ({shown}): no image")
+        try:
+            return open_image(source, limits)
+        except ImageRefused as err:  # over the limits, another format, or damaged since the build
+            raise OSError(f"{shown}: {err}") from None
+        except OSError as err:  # moved or unreadable since the build (its message names the path)
+            raise OSError(f"{shown}: {err.strerror or 'not a readable image'}") from None
 
     def _distractor_stream(self) -> Any:
         if self._distractors is None:
@@ -495,18 +504,27 @@ class Retriever:
             self._distractors = DistractorStream.for_dataset(data, self.images.manifest.distractor_count)
         return self._distractors
 
-    def png(self, image_id: int, thumb_size: int | None) -> bytes:
+    def png(
+        self,
+        image_id: int,
+        thumb_size: int | None,
+        limits: ImageLimits = GALLERY_LIMITS,
+        decoding: AbstractContextManager[Any] | None = None,
+    ) -> bytes:
         """The image as PNG; thumbnails (a results page asks for the same ones again and again) come
-        from an LRU cache of :data:`THUMB_CACHE_BYTES`."""
+        from an LRU cache of :data:`THUMB_CACHE_BYTES`. ``decoding`` is held while the image is
+        decoded and encoded (the server's bound on concurrent decodes), not for a cached thumbnail."""
         if thumb_size is not None:
             cached = self._thumbs.get((image_id, thumb_size))
             if cached is not None:
                 return cached
-        image = self.image(image_id)
-        if thumb_size is not None:
-            image.thumbnail((thumb_size, thumb_size))
         out = io.BytesIO()
-        image.save(out, format="PNG")
+        with decoding or nullcontext():
+            image = self.image(image_id, limits)
+            if thumb_size is not None:
+                image.thumbnail((thumb_size, thumb_size))
+            image.save(out, format="PNG")
+            del image
         data = out.getvalue()
         if thumb_size is not None:
             self._thumbs.put((image_id, thumb_size), data)

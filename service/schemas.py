@@ -269,7 +269,7 @@ _ERROR_MEANINGS = {
     401: "An API key is required (X-API-Key).",
     403: "Wrong API key, or a client not allowed without one.",
     404: "No such resource (the message names it).",
-    408: "The request body stopped arriving (ICR_BODY_TIMEOUT_SECONDS).",
+    408: "The request body did not arrive within ICR_BODY_TIMEOUT_SECONDS of its headers.",
     409: "The loaded artifacts or the resource's state do not allow this.",
     413: "Body, upload or image too large (the message names the limit).",
     415: "Not an image in an accepted format.",
@@ -279,6 +279,21 @@ _ERROR_MEANINGS = {
 }
 
 
-def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` for the error statuses a route returns, all with the ErrorBody shape."""
-    return {code: {"model": ErrorBody, "description": _ERROR_MEANINGS[code]} for code in codes}
+_DECODING_BUSY = (
+    " Or ICR_MAX_CONCURRENT_DECODES images were being decoded and none finished within "
+    "ICR_DECODE_WAIT_SECONDS: retry after Retry-After seconds."
+)
+
+
+def error_responses(*codes: int, decodes: bool = False) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the error statuses a route returns, all with the ErrorBody shape;
+    ``decodes``: the route decodes images, so its 503 may also mean every decode slot is busy."""
+    out: dict[int | str, dict[str, Any]] = {
+        code: {"model": ErrorBody, "description": _ERROR_MEANINGS[code]} for code in codes
+    }
+    if decodes and 503 in out:
+        out[503]["description"] += _DECODING_BUSY
+        out[503]["headers"] = {
+            "Retry-After": {"description": "Seconds to wait (busy decoding).", "schema": {"type": "integer"}}
+        }
+    return out

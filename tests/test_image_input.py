@@ -45,6 +45,9 @@ def test_each_limit_is_named() -> None:
         open_image(_encoded((21, 1)))
     assert err.value.reason == "aspect_ratio"
     assert open_image(_encoded((20, 1))).size == (20, 1)  # the limit itself is allowed
+    # just above the limit: as many decimals as show it above (rounded to 20:1 it would not)
+    with pytest.raises(ImageRefused, match=r"28284 x 1414 pixels: aspect ratio 20\.003:1, more than 20:1"):
+        open_image(_encoded((28284, 1414), mode="1"))
     with pytest.raises(ImageRefused, match="1000 x 1000 pixels, more than 999,999") as err:
         open_image(_encoded((1000, 1000), mode="1"), ImageLimits(max_pixels=999_999))
     assert err.value.reason == "pixels"

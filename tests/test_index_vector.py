@@ -308,6 +308,43 @@ def test_rescored_scores_do_not_depend_on_the_batch(factory: str) -> None:
         assert set(ids.tolist()) == set(exact.tolist())
 
 
+def test_raw_scores_depend_on_the_batch_at_scale_and_rescored_ones_do_not() -> None:
+    """The test above where it matters. At the API tests' size (32 dims, 440 vectors) FAISS gives a
+    query the same scores in any batch, so they cannot tell whether rescoring is needed. At 256
+    dims x 20,000 vectors a lone query searched on several threads (ICR_FAISS_THREADS > 1: FAISS
+    splits the gallery over them) gets scores that differ from the same query's in a batch by
+    ~2e-7 (measured 2.4e-7 and 4.8e-7 on 2 threads; on one thread they agree), enough to move a
+    hit across a threshold. Rescored as the service does (``retriever._batcher``), they are equal."""
+    import faiss
+
+    from icr.index.vector_index import batch_independent_rescorer, rescored
+
+    rng = np.random.default_rng(0)
+    dim = 256
+    base = rng.standard_normal((20_000, dim)).astype(np.float32)
+    base /= np.linalg.norm(base, axis=1, keepdims=True)
+    index = build_index(base, dim, "Flat", gpu="off")
+    rescore = batch_independent_rescorer(index)
+    assert rescore is not None
+    queries = base[:8] + 0.1 * rng.standard_normal((8, dim)).astype(np.float32)  # (8, D)
+    batch = np.concatenate([queries, rng.standard_normal((56, dim)).astype(np.float32)])  # (64, D)
+    threads = faiss.omp_get_max_threads()
+    try:
+        faiss.omp_set_num_threads(2)  # as the batcher sets them per search; forced: CI may have one core
+        alone = [search(index, queries[q : q + 1], 100) for q in range(8)]  # each query by itself
+        together = search(index, batch, 100)
+    finally:
+        faiss.omp_set_num_threads(threads)
+    raw_diff = max(float(np.abs(alone[q][0][0] - together[0][q]).max()) for q in range(8))
+    assert 0 < raw_diff < 1e-5, raw_diff  # FAISS's own scores moved with the batch
+    batch_rescored = rescored(rescore, batch, together[1])
+    for q in range(8):
+        scores, ids = rescored(rescore, queries[q : q + 1], alone[q][1])
+        assert np.array_equal(scores[0], batch_rescored[0][q]) and np.array_equal(
+            ids[0], batch_rescored[1][q]
+        )
+
+
 @pytest.mark.parametrize("factory", ["Flat", "IVF8,Flat", "HNSW16"])
 def test_search_with_a_selector_sees_only_the_selected_ids(factory):
     """Against brute force over the selected rows; the index's own nprobe / efSearch are kept."""

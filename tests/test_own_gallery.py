@@ -114,6 +114,26 @@ def test_a_corrupt_photo_stops_the_build_by_name_or_is_skipped(tiny_checkpoint, 
     store.close()
 
 
+def test_a_gallery_holds_common_photo_formats_only(tmp_path):
+    """An allow-list, not every format PIL opens: a .tga file is not listed, and a file named .png
+    whose content is another format (SGI here) is refused naming the file and the accepted formats,
+    by photo-folder builds and by dataset loading alike."""
+    from icr.index.photo_folder import decode_image, list_photos
+    from icr.training.data.karpathy import load_image
+
+    pixels = np.zeros((8, 8, 3), np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "a.png")
+    Image.fromarray(pixels).save(tmp_path / "b.tga")
+    Image.fromarray(pixels).save(tmp_path / "c.png", format="SGI")
+    assert [p.name for p in list_photos(tmp_path)] == ["a.png", "c.png"]
+    error = decode_image(tmp_path / "c.png")
+    assert isinstance(error, DatasetError), error
+    for says in ("c.png", "accepted format (JPEG, PNG, WEBP, GIF, BMP, TIFF, PPM)", "--skip-bad"):
+        assert says in str(error), str(error)
+    with pytest.raises(DatasetError, match=r"c\.png.*JPEG, PNG, WEBP, GIF, BMP, TIFF, PPM"):
+        load_image(tmp_path / "c.png")
+
+
 def test_metadata_files_are_checked(tmp_path):
     from icr.index.photo_folder import read_metadata
 

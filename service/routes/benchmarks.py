@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from icr.service.errors import ApiError
+from icr.service.jobs import QueueFull
 from icr.service.routes.deps import settings_of
 from icr.service.schemas import BenchmarkJob, BenchmarkList, BenchmarkRequest, error_responses
 
@@ -82,16 +83,18 @@ def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
             "invalid_request",
             f"distractors: at most {settings.max_benchmark_distractors} (ICR_MAX_BENCHMARK_DISTRACTORS)",
         )
-    queued = request.app.state.jobs.count_queued()
-    if queued >= settings.max_queued_jobs:
+    try:
+        job = request.app.state.jobs.submit(
+            body.dataset, body.split, body.protocol, body.distractors, max_queued=settings.max_queued_jobs
+        )
+    except QueueFull as full:
         raise ApiError(
             429,
             "queue_full",
-            f"{queued} benchmark jobs are queued, the most this server takes (ICR_MAX_QUEUED_JOBS); retry "
-            "later or cancel one with DELETE /v1/benchmarks/{id}",
+            f"{full.queued} benchmark jobs are queued, the most this server takes (ICR_MAX_QUEUED_JOBS); "
+            "retry later or cancel one with DELETE /v1/benchmarks/{id}",
             headers={"Retry-After": "60"},
-        )
-    job = request.app.state.jobs.submit(body.dataset, body.split, body.protocol, body.distractors)
+        ) from None
     request.app.state.runner.wake()
     return BenchmarkJob(**job)
 

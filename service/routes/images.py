@@ -7,7 +7,7 @@ from typing import Literal
 from fastapi import APIRouter, Request, Response
 
 from icr.service.errors import ApiError
-from icr.service.routes.deps import retriever_of, settings_of
+from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
 from icr.service.schemas import error_responses
 
 router = APIRouter(prefix="/v1/images", tags=["images"])
@@ -17,13 +17,19 @@ router = APIRouter(prefix="/v1/images", tags=["images"])
     "/{image_id}",
     response_class=Response,
     summary="An indexed image as PNG",
-    responses={200: {"content": {"image/png": {}}}, **error_responses(404, 422, 503)},
+    responses={200: {"content": {"image/png": {}}}, **error_responses(404, 422, 503, decodes=True)},
 )
 def get_image(image_id: int, request: Request, size: Literal["full", "thumb"] = "full") -> Response:
+    """A gallery file is opened with the limits of uploads (ICR_MAX_IMAGE_PIXELS, ICR_MAX_ASPECT_RATIO,
+    photo formats only), so a file replaced since the build cannot exhaust memory: 404 beyond them."""
+    from icr.training.models.image_input import GALLERY_FORMATS, ImageLimits
+
     retriever = retriever_of(request)
-    thumb = settings_of(request).thumbnail_size if size == "thumb" else None
+    settings = settings_of(request)
+    thumb = settings.thumbnail_size if size == "thumb" else None
+    limits = ImageLimits(settings.max_image_pixels, settings.max_aspect_ratio, GALLERY_FORMATS)
     try:
-        png = retriever.png(image_id, thumb)
+        png = retriever.png(image_id, thumb, limits, decode_slots_of(request).slot())
     except KeyError:
         raise ApiError(
             404, "not_found", f"no image {image_id}: ids run from 0 to {retriever.images.manifest.ntotal - 1}"

@@ -14,7 +14,7 @@ from icr.service.config import Settings
 from icr.service.errors import ApiError, validation_message
 from icr.service.quality import query_quality
 from icr.service.retriever import LoadedIndex, NotServable, Page, Retriever, public_source
-from icr.service.routes.deps import retriever_of, settings_of
+from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
 from icr.service.schemas import (
     ImageResults,
     ImageSearchResponse,
@@ -266,7 +266,7 @@ def _read_image(upload: UploadFile, settings: Settings) -> Any:
     "/image",
     response_model=ImageSearchResponse,
     summary="Uploaded image -> captions (and optionally similar images)",
-    responses=error_responses(408, 409, 413, 415, 422, 503),
+    responses=error_responses(408, 409, 413, 415, 422, 503, decodes=True),
 )
 def search_image(
     request: Request,
@@ -305,11 +305,13 @@ def search_image(
             "no caption index is loaded: build one with `icr index build "
             "--modality text ...` and restart with --caption-index DIR, or ask include_images=true",
         )
-    image = _read_image(file, settings)
     timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    query = retriever.encode_image(image)  # (1, D)
-    timings["encode_ms"] = (time.perf_counter() - t0) * 1000
+    with decode_slots_of(request).slot():  # the decoded image and its resizing: bounded memory
+        image = _read_image(file, settings)
+        t0 = time.perf_counter()
+        query = retriever.encode_image(image)  # (1, D)
+        timings["encode_ms"] = (time.perf_counter() - t0) * 1000
+        del image  # freed before the slot is
     similar = None
     if include_images:
         page = _search(

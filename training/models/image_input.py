@@ -27,8 +27,10 @@ from PIL import Image, UnidentifiedImageError
 
 # What uploads may be: the formats browsers and cameras produce, decoded by PIL's own code.
 UPLOAD_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
-# Gallery folders may also hold TIFF scans (still no format that runs an external program).
-GALLERY_FORMATS: tuple[str, ...] = (*UPLOAD_FORMATS, "TIFF")
+# Gallery folders (photo folders, datasets) may also hold TIFF scans and netpbm files (PPM, PGM,
+# PBM): an allow-list of common photo formats, decoded by PIL's own code. Anything else PIL could
+# open (EPS runs Ghostscript; PSD, ICO, FITS... are not photos) is refused, naming this list.
+GALLERY_FORMATS: tuple[str, ...] = (*UPLOAD_FORMATS, "TIFF", "PPM")
 MAX_PIXELS = 40_000_000
 MAX_ASPECT_RATIO = 20.0
 
@@ -75,8 +77,8 @@ def open_image(source: bytes | str | os.PathLike[str], limits: ImageLimits = Ima
         if ratio > limits.max_aspect_ratio:
             raise ImageRefused(
                 "aspect_ratio",
-                f"{width} x {height} pixels: aspect ratio {ratio:.0f}:1, more than "
-                f"{limits.max_aspect_ratio:g}:1; crop or pad it closer to a square",
+                f"{width} x {height} pixels: aspect ratio {_above(ratio, limits.max_aspect_ratio)}:1, "
+                f"more than {limits.max_aspect_ratio:g}:1; crop or pad it closer to a square",
             )
         try:
             with warnings.catch_warnings():
@@ -87,6 +89,16 @@ def open_image(source: bytes | str | os.PathLike[str], limits: ImageLimits = Ima
             raise _too_many_pixels((width, height), limits) from None
         except (OSError, ValueError, SyntaxError) as err:
             raise ImageRefused("corrupt", f"corrupt or truncated image ({err})") from None
+
+
+def _above(value: float, limit: float) -> str:
+    """``value`` (> ``limit``) with the fewest decimals that still show it above the limit: 21 x 1
+    is "21", 28284 x 1414 "20.003" (rounded to "20" it would read as within a 20:1 limit)."""
+    for decimals in range(7):
+        text = f"{value:.{decimals}f}"
+        if float(text) > limit:
+            return text
+    return repr(value)
 
 
 def _too_many_pixels(size: tuple[int, int] | None, limits: ImageLimits) -> ImageRefused:
