@@ -29,6 +29,7 @@ from icr.training.analysis.paper_findings import (
     INVERTED,
     MIXED,
     NOT_RUN,
+    ONE_SEED,
     PAIRWISE,
     REPRODUCED,
     SINGLE,
@@ -77,11 +78,11 @@ def naive_verdict(kind: str, a: tuple[float, float], b: tuple[float, float]) -> 
     return verdict, margin
 
 
-def report(values: dict[str, dict[str, Any]], **extra: Any) -> dict[str, Any]:
+def report(values: dict[str, dict[str, Any]], runs: int = 3, **extra: Any) -> dict[str, Any]:
     """A compare-style report: ``values[variant]["annotations/rsum"] = [mean, std]`` and so on."""
     variants: dict[str, Any] = {}
     for name, metrics in values.items():
-        entry: dict[str, Any] = {"runs": 3}
+        entry: dict[str, Any] = {"runs": runs}
         for path, value in metrics.items():
             node = entry
             *parents, leaf = path.split("/")
@@ -151,6 +152,15 @@ def test_zero_std_gives_a_capped_margin() -> None:
     assert (out.verdict, out.margin) == (REPRODUCED, 1000.0)
     _, md = build_findings(reports)
     assert "+∞ (std 0)" in md
+
+
+def test_two_single_seed_sides_are_not_decided() -> None:
+    """With one seed on each side the zero stds say nothing about noise: no verdict, the difference shown."""
+    values = {"triplet_hardest": {"annotations/rsum": [1.0, 0.0]}, "ntxent": {"annotations/rsum": [0.5, 0.0]}}
+    out = evaluate(pair_finding(GREATER), {"vsepp": report(values, runs=1)})
+    assert (out.verdict, out.margin, out.detail) == (ONE_SEED, None, "difference +0.5")
+    _, md = build_findings({"vsepp": report(values, runs=1)})
+    assert ONE_SEED in md
 
 
 @pytest.mark.parametrize(

@@ -62,7 +62,8 @@ DIFFERS = "not reproduced (differs)"
 MIXED = "not reproduced (mixed)"
 INVERTED = "inverted"
 NOT_RUN = "not run"
-VERDICTS = (REPRODUCED, WITHIN_NOISE, DIFFERS, MIXED, INVERTED, NOT_RUN)
+ONE_SEED = "not decided (one seed)"
+VERDICTS = (REPRODUCED, WITHIN_NOISE, DIFFERS, MIXED, INVERTED, ONE_SEED, NOT_RUN)
 
 GREATER, AT_LEAST, SIMILAR = "greater", "at_least", "similar"
 EQUALS, ABOVE, BELOW = "equals", "above", "below"
@@ -89,6 +90,8 @@ is in those standard deviations (capped at ±1000, which means a difference with
   on the count and on the score are both ≥ 1 in size is concordant (opposite signs) or discordant
   (same sign); *reproduced* if some pair is concordant and none discordant, *inverted* if the reverse,
   *not reproduced (mixed)* if both occur, *within noise* if no pair is decided.
+* A comparison of two sides that both have a zero std because each was run with one seed has no
+  noise estimate: *not decided (one seed)* (the difference is still shown).
 * A variant, metric or report that is absent, or a null value, gives *not run*.
 
 The paper's own margin (same formula with the paper's stds, where it prints them) is shown next to
@@ -261,6 +264,8 @@ def evaluate(finding: Finding, reports: Mapping[str, Mapping[str, Any]]) -> Outc
         return Outcome(NOT_RUN, None, "; ".join(dict.fromkeys(reasons)), tuple(ours))
     if finding.kind in PAIRWISE:
         a, b = (values[s] for s in sides)
+        if a[1] == b[1] == 0 and all(int(o["runs"] or 0) < 2 for o in ours):
+            return Outcome(ONE_SEED, None, f"difference {a[0] - b[0]:+.4g}", tuple(ours))
         margin = pairwise_margin(a, b)
         return Outcome(pairwise_verdict(finding.kind, margin), margin, "", tuple(ours))
     if finding.kind in SINGLE:

@@ -71,6 +71,11 @@ REGIME_NOTES = """\
   and every GOAL combination start with VSE-infinity's one epoch of VSE0 (`--vse_mean_warmup_epochs
   1` in its region-feature runs, which GOAL trains on); ECIR's VSE++ variant has no warm-up, so
   `vsepp` runs `triplet_hardest` without it and, as a separate arm, with it.
+- **Max violation on the VSE++-style encoder.** Without a warm-up `triplet_hardest` collapses on
+  both encoders here (training loss at 2 x B x margin, every image embedded near one point); after
+  the warm-up it improves every epoch on GPO but falls back on `vsepp`. Ten variants of the towers
+  and the optimiser were measured (`docs/paper-regime/triplet-hardest.md`): none trains `vsepp`
+  with max violation. ECIR's VSE++ claims are therefore judged on an encoder where SH does not train.
 - **Test protocol.** The benchmark's 1,000 test images x 5 captions (Flickr30k's 1K protocol); on
   `vsepp` the t2i gallery is also searched with 10,000 generated distractor images (featurised by the
   same frozen backbone) for Cross-Example Softmax's distractor findings. Margins
