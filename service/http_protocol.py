@@ -3,14 +3,14 @@ and a deadline for headers.
 
 What uvicorn bounds, and what it does not (uvicorn 0.54, measured with raw sockets):
 
-* header *size*: only its h11 implementation (``h11_max_incomplete_event_size``: 400 beyond it).
-  Its httptools protocol buffers headers without limit: 50 MB of header lines grew a server by
-  56 MB and got no answer. h11 costs more per request (0.1-0.35 ms of a search's 3 ms on 2 busy
-  cores), so :func:`header_deadline_protocol` keeps httptools and counts the header bytes itself
-  (431 beyond :data:`MAX_HEADER_BYTES`).
+* header *size*: only its h11 implementation (``h11_max_incomplete_event_size``). Its httptools
+  protocol (httptools is a dependency of this package) buffers headers without limit: 50 MB of
+  header lines grew a server by 56 MB and got no answer. h11 costs more per request (0.1-0.35 ms
+  of a search's 3 ms on 2 busy cores), so :func:`header_deadline_protocol` keeps httptools and
+  counts the header bytes itself (431 beyond :data:`MAX_HEADER_BYTES`).
 * header *time*: nothing. Its keep-alive timer runs only between requests and stops at a
   connection's first byte, so a client that trickles a header line (or never finishes the blank
-  line) holds its connection for ever. Both protocols here add that deadline.
+  line) holds its connection for ever. The protocol here adds that deadline.
 * connections: ``limit_concurrency`` (ICR_MAX_CONNECTIONS) answers 503 to requests beyond it, so
   many idle or slow connections cost bounded memory, though they can still crowd others out until
   their deadlines pass; a reverse proxy in front (nginx, a cloud load balancer) also bounds them
@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import asyncio
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-MAX_HEADER_BYTES = 16 << 10  # request line and headers: 431 (h11: 400) beyond
+MAX_HEADER_BYTES = 16 << 10  # request line and headers: 431 beyond
 KEEP_ALIVE_SECONDS = 5  # an idle kept-alive connection is closed after this (uvicorn's default)
 
 
@@ -44,15 +43,58 @@ _TOO_LARGE_RESPONSE = _response(
 )
 
 
-class _HeaderDeadline:
-    """The timer both protocols below share: closes a connection whose request headers are not
-    complete ``header_timeout_s`` after it opened or after the previous response (408 if part of a
-    request came, silently if none did, as an idle keep-alive connection is)."""
+class BoundedHttpTools(HttpToolsProtocol):
+    """httptools, closing a connection whose request headers are not complete ``header_timeout_s``
+    after it opened or after the previous response (408 if part of a request came, silently if none
+    did, as an idle keep-alive connection is), and answering 431 once the request line and headers
+    pass MAX_HEADER_BYTES."""
 
-    header_timeout_s: float
-    loop: asyncio.AbstractEventLoop
-    transport: asyncio.Transport
+    header_timeout_s = 10.0  # set per server by header_deadline_protocol
+    _awaiting_headers = True  # the next bytes belong to a request line or headers
+    _header_bytes = 0  # received while awaiting headers
     _headers_due: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._start_waiting()
+
+    def data_received(self, data: bytes) -> None:
+        # httptools reports no offsets, so whole reads are counted, and only those that begin
+        # while headers are awaited: no false 431, and a read that ends one request and begins
+        # a pipelined next goes uncounted (the bound grows by at most one read, 256 KiB)
+        if self._awaiting_headers:
+            self._header_bytes += len(data)
+        super().data_received(data)
+        if (
+            self._awaiting_headers
+            and self._header_bytes > MAX_HEADER_BYTES
+            and not self.transport.is_closing()  # not after its own 400 for a malformed request
+        ):
+            self.logger.warning("Request line and headers over %d bytes: 431.", MAX_HEADER_BYTES)
+            self.transport.write(_TOO_LARGE_RESPONSE)
+            self.transport.close()
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_headers = False
+        self._header_bytes = 0
+        self._stop_waiting()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._awaiting_headers = True
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # unless a pipelined request was started; from here the deadline also bounds the rest
+        # of a body answered before it ended (413). uvicorn's keep-alive timer (5 s) closes a
+        # connection that sends nothing at all sooner
+        if self.cycle.response_complete:
+            self._start_waiting()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_waiting()
+        super().connection_lost(exc)
 
     def _start_waiting(self) -> None:
         self._stop_waiting()
@@ -67,104 +109,11 @@ class _HeaderDeadline:
         self._headers_due = None
         if self.transport.is_closing():
             return
-        if self._request_begun():  # say why it is dropped
+        if self._header_bytes > 0:  # part of a request came: say why it is dropped
             self.transport.write(_TIMEOUT_RESPONSE)
         self.transport.close()
 
-    def _request_begun(self) -> bool:
-        raise NotImplementedError
-
 
 def header_deadline_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
-    """The protocol class for ``uvicorn.run(http=...)``: httptools with both bounds, or h11 (with
-    ``h11_max_incomplete_event_size=MAX_HEADER_BYTES`` for the size) when httptools is missing."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # httptools is a dependency, but uvicorn runs without it
-        return h11_with_header_deadline(header_timeout_s)
-    timeout_s = header_timeout_s
-
-    class BoundedHttpTools(_HeaderDeadline, HttpToolsProtocol):
-        """The header deadline, and 431 once the request line and headers pass MAX_HEADER_BYTES."""
-
-        header_timeout_s = timeout_s
-        _awaiting_headers = True  # the next bytes belong to a request line or headers
-        _header_bytes = 0  # received while awaiting headers
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._start_waiting()
-
-        def data_received(self, data: bytes) -> None:
-            # httptools reports no offsets, so whole reads are counted, and only those that begin
-            # while headers are awaited: no false 431, and a read that ends one request and begins
-            # a pipelined next goes uncounted (the bound grows by at most one read, 256 KiB)
-            if self._awaiting_headers:
-                self._header_bytes += len(data)
-            super().data_received(data)
-            if (
-                self._awaiting_headers
-                and self._header_bytes > MAX_HEADER_BYTES
-                and not self.transport.is_closing()  # not after its own 400 for a malformed request
-            ):
-                self.logger.warning("Request line and headers over %d bytes: 431.", MAX_HEADER_BYTES)
-                self.transport.write(_TOO_LARGE_RESPONSE)
-                self.transport.close()
-
-        def on_headers_complete(self) -> None:
-            self._awaiting_headers = False
-            self._header_bytes = 0
-            self._stop_waiting()
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            self._awaiting_headers = True
-            super().on_message_complete()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            # unless a pipelined request was started; from here the deadline also bounds the rest
-            # of a body answered before it ended (413). uvicorn's keep-alive timer (5 s) closes a
-            # connection that sends nothing at all sooner
-            if self.cycle.response_complete:
-                self._start_waiting()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._stop_waiting()
-            super().connection_lost(exc)
-
-        def _request_begun(self) -> bool:
-            return self._header_bytes > 0
-
-    return BoundedHttpTools
-
-
-def h11_with_header_deadline(header_timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol with the header deadline (its size bound is uvicorn's own)."""
-    timeout_s = header_timeout_s
-
-    class HeaderDeadlineH11(_HeaderDeadline, H11Protocol):
-        header_timeout_s = timeout_s
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._start_waiting()
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            # h11 keeps the client IDLE until a request's headers are complete, and returns to IDLE
-            # when the next request may start (handle_events runs after every received chunk and
-            # after each response)
-            if self.conn.their_state is not h11.IDLE:
-                self._stop_waiting()
-            elif self._headers_due is None:
-                self._start_waiting()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._stop_waiting()
-            super().connection_lost(exc)
-
-        def _request_begun(self) -> bool:
-            return bool(self.conn.trailing_data[0])
-
-    return HeaderDeadlineH11
+    """The protocol class for ``uvicorn.run(http=...)`` with this server's header deadline."""
+    return type("BoundedHttpTools", (BoundedHttpTools,), {"header_timeout_s": header_timeout_s})

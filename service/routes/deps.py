@@ -6,6 +6,7 @@ import ctypes
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 
 from fastapi import Request
 
@@ -70,6 +71,16 @@ class DecodeSlots:
             release_freed_memory()
 
 
+@cache
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc_trim  # noqa: B018 (probe: not glibc -> AttributeError)
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
 def release_freed_memory() -> None:
     """Give the C heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
 
@@ -79,19 +90,9 @@ def release_freed_memory() -> None:
     flight; it costs a walk over the arenas on image requests only, and leaves the allocator's
     behaviour for searches as it is.
     """
-    global _libc
-    if _libc is None:
-        try:
-            libc = ctypes.CDLL(None)
-            libc.malloc_trim  # noqa: B018 (probe: not glibc -> AttributeError)
-            _libc = libc
-        except (OSError, AttributeError):
-            _libc = False
-    if isinstance(_libc, ctypes.CDLL):
-        _libc.malloc_trim(0)
-
-
-_libc: ctypes.CDLL | None | bool = None
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def decode_slots_of(request: Request) -> DecodeSlots:

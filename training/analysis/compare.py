@@ -187,6 +187,10 @@ def _summary_of_eval(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _run_dir(runs_dir: Path, variant: Variant, seed: int) -> Path:
+    return runs_dir / variant.slug / f"seed{seed}"
+
+
 def run_one(
     regime: Regime, variant: Variant, seed: int, runs_dir: Path, *, progress: bool = True
 ) -> dict[str, Any]:
@@ -195,7 +199,7 @@ def run_one(
     from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
     from icr.training.train import STATE_FILE, train
 
-    run_dir = runs_dir / variant.slug / f"seed{seed}"
+    run_dir = _run_dir(runs_dir, variant, seed)
     result_path = run_dir / RESULT_FILE
     if result_path.is_file():
         result = json.loads(result_path.read_text())
@@ -501,7 +505,7 @@ def compare(
     results = []
     total = len(parsed) * len(seeds)
     for k, (variant, seed) in enumerate(((v, s) for v in parsed for s in seeds), start=1):
-        if finished_only and not (runs_dir / variant.slug / f"seed{seed}" / RESULT_FILE).is_file():
+        if finished_only and not (_run_dir(runs_dir, variant, seed) / RESULT_FILE).is_file():
             log(f"[{k}/{total}] {variant.name} seed {seed}: not run, left out of the report")
             continue
         log(f"[{k}/{total}] {variant.name} seed {seed}")

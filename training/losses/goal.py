@@ -56,7 +56,7 @@ import torch
 from torch import Tensor
 
 from icr.training.losses.base import ContrastiveLoss, register
-from icr.training.losses.triplet import hinge_costs
+from icr.training.losses.triplet import vse0_terms
 
 TRIPLET_WEIGHTS = ("con", "nca", "cir")
 PAIR_WEIGHTS = ("con", "lin", "sig", "lin_ms", "sig_ms")
@@ -111,8 +111,7 @@ class Goal(ContrastiveLoss):
 
     def terms(self, sim: Tensor, pos: Tensor) -> dict[str, Tensor]:
         if self.epoch < self.warmup_epochs:
-            cost_i2t, cost_t2i = hinge_costs(sim, pos, self.margin)  # (N, N) each, 0 off the negatives
-            return {"i2t": cost_i2t.sum(), "t2i": cost_t2i.sum()}
+            return vse0_terms(sim, pos, self.margin)
         return {"i2t": self._direction(sim, pos), "t2i": self._direction(sim.T, pos.T)}
 
     def _direction(self, sim: Tensor, pos: Tensor) -> Tensor:

@@ -29,6 +29,12 @@ def hinge_costs(sim: Tensor, pos: Tensor, margin: float) -> tuple[Tensor, Tensor
     return cost_i2t, cost_t2i
 
 
+def vse0_terms(sim: Tensor, pos: Tensor, margin: float) -> dict[str, Tensor]:
+    """VSE0's terms: every hinge cost summed per direction (also the warm-up of max-violation losses)."""
+    cost_i2t, cost_t2i = hinge_costs(sim, pos, margin)  # (N, N) each, 0 off the negatives
+    return {"i2t": cost_i2t.sum(), "t2i": cost_t2i.sum()}
+
+
 @register("triplet")
 class Triplet(ContrastiveLoss):
     """VSE0: sum of hinge costs over all negatives (see the module docstring)."""
@@ -38,5 +44,4 @@ class Triplet(ContrastiveLoss):
         self.margin = margin
 
     def terms(self, sim: Tensor, pos: Tensor) -> dict[str, Tensor]:
-        cost_i2t, cost_t2i = hinge_costs(sim, pos, self.margin)
-        return {"i2t": cost_i2t.sum(), "t2i": cost_t2i.sum()}
+        return vse0_terms(sim, pos, self.margin)

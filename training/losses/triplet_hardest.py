@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from icr.training.losses.base import ContrastiveLoss, register
-from icr.training.losses.triplet import hinge_costs
+from icr.training.losses.triplet import hinge_costs, vse0_terms
 
 
 @register("triplet_hardest")
@@ -31,8 +31,8 @@ class TripletHardest(ContrastiveLoss):
         self.warmup_epochs = warmup_epochs
 
     def terms(self, sim: Tensor, pos: Tensor) -> dict[str, Tensor]:
-        cost_i2t, cost_t2i = hinge_costs(sim, pos, self.margin)  # (N, N) each, 0 off the negatives
         if self.epoch < self.warmup_epochs:
-            return {"i2t": cost_i2t.sum(), "t2i": cost_t2i.sum()}
+            return vse0_terms(sim, pos, self.margin)
+        cost_i2t, cost_t2i = hinge_costs(sim, pos, self.margin)  # (N, N) each, 0 off the negatives
         # max over dim with indices: the gradient goes to one hardest negative (the first on ties)
         return {"i2t": cost_i2t.max(dim=1).values.sum(), "t2i": cost_t2i.max(dim=0).values.sum()}
