@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import re
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -121,6 +122,114 @@ def test_any_string_gets_results_or_a_4xx_naming_the_field(client: httpx.Client,
     assert r.status_code in (202, 404, 422), r.text
     if r.status_code == 202:  # the one configured name: leave no job behind for other tests
         pytest.fail("a random string named the configured dataset")
+
+
+FORM_FIELDS = ("k", "offset", "min_score", "min_relevance", "include_images")
+_BOUNDARY = b"icr-form-fields-8d41c2"
+# What numeric and boolean parsers trip on: not-a-numbers, infinities, signed zeros, digits past
+# every bound (and past Python's 4300-digit int() limit), other scripts' digits, padding, NULs.
+_TRICKY = (
+    "",
+    " ",
+    "nan",
+    "NaN",
+    "-nan",
+    "inf",
+    "-inf",
+    "Infinity",
+    "-0",
+    "+0",
+    "-0.0",
+    "0.0",
+    "1e400",
+    "-1e400",
+    "1e-400",
+    "9" * 400,
+    "-" + "9" * 5000,
+    "1_0",
+    "0x10",
+    "1e2",
+    "5.0",
+    " 5 ",
+    "5\x00",
+    "\x00",
+    "\u0665",
+    "\uff15",
+    "true",
+    "on",
+    "yes",
+    "2",
+    "0.5",
+    "-1",
+    "1001",
+    "100001",
+)
+
+
+def _form_value() -> st.SearchStrategy[bytes]:
+    """A form field's raw bytes: the tricky cases above, any Unicode text but surrogates (which
+    UTF-8 cannot carry), any number written as Python does, or bytes that are not UTF-8 at all."""
+    text = st.one_of(
+        st.sampled_from(_TRICKY),
+        st.text(st.characters(exclude_categories=("Cs",)), max_size=30),
+        st.integers().map(str) | st.floats().map(str),
+    )
+    not_utf8 = st.binary(max_size=12).map(lambda b: b + b"\xff" + b)  # 0xff never occurs in UTF-8
+    return text.map(lambda t: t.encode("utf-8")) | not_utf8
+
+
+def _multipart(fields: dict[str, bytes], image: bytes) -> bytes:
+    """The form by hand: httpx encodes str values as UTF-8 and so cannot send bytes that are not."""
+    parts = [
+        b'--%s\r\nContent-Disposition: form-data; name="%s"\r\n\r\n%s' % (_BOUNDARY, name.encode(), value)
+        for name, value in fields.items()
+    ]
+    parts.append(
+        b"--" + _BOUNDARY + b'\r\nContent-Disposition: form-data; name="file"; filename="q.png"\r\n'
+        b"Content-Type: image/png\r\n\r\n" + image
+    )
+    return b"\r\n".join(parts) + b"\r\n--" + _BOUNDARY + b"--\r\n"
+
+
+def _check_form(client: httpx.Client, server, fields: dict[str, bytes]) -> None:
+    """200, or 422 in the error shape naming a field that was sent, never a 5xx, and no traceback
+    logged while it was answered."""
+    assert not any(_BOUNDARY in value for value in fields.values())  # random values cannot hold it
+    logged = len(server.log_text())
+    r = client.post(
+        "/v1/search/image",
+        content=_multipart(fields, _png()),
+        headers={"content-type": "multipart/form-data; boundary=" + _BOUNDARY.decode()},
+    )
+    assert r.status_code in (200, 422), (fields, r.status_code, r.text)
+    body = r.json()
+    if r.status_code == 422:
+        assert set(body) == {"error", "message", "detail"} and body["error"] == "invalid_request", body
+        message = body["message"]
+        if len(fields) == 1:
+            assert message.startswith(f"{next(iter(fields))}: "), (fields, message)
+        else:  # the first problem found, or "give either min_score or min_relevance": a field sent
+            assert any(re.search(rf"\b{name}\b", message) for name in fields), (fields, message)
+    else:
+        assert isinstance(body["hits"], list) and "timings" in body
+    assert "Traceback" not in server.log_text()[logged:], fields
+
+
+def test_every_tricky_value_in_every_form_field(client: httpx.Client, server) -> None:
+    """Each tricky case in each field, and bytes that are not UTF-8: all of them every run, which
+    random draws from so many would not guarantee."""
+    for name in FORM_FIELDS:
+        for value in (*(t.encode("utf-8") for t in _TRICKY), b"\xff\xfe5", b"0.\xb5", b"\xc3("):
+            _check_form(client, server, {name: value})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fields=st.dictionaries(st.sampled_from(FORM_FIELDS), _form_value(), min_size=1, max_size=5))
+def test_any_form_field_gets_results_or_a_4xx_naming_the_field(
+    client: httpx.Client, server, fields: dict[str, bytes]
+) -> None:
+    """An image upload whose form fields hold anything, one field or several at once."""
+    _check_form(client, server, fields)
 
 
 def _peak_rss_kib(pid: int) -> int:

@@ -107,3 +107,81 @@ def test_connections_beyond_the_limit_get_503(slow_server) -> None:
     while httpx.get(slow_server.url + "/healthz", timeout=10).status_code != 200:
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def _answer(s: socket.socket) -> bytes:
+    """Everything the server sends until it closes."""
+    answer = b""
+    while chunk := s.recv(4096):
+        answer += chunk
+    return answer
+
+
+def _served(port: int) -> bool:
+    """Whether a new connection gets /healthz answered 200 (not the per-client 429)."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
+        return c.get("/healthz").status_code == 200
+
+
+def _until(condition, within_s: float = 5.0) -> float:
+    """Poll ``condition`` (a connection's end reaches the server's event loop a moment after the
+    client closes); how long it took."""
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < within_s, "the server did not give the connection back"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def test_one_client_beyond_its_connection_bound_gets_429_and_its_count_is_given_back(make_server) -> None:
+    """ICR_MAX_CONNECTIONS_PER_CLIENT=3: with three idle connections open, a fourth from the same
+    address gets 429 with Retry-After at once, naming the setting, without reaching the app (the
+    global limit is far off); refused connections hold nothing, and closing any one of the three,
+    however it ends, lets the next in."""
+    server = make_server(ICR_MAX_CONNECTIONS_PER_CLIENT="3")
+    server.start()
+    port = server.port
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
+    try:
+        _until(lambda: not _served(port))  # all three counted (accepted on the server's loop)
+        # a client that sends nothing is told at once; clients that send a request first (httpx,
+        # below) read the same answer though the server never parses it
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            answer = _answer(s)
+        head, _, text = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 429 Too Many Requests"), answer
+        assert b"\r\nretry-after: 5\r\n" in head.lower() and b"connection: close" in head.lower()
+        assert b"ICR_MAX_CONNECTIONS_PER_CLIENT" in text and b"127.0.0.1" in text
+        for _ in range(20):  # refusals count nothing: else the three below could not get in
+            r = httpx.get(server.url + "/v1/info", timeout=10)
+            assert r.status_code == 429 and r.headers["retry-after"] == "5", r.text
+        idle.pop().close()  # a client's own close gives its slot back
+        waited = _until(lambda: _served(port))
+        print(f"\nslot given back after {waited:.2f} s")  # noqa: T201 (shown with -s)
+        # connections the server ends give theirs back too: a 431 (the server closes), a
+        # WebSocket upgrade (handed to another protocol, so not this one's connection_lost)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(HEADERS + b"X-Big: " + b"a" * (20 << 10))
+            assert _answer(s).startswith(b"HTTP/1.1 431")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(
+                b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+            )
+            assert _answer(s).startswith(b"HTTP/1.1 403")  # handed over, and refused: no such route
+    finally:
+        for s in idle:
+            s.close()
+    # every count back to zero: three connections held at once are served, a fourth is refused
+    _until(lambda: _served(port))
+    clients = [httpx.Client(base_url=server.url, timeout=10) for _ in range(3)]
+    try:
+        assert [c.get("/healthz").status_code for c in clients] == [200] * 3  # each keeps its connection
+        assert httpx.get(server.url + "/healthz", timeout=10).status_code == 429
+    finally:
+        for c in clients:
+            c.close()
+    _until(lambda: _served(port))
+    metrics = httpx.get(server.url + "/metrics", timeout=10).text
+    assert 'route="/v1/info"' not in metrics  # the 20 refused requests for it never reached the app
+    assert "Traceback" not in server.log_text()

@@ -79,7 +79,7 @@ def serve(settings: Any, log_level: str = "info") -> None:
     """Check the artifacts agree, then serve until interrupted (Ctrl-C)."""
     import uvicorn
 
-    from icr.service.http_protocol import KEEP_ALIVE_SECONDS, header_deadline_protocol
+    from icr.service.http_protocol import KEEP_ALIVE_SECONDS, bounded_protocol
     from icr.service.jobs import JobStore
     from icr.service.main import create_app
     from icr.service.retriever import preflight
@@ -99,7 +99,7 @@ def serve(settings: Any, log_level: str = "info") -> None:
         port=settings.port,
         log_level=log_level,
         access_log=False,
-        http=header_deadline_protocol(settings.header_timeout_seconds),
+        http=bounded_protocol(settings.header_timeout_seconds, settings.max_connections_per_client),
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
         limit_concurrency=settings.max_connections,
     )

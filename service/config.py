@@ -133,6 +133,13 @@ class Settings(BaseSettings):
         description="Open connections (or running requests) beyond this get 503 at once (uvicorn's "
         "limit_concurrency): memory and file handles stay bounded however many clients connect.",
     )
+    max_connections_per_client: int = Field(
+        64,
+        ge=0,
+        description="Open connections one peer address may hold; more get 429 with Retry-After at once, "
+        "so one client cannot take all of ICR_MAX_CONNECTIONS (0: no bound). Behind a reverse proxy "
+        "every client is the proxy: raise it above the proxy's upstream connections, or set 0.",
+    )
     datasets: dict[str, Path] = Field(default_factory=dict, description="Benchmark datasets by name.")
     state_dir: Path | None = Field(
         None,
