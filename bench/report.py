@@ -355,6 +355,8 @@ def markdown(report: dict[str, Any]) -> str:
                 "vs ntxent",
                 "per caption vs ntxent",
                 "loss fwd+bwd ms",
+                "towers fwd+bwd ms",
+                "decoder fwd+bwd ms",
                 "peak RSS MB",
             ],
             [
@@ -365,11 +367,19 @@ def markdown(report: dict[str, Any]) -> str:
                     r["vs_ntxent_median"],
                     r["per_caption_vs_ntxent"],
                     r["loss_fwd_bwd_ms_median"],
+                    r.get("towers_fwd_bwd_ms_median"),  # n/a in results from before these columns
+                    r.get("decoder_fwd_bwd_ms_median"),
                     r["peak_rss_mb"],
                 ]
                 for r in t["rows"]
             ],
         )
+        lines += [
+            "The towers column is both encoders' forward + backward alone and the decoder column "
+            "LTD's/ITD's target decoder alone: an objective whose step exceeds its target by about "
+            "what its towers or decoder add over ntxent's is at that floor, not slow in its loss.",
+            "",
+        ]
         lines += _failed(t)
     if "gpu" in s:
         g = s["gpu"]

@@ -4,7 +4,9 @@ Each objective runs in a fresh process (so peak RSS is its own) for a few warm-u
 ``--steps`` timed steps at the configured batch size; step time includes data loading (preloaded
 images), both encoders, the loss, backward and the optimizer step. A second figure times the
 objective alone (forward + backward on random unit embeddings of the same batch shape), which is
-where the objectives differ.
+where the objectives differ; a third the two encoders alone (forward + backward, no objective), and
+for LTD/ITD a fourth the target decoder alone: what is left of a step beyond them is the optimizer,
+clipping and the data.
 
     python -m bench.train_objectives --data icr-demo/data --steps 20
 """
@@ -18,6 +20,7 @@ import resource
 import time
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 OBJECTIVES = [
     ("ntxent", []),
@@ -50,6 +53,37 @@ def _peak_rss_mb() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _towers_ms(trainer: Any, batches: list[dict[str, Any]]) -> float:
+    """Both encoders' forward + backward on the step's batches, without the objective: the part of a
+    step that grows with the captions an objective asks for (SmoothAP's image-level batches carry
+    5 captions per image where ntxent's carry one)."""
+
+    start = time.perf_counter()
+    for b in batches:
+        trainer.model.zero_grad(set_to_none=True)
+        img = trainer.model.encode_image(b["images"])  # (Ni, D)
+        cap = trainer.model.encode_text(b["text"])  # (Nc, D)
+        (img.sum() + cap.sum()).backward()
+    trainer.model.zero_grad(set_to_none=True)
+    return (time.perf_counter() - start) / len(batches) * 1e3
+
+
+def _decoder_ms(trainer: Any, batches: list[dict[str, Any]]) -> float:
+    """The target decoder's forward + backward (LTD's MLP, ITD's GRU language model) on unit caption
+    embeddings of the step's shape: the part of an LTD/ITD step that ntxent does not have."""
+    import torch
+
+    dim = trainer.model.embed_dim
+    start = time.perf_counter()
+    for b in batches:
+        n_cap = len(b["cap_img_ids"])
+        cap = torch.nn.functional.normalize(torch.randn(n_cap, dim), dim=1).requires_grad_()  # (Nc, D)
+        loss, _ = trainer.decoding(cap, b["target"])
+        loss.backward()
+    trainer.decoding.zero_grad(set_to_none=True)
+    return (time.perf_counter() - start) / len(batches) * 1e3
 
 
 def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
@@ -88,6 +122,8 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
         trainer._step(b, 1e-4)
     step_s = (time.perf_counter() - start) / args.steps
     captions = len(plans[0].cap_idx)
+    towers_ms = _towers_ms(trainer, batches[args.warmup :])
+    decoder_ms = _decoder_ms(trainer, batches[args.warmup :]) if trainer.decoding is not None else 0.0
 
     # the objective alone, on random unit embeddings with the same layout
     loss = build_loss(name, **loss_params(cfg))
@@ -110,6 +146,8 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
         "samples_per_s": round(captions / step_s, 1),
         "captions_per_step": captions,
         "loss_fwd_bwd_ms": round(loss_ms, 2),
+        "towers_fwd_bwd_ms": round(towers_ms, 1),
+        "decoder_fwd_bwd_ms": round(decoder_ms, 1),
         "peak_rss_mb": round(_peak_rss_mb(), 1),
     }
 
@@ -146,8 +184,11 @@ def main() -> None:
         config=args.config,
         overrides=tuple(args.set),
     )
-    print("\n| objective | captions/step | step ms | vs ntxent | loss fwd+bwd ms | peak RSS MB |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "\n| objective | captions/step | step ms | vs ntxent | loss fwd+bwd ms | towers fwd+bwd ms "
+        "| decoder fwd+bwd ms | peak RSS MB |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in result["rows"]:
         cells = [
             r["objective"],
@@ -155,6 +196,8 @@ def main() -> None:
             r["step_ms_median"],
             round(r["vs_ntxent_median"], 2),
             r["loss_fwd_bwd_ms_median"],
+            r["towers_fwd_bwd_ms_median"],
+            r["decoder_fwd_bwd_ms_median"],
             r["peak_rss_mb"],
         ]
         print("| " + " | ".join(str(c) for c in cells) + " |")

@@ -102,6 +102,8 @@ def run(
                 * base[0]["captions_per_step"]
                 / runs[0]["captions_per_step"],
                 "loss_fwd_bwd_ms_median": float(np.median([x["loss_fwd_bwd_ms"] for x in runs])),
+                "towers_fwd_bwd_ms_median": float(np.median([x["towers_fwd_bwd_ms"] for x in runs])),
+                "decoder_fwd_bwd_ms_median": float(np.median([x["decoder_fwd_bwd_ms"] for x in runs])),
                 "peak_rss_mb": max(x["peak_rss_mb"] for x in runs),
             }
         )

@@ -95,6 +95,8 @@ def _report(inproc_p50: float, http_p50: float, qps16: float) -> dict:
                         "vs_ntxent_median": 1.0,
                         "per_caption_vs_ntxent": 1.0,
                         "loss_fwd_bwd_ms_median": 0.4,
+                        "towers_fwd_bwd_ms_median": 60.0,
+                        "decoder_fwd_bwd_ms_median": 0.0,
                         "peak_rss_mb": 600.0,
                     },
                     {
@@ -104,6 +106,8 @@ def _report(inproc_p50: float, http_p50: float, qps16: float) -> dict:
                         "vs_ntxent_median": 1.9,
                         "per_caption_vs_ntxent": 0.38,
                         "loss_fwd_bwd_ms_median": 4.0,
+                        "towers_fwd_bwd_ms_median": 120.0,
+                        "decoder_fwd_bwd_ms_median": 0.0,
                         "peak_rss_mb": 9000.0,
                     },
                 ],

@@ -525,3 +525,40 @@ def test_write_findings_writes_both_files(tmp_path: Path) -> None:
     assert json.loads(out_json.read_text()) == json.loads(json.dumps(data))
     assert out_md.read_text().startswith("# Paper findings")
     assert sorted(p.name for p in out_md.parent.iterdir()) == ["paper-findings.json", "paper-findings.md"]
+
+
+def test_suite_cost_counts_cpu_seconds_and_projects_the_missing_variants(tmp_path: Path) -> None:
+    """suite_cost against sums written out by hand: CPU seconds where a run recorded them, wall
+    seconds where not, the encoder's median run for variants with none (SmoothAP times the factor)."""
+    from icr.training.analysis.paper_regime import SUITES, suite_cost
+
+    def result(enc: str, variant: str, seed: int, wall: float, cpu: float | None) -> None:
+        run = tmp_path / enc / variant.replace("[", "-").replace("]", "") / f"seed{seed}"
+        run.mkdir(parents=True)
+        doc: dict[str, Any] = {"variant": variant, "seconds": {"train": wall - 10, "evaluate": 6, "cocos": 4}}
+        if cpu is not None:
+            doc["cpu_seconds"] = {"train": cpu - 3, "evaluate": 2, "cocos": 1}
+        (run / "result.json").write_text(json.dumps(doc))
+
+    result("vsepp", "triplet", 0, wall=500, cpu=None)  # recorded before CPU time: wall
+    result("vsepp", "triplet", 1, wall=900, cpu=300)
+    result("vsepp", "ntxent", 0, wall=800, cpu=200)
+    cost = suite_cost(tmp_path, seeds=3, smoothap_factor=5)
+
+    vsepp = cost["encoders"]["vsepp"]
+    assert vsepp["variants"]["triplet"] == {
+        "finished": 2,
+        "seconds_per_run": 400.0,
+        "projected_per_run": 400.0,
+    }
+    assert vsepp["median_run_seconds"] == 300.0  # of 500, 300, 200
+    assert vsepp["variants"]["snm"]["projected_per_run"] == 300.0
+    assert vsepp["variants"]["smoothap"]["projected_per_run"] == 1500.0
+    assert cost["encoders"]["gpo"]["median_run_seconds"] is None  # nothing run: nothing projected
+    n_vsepp = len(SUITES["vsepp"][1])
+    expected = 3 * (400 + 200 + 1500 + 300 * (n_vsepp - 3)) / 3600
+    assert cost["projected_core_hours"] == pytest.approx(expected)
+
+    _, md = build_findings(synthetic_reports(), cost=cost)
+    assert "## Cost" in md and "| vsepp | `triplet` | 2 | 400.0 | 400.0 |" in md
+    assert f"about {expected:.1f} core-hours" in md

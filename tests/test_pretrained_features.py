@@ -283,6 +283,12 @@ def test_paper_suite_quick_path_end_to_end(built, tmp_path):
     verdicts = [f["verdict"] for f in data["findings"]]
     assert "not run" in verdicts and any(v != "not run" for v in verdicts)
     assert "## What differs in the regime" in findings.read_text()
+    # the runs' cost from their own CPU seconds, 3 quick runs finished, the rest projected from them
+    cost = data["cost"]["encoders"]
+    assert cost["vsepp"]["variants"]["ntxent"]["finished"] == 1
+    assert cost["vsepp"]["variants"]["ntxent"]["seconds_per_run"] > 0
+    assert cost["vsepp"]["variants"]["snm"]["projected_per_run"] == cost["vsepp"]["median_run_seconds"]
+    assert data["cost"]["projected_core_hours"] > 0
 
     bad = CliRunner().invoke(app, [*args, "--variants", "no_such_loss"])
     assert bad.exit_code == 2 and "in no encoder's suite" in bad.output

@@ -589,6 +589,9 @@ def train(config: dict[str, Any], *, resume: bool = False, progress: bool = True
                 "continue it, or set a new train.out"
             )
         summary = trainer.fit()
+        # both ranks reach the teardown together: gloo aborts a rank (SIGABRT, "terminate called
+        # without an active exception") whose peer destroys the group while it still talks to it
+        dist.barrier()
         return summary if dist.is_main() else None  # evaluated before the process group goes away
     finally:
         if started:

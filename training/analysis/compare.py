@@ -210,22 +210,25 @@ def run_one(
             )
         return result
     config = run_config(regime, variant, seed, run_dir)
-    t0 = time.perf_counter()
+    # wall seconds depend on what else shares the cores; this process's CPU seconds do not (the
+    # paper suite trains with train.threads=1, so they are single-core seconds). A resumed run counts
+    # only what ran after its resume, in both.
+    t0, c0 = time.perf_counter(), time.process_time()
     summary = train(config, resume=(run_dir / STATE_FILE).is_file(), progress=progress)
     assert summary is not None  # one process: rank 0
-    train_s = time.perf_counter() - t0
+    train_s, train_cpu = time.perf_counter() - t0, time.process_time() - c0
     # best/ exists once a validation ran (every epoch end); a run cut short by train.max_steps
     # inside its first epoch only has last/.
     best = run_dir / "best" if (run_dir / "best").is_dir() else run_dir / "last"
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     report = evaluate_checkpoint(
         # relevance_depth 0: the tables read no threshold-honesty section, and it costs a search
         best,
         regime.data,
         EvalOptions(distractors=regime.distractors, progress=progress, relevance_depth=0),
     )
-    eval_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    eval_s, eval_cpu = time.perf_counter() - t0, time.process_time() - c0
+    t0, c0 = time.perf_counter(), time.process_time()
     cocos = run_cocos(
         best, regime.data, batch_size=regime.batch_size, max_batches=regime.cocos_batches, progress=progress
     )
@@ -243,6 +246,7 @@ def run_one(
             k: cocos[k] for k in ("counter", "epsilon", "batches", "batch_size", "sampling", "metrics")
         },
         "seconds": {"train": train_s, "evaluate": eval_s, "cocos": time.perf_counter() - t0},
+        "cpu_seconds": {"train": train_cpu, "evaluate": eval_cpu, "cocos": time.process_time() - c0},
     }
     atomic_write_text(result_path, json.dumps(result, indent=2) + "\n")
     return result

@@ -994,15 +994,43 @@ def _convergence(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str
     return out
 
 
+def _cost_lines(cost: Mapping[str, Any]) -> list[str]:
+    md = [
+        "## Cost",
+        "",
+        "Per finished run: CPU seconds of its process (training runs one thread, so these are "
+        "core-seconds), or wall seconds for runs recorded before CPU time was (an overestimate: "
+        "those shared 2 cores with 1-3 other runs). Variants without a finished run are projected at "
+        "their encoder's median run (SmoothAP: times its epoch factor).",
+        "",
+        "| encoder | variant | finished runs | s per run | projected s per run |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for enc, per in cost["encoders"].items():
+        for name, row in per["variants"].items():
+            cells = [_fmt(row["seconds_per_run"]), _fmt(row["projected_per_run"])]
+            md.append(f"| {enc} | `{name}` | {row['finished']} | " + " | ".join(cells) + " |")
+    hours = cost["projected_core_hours"]
+    md += [
+        "",
+        f"**The whole table** ({cost['seeds']} seeds of every variant): about {hours:.1f} core-hours, "
+        f"so about {hours / 2:.1f} hours on 2 cores running two single-threaded runs at a time.",
+        "",
+    ]
+    return md
+
+
 def build_findings(
     reports: Mapping[str, Mapping[str, Any]],
     regime_notes: str = "",
     findings: Sequence[Finding] = FINDINGS,
+    cost: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Evaluate ``findings`` on ``{"vsepp": report, "gpo": report}`` (either may be missing).
 
     Returns (JSON-able dict, markdown). ``regime_notes`` is the text of the markdown's last section,
-    "What differs in the regime".
+    "What differs in the regime"; ``cost`` (:func:`~icr.training.analysis.paper_regime.suite_cost`),
+    when given, adds a section on what the runs cost.
     """
     rows = [(f, evaluate(f, reports)) for f in findings]
     present = [enc for enc in ENCODERS if isinstance(reports.get(enc), Mapping)]
@@ -1083,6 +1111,8 @@ def build_findings(
         md += ["## Paper numbers not in the markdown", ""]
         md += [f"- `{n.key}` ({PAPERS[n.paper].short} {n.table}): {n.note}" for n in missing]
         md.append("")
+    if cost is not None:
+        md += _cost_lines(cost)
     md += ["## What differs in the regime", "", regime_notes.strip() or "(not given)", ""]
 
     def number_json(key: str) -> dict[str, Any]:
@@ -1107,15 +1137,20 @@ def build_findings(
         "summary": summary,
         "convergence": convergence,
         "regime_notes": regime_notes,
+        "cost": cost,
     }
     return data, "\n".join(md)
 
 
 def write_findings(
-    reports: Mapping[str, Mapping[str, Any]], out_md: Path, out_json: Path, regime_notes: str
+    reports: Mapping[str, Mapping[str, Any]],
+    out_md: Path,
+    out_json: Path,
+    regime_notes: str,
+    cost: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build the findings and write the markdown and the JSON atomically; returns the JSON dict."""
-    data, markdown = build_findings(reports, regime_notes)
+    data, markdown = build_findings(reports, regime_notes, cost=cost)
     atomic_write_text(out_json, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     atomic_write_text(out_md, markdown)
     return data

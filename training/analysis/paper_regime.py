@@ -15,12 +15,14 @@ run, so the suite resumes after an interruption and can be split over processes 
 
 from __future__ import annotations
 
+import json
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from icr.training.analysis.compare import RESULT_FILE, Regime, compare
+from icr.training.analysis.compare import RESULT_FILE, Regime, Variant, compare
 from icr.training.analysis.paper_findings import goal_variant, load_reports, write_findings
 
 ECIR = ("triplet", "triplet_hardest", "ntxent", "smoothap")
@@ -37,6 +39,7 @@ GOAL = (
     goal_variant("nca", "con"),
     goal_variant("nca", "sig_ms"),
 )
+FULL_SEEDS = (0, 1, 2)  # the table's seeds per variant
 SUITES: dict[str, tuple[str, tuple[str, ...]]] = {
     "vsepp": ("synthetic-paper-vsepp", (*ECIR, SH_WARMUP, *CROSS_EXAMPLE, *TARGET_DECODING)),
     "gpo": ("synthetic-paper-gpo", (*ECIR, *GOAL)),
@@ -89,7 +92,7 @@ class PaperSuite:
     """What the suite shares: where the features are, seeds and the convergence rule."""
 
     features: Path
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = FULL_SEEDS
     epochs: int = 30
     batch_size: int = 128
     patience: int = 3
@@ -183,4 +186,40 @@ def run_paper_suite(
             finished_only=finished_only,
         )
     reports = load_reports({enc: docs_dir / enc / "report.json" for enc in SUITES})
-    return write_findings(reports, findings_md, findings_md.with_suffix(".json"), REGIME_NOTES)
+    cost = suite_cost(runs_dir, len(FULL_SEEDS), suite.regime(encoders[0]).smoothap_epoch_factor)
+    return write_findings(reports, findings_md, findings_md.with_suffix(".json"), REGIME_NOTES, cost)
+
+
+def _run_cost(result: dict[str, Any]) -> float:
+    """One run's CPU seconds, or its wall seconds where the run predates their recording."""
+    return sum((result.get("cpu_seconds") or result["seconds"]).values())
+
+
+def suite_cost(runs_dir: Path, seeds: int, smoothap_factor: int) -> dict[str, Any]:
+    """What the finished runs in ``runs_dir`` cost, and what the whole table would (``seeds`` per
+    variant, every variant of :data:`SUITES`).
+
+    A run's cost is its CPU seconds where recorded (one training thread, so core-seconds whatever
+    shared the cores), its wall seconds otherwise (an overestimate when runs shared the cores). A
+    variant with no finished run is projected at its encoder's median run, times
+    ``smoothap_factor`` for SmoothAP. Resumed runs count only what ran after the resume.
+    """
+    encoders: dict[str, Any] = {}
+    total = 0.0
+    for enc, (_, variants) in SUITES.items():
+        runs: dict[str, list[float]] = {}
+        for path in sorted((runs_dir / enc).glob(f"*/seed*/{RESULT_FILE}")):
+            result = json.loads(path.read_text())
+            runs.setdefault(result["variant"], []).append(_run_cost(result))
+        measured = [c for costs in runs.values() for c in costs]
+        median = statistics.median(measured) if measured else None
+        rows = {}
+        for v in variants:
+            costs = runs.get(v, [])
+            per_run = projected = statistics.fmean(costs) if costs else None
+            if projected is None and median is not None:
+                projected = median * (smoothap_factor if Variant.parse(v).objective == "smoothap" else 1)
+            rows[v] = {"finished": len(costs), "seconds_per_run": per_run, "projected_per_run": projected}
+            total += (projected or 0.0) * seeds
+        encoders[enc] = {"variants": rows, "median_run_seconds": median}
+    return {"seeds": seeds, "encoders": encoders, "projected_core_hours": total / 3600}
