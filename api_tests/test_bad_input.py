@@ -49,6 +49,8 @@ TEXT_CASES = [
     ({"text": "a", "k": True}, 422, "k: Input should be a valid integer"),
     ({"text": "a", "k": 5.5}, 422, "k:"),
     ({"text": "a", "min_relevance": "0.5"}, 422, "min_relevance: Input should be a valid number"),
+    ({"text": "a", "min_score": float("nan")}, 422, "min_score: Input should be a finite number"),
+    ({"text": "a", "min_relevance": float("inf")}, 422, "min_relevance: Input should be a finite number"),
     ({"text": "a \ud800 circle"}, 422, "text: character 2 is a lone surrogate (U+D800)"),
     ({"text": "a red\x00circle"}, 422, "text: character 5 is the control character U+0000"),
 ]
@@ -76,6 +78,13 @@ def test_malformed_bodies(client: httpx.Client) -> None:
     latin1 = '{"text": "a caf\xe9 sign"}'.encode("latin-1")
     r = client.post("/v1/search/text", content=latin1, headers={"content-type": "application/json"})
     assert r.status_code == 422 and "not valid JSON (UTF-8)" in r.json()["message"], r.text
+    # multipart the parser cannot read (no boundary; parts that never end): a 422 saying how to upload
+    for content_type, body in (
+        ("multipart/form-data", b"--x\r\n"),
+        ("multipart/form-data; boundary=x", b"--x\r\nContent-Disposition: form-data\r\n\r\nno end"),
+    ):
+        r = client.post("/v1/search/image", content=body, headers={"content-type": content_type})
+        assert r.status_code == 422 and "not valid multipart/form-data" in r.json()["message"], r.text
 
 
 def _upload(client: httpx.Client, content: bytes, name: str = "q.png", **data: str) -> httpx.Response:
@@ -103,6 +112,7 @@ def test_bad_uploads(client: httpx.Client) -> None:
         ({"min_score": "0.1", "min_relevance": "0.1"}, "not both"),
         ({"k": "many"}, "k:"),
         ({"k": "5", "offset": "950"}, "search depth"),
+        ({"min_score": "nan"}, "min_score: Input should be a finite number"),
     ):
         r = _upload(client, _png(), **data)
         assert r.status_code == 422 and says in r.json()["message"], r.text

@@ -3,6 +3,8 @@ one database, cancel and the queue limit."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 
 import httpx
@@ -47,18 +49,32 @@ def test_a_job_runs_in_the_background_and_reports_metrics(client: httpx.Client) 
     assert job["id"] in [j["id"] for j in listed] and all(j["report"] is None for j in listed)
 
 
-def test_a_job_whose_evaluation_fails_says_why(client: httpx.Client) -> None:
-    job = client.post("/v1/benchmarks", json={"dataset": "synthetic", "protocol": "5k"}).json()
-    job = _wait(client, job["id"], {"succeeded", "failed"})
-    assert job["status"] == "failed" and "5" in job["error"] and job["metrics"] is None
+def test_a_job_whose_evaluation_fails_says_why(make_server, artifacts, tmp_path) -> None:
+    """Submission checks what it reads cheaply (name, split, its size for the protocol); a dataset
+    whose images went missing after that fails in the worker, and the job says why."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(next(artifacts.data.glob("dataset_*.json")), broken)
+    server = make_server(ICR_DATASETS=json.dumps({"synthetic": str(broken)})).start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        job = c.post("/v1/benchmarks", json={"dataset": "synthetic"}).json()
+        job = _wait(c, job["id"], {"succeeded", "failed"})
+    assert job["status"] == "failed" and job["metrics"] is None
+    assert str(broken) not in job["error"] and "image" in job["error"], job["error"]
 
 
 def test_submissions_are_checked(client: httpx.Client) -> None:
     cases = [
         ({"dataset": "coco"}, 404, "not configured on this server (configured: synthetic)"),
-        ({"dataset": "/etc/passwd"}, 404, "not configured"),
+        ({"dataset": "/etc/passwd"}, 422, "dataset: must be one of flickr30k, coco, synthetic"),
         ({"dataset": "synthetic", "split": "nope"}, 422, "has test, train, val"),
         ({"dataset": "synthetic", "protocol": "2k"}, 422, "protocol"),
+        ({"dataset": "synthetic", "protocol": "5k"}, 422, "protocol: the 5k protocol needs the 5,000-image"),
+        (
+            {"dataset": "synthetic", "protocol": "1k"},
+            422,
+            "protocol: the 1k protocol cuts the split into folds",
+        ),
         ({"dataset": "synthetic", "distractors": 10**9}, 422, "ICR_MAX_BENCHMARK_DISTRACTORS"),
         ({"dataset": "synthetic", "distractors": -1}, 422, "distractors"),
         ({}, 422, "dataset: Field required"),
@@ -69,6 +85,21 @@ def test_submissions_are_checked(client: httpx.Client) -> None:
     missing = client.get("/v1/benchmarks/0123")
     assert missing.status_code == 404 and "GET /v1/benchmarks" in missing.json()["message"]
     assert client.get("/v1/benchmarks", params={"limit": 0}).status_code == 422
+
+
+def test_the_schema_names_the_datasets_and_links_a_submission_to_its_job(client: httpx.Client) -> None:
+    """The dataset is an enum of the ones this server has (the request model accepts any a server may
+    have, so another is a 404 saying how to add it), and the 202's links name operations that exist,
+    with the job's id as their path parameter."""
+    schema = client.get("/openapi.json").json()
+    dataset = schema["components"]["schemas"]["BenchmarkRequest"]["properties"]["dataset"]
+    assert dataset["enum"] == ["synthetic"]
+    submit = schema["paths"]["/v1/benchmarks"]["post"]["responses"]
+    assert "ICR_DATASETS" in submit["404"]["description"] and "Retry-After" in submit["429"]["headers"]
+    operations = {op["operationId"]: method for ops in schema["paths"].values() for method, op in ops.items()}
+    links = submit["202"]["links"]
+    assert {operations[link["operationId"]] for link in links.values()} == {"get", "delete"}
+    assert all(link["parameters"] == {"job_id": "$response.body#/id"} for link in links.values())
 
 
 def test_keys_guard_reading_and_jobs_before_the_body_is_read(make_server) -> None:

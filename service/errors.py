@@ -119,6 +119,15 @@ def install_error_handlers(app: FastAPI) -> None:
                 "invalid_request",
                 'the body is not valid JSON (UTF-8); send e.g. {"text": "a red circle", "k": 10}',
             )
+        if err.status_code == 400 and request.headers.get("content-type", "").startswith("multipart/"):
+            # Starlette's multipart parser (a missing boundary, malformed parts): a body the client
+            # must send differently, answered like any other invalid request (422, documented)
+            return error_response(
+                422,
+                "invalid_request",
+                f"the body is not valid multipart/form-data ({message.rstrip('.')}); send the image as "
+                "the form field 'file', e.g. curl -F file=@photo.jpg",
+            )
         if err.status_code == 405:
             # Starlette names the first matching route's methods only; a path may have several routes
             allowed = _allowed_methods(request)

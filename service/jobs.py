@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -30,7 +31,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -105,6 +106,20 @@ def _plain(value: Any) -> Any:
 
 def _json(value: Any) -> str:
     return json.dumps(_plain(value), allow_nan=False)
+
+
+# a directory part of an absolute path: "/" not after a word, a dot, a colon or another "/" (so
+# not inside a relative path or a URL), then "name/" parts
+_SERVER_DIRS = re.compile(r"(?<![\w.:/~])/(?:[^\s/'\"()]+/)+")
+
+
+def without_server_paths(text: str, roots: Mapping[str, str | os.PathLike[str]] | None = None) -> str:
+    """``text`` for a client: each of ``roots``' paths (``{name: path}``, e.g. a dataset's folder)
+    becomes its name, and any other absolute path its last part, so a job's error never shows
+    where the server keeps its files."""
+    for name, path in (roots or {}).items():
+        text = text.replace(os.path.abspath(path), name)
+    return _SERVER_DIRS.sub("", text)
 
 
 class QueueFull(Exception):
@@ -254,8 +269,13 @@ class JobStore:
         )
 
     def fail(self, job_id: str, attempt: int, message: str) -> bool:
+        """Mark the job failed with ``message``, which clients read: absolute server paths in it are
+        cut to their last part (see :func:`without_server_paths`)."""
         return self._update_running(
-            job_id, attempt, "status = 'failed', finished_at = ?, error = ?", (_now(), message)
+            job_id,
+            attempt,
+            "status = 'failed', finished_at = ?, error = ?",
+            (_now(), without_server_paths(message)),
         )
 
     def interrupt(self, job_id: str, attempt: int, reason: str) -> bool:

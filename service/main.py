@@ -167,8 +167,10 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
             props[field] = _bounded_number(props[field], lo, 1.0, nullable=not form)
         numbers = {"min_score": {"type": "number"}, "min_relevance": {"type": "number"}}
         model["not"] = {"required": ["min_score", "min_relevance"], "properties": numbers}
-    distractors = components["BenchmarkRequest"]["properties"]["distractors"]
-    distractors["maximum"] = settings.max_benchmark_distractors
+    benchmark = components["BenchmarkRequest"]["properties"]
+    benchmark["distractors"]["maximum"] = settings.max_benchmark_distractors
+    if settings.datasets:  # the names this server has (a request may still name another: 404)
+        benchmark["dataset"]["enum"] = sorted(settings.datasets)
     # an upload must have content
     components["Body_search_image_v1_search_image_post"]["properties"]["file"]["minLength"] = 1
     # the filter names the served index's fields; until it is loaded any name is allowed and the

@@ -15,6 +15,8 @@ from pydantic import (
     model_validator,
 )
 
+from icr.service.config import DATASET_NAMES
+
 # Hard bounds of the schema; the server's settings may set tighter ones (checked in the handlers,
 # so the message can name the setting).
 K_MAX = 1000
@@ -83,9 +85,16 @@ class ThresholdFields(BaseModel):
         le=OFFSET_MAX,
         description="Results to skip (after thresholding); offset + k at most ICR_SEARCH_DEPTH.",
     )
-    min_score: StrictFloat | None = Field(None, ge=-1.0, le=1.0, description="Keep hits with cosine >= this.")
+    # allow_inf_nan=False: nan is told "a finite number", not a bound it cannot compare with
+    min_score: StrictFloat | None = Field(
+        None, ge=-1.0, le=1.0, allow_inf_nan=False, description="Keep hits with cosine >= this."
+    )
     min_relevance: StrictFloat | None = Field(
-        None, ge=0.0, le=1.0, description="Keep hits whose calibrated probability of relevance is >= this."
+        None,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Keep hits whose calibrated probability of relevance is >= this.",
     )
 
     @model_validator(mode="after")
@@ -231,8 +240,28 @@ class ImageSearchResponse(Assessment, PageInfo):
     timings: Timings
 
 
+def check_dataset_name(value: str) -> str:
+    """``value`` when it is a name a server can configure (ICR_DATASETS accepts no other, see
+    service.config); whether this server has configured it is the handler's question (404)."""
+    if value not in DATASET_NAMES:
+        raise ValueError(
+            f"must be one of {', '.join(DATASET_NAMES)} (the ones this server has: GET /v1/info)"
+        )
+    return value
+
+
+# An enum in the schema, so a client (and a fuzzer) can only name a dataset a server may have.
+DatasetName = Annotated[
+    str, AfterValidator(check_dataset_name), WithJsonSchema({"type": "string", "enum": list(DATASET_NAMES)})
+]
+
+
 class BenchmarkRequest(BaseModel):
-    dataset: Text = Field(..., description="A dataset name configured on the server (GET /v1/info).")
+    dataset: DatasetName = Field(
+        ...,
+        description="One of the names a server may configure; GET /v1/info lists the ones this server "
+        "has. Another of them: 404, whose message says how the operator adds it.",
+    )
     split: Text = "test"
     protocol: Literal["full", "1k", "5k"] = "full"
     distractors: JsonInt = Field(0, ge=0, description="Embedded benchmark only: generated distractor images.")

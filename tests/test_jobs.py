@@ -340,7 +340,9 @@ def test_a_broken_checkpoint_fails_the_job_with_a_message(store, tiny, tmp_path)
     finally:
         runner.stop()
     assert failed["status"] == "failed" and failed["metrics"] is None and failed["report"] is None
-    assert "\n" not in failed["error"] and "broken" in failed["error"], failed["error"]
+    # names the file, relative to the checkpoint: never where the server keeps it
+    assert "\n" not in failed["error"] and "checkpoint/config.json" in failed["error"], failed["error"]
+    assert str(tmp_path) not in failed["error"]
     assert failed["error"].split(":")[0].isidentifier()  # "ValueError: ...", not a traceback
 
 
@@ -553,3 +555,24 @@ def test_headline_picks_retrieval_global_and_calibration_figures():
         "annotations": {"rsum": 100.0, "i2t_r1": 10.0, "pr_auc": 0.2, "ece": 0.01},
         "distractors": {"count": 5},
     }
+
+
+def test_job_errors_show_no_server_paths(tmp_path) -> None:
+    """A failed job's error is read by clients: configured roots become their names, any other
+    absolute path its last part; relative paths and URLs stay as they are."""
+    from icr.service.jobs import without_server_paths
+
+    data = tmp_path / "coco"
+    text = f"DatasetError: {data}/captions.json: 3 missing (looked under {data}): {data}/images/a.png"
+    assert without_server_paths(text, {"coco": data}) == (
+        "DatasetError: coco/captions.json: 3 missing (looked under coco): coco/images/a.png"
+    )
+    assert without_server_paths('File "/usr/lib/python3.11/x.py", line 3') == 'File "x.py", line 3'
+    kept = "see images/a.png or https://example.org/a/b"
+    assert without_server_paths(kept) == kept
+    store = JobStore(tmp_path / "jobs.sqlite")
+    job = store.submit("coco", "test", "full", 0)
+    claimed = store.claim_next("server-a", lease_s=60)
+    assert claimed is not None and claimed["id"] == job["id"]
+    store.fail(job["id"], claimed["attempt"], f"ValueError: {tmp_path}/secret/model.pt is corrupt")
+    assert store.get(job["id"])["error"] == "ValueError: model.pt is corrupt"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
@@ -16,29 +16,68 @@ from icr.service.schemas import BenchmarkJob, BenchmarkList, BenchmarkRequest, e
 router = APIRouter(prefix="/v1/benchmarks", tags=["benchmarks"])
 
 
-def _splits(data: Path) -> list[str]:
-    """The splits a dataset folder offers, read cheaply: precomp file names, or the split names of
-    the Karpathy JSON (parsed once per file version; no image is opened or even looked up)."""
+def _splits(data: Path) -> dict[str, int]:
+    """The splits a dataset folder offers and their image counts, read cheaply: precomp file names
+    and array headers, or the Karpathy JSON (parsed once per file version; no image is opened or
+    even looked up)."""
     from icr.training.data.training_data import is_precomp
 
     data = data.expanduser()
     if is_precomp(data):
+        import numpy as np
+
         from icr.training.data.precomp import available_precomp_splits
 
-        return available_precomp_splits(data)
+        return {
+            s: int(np.load(data / f"{s}_ims.npy", mmap_mode="r").shape[0])
+            for s in available_precomp_splits(data)
+        }
     from icr.training.data.karpathy import find_karpathy_json
 
     json_path = find_karpathy_json(data)
     stat = json_path.stat()
-    return list(_karpathy_splits(json_path, stat.st_mtime_ns, stat.st_size))
+    return dict(_karpathy_splits(json_path, stat.st_mtime_ns, stat.st_size))
 
 
 @lru_cache(maxsize=8)
-def _karpathy_splits(json_path: Path, _mtime_ns: int, _size: int) -> tuple[str, ...]:
-    """The splits of a Karpathy JSON; the file's mtime and size are only part of the cache key."""
+def _karpathy_splits(json_path: Path, _mtime_ns: int, _size: int) -> tuple[tuple[str, int], ...]:
+    """(split, images) of a Karpathy JSON; the file's mtime and size are only part of the cache key."""
     from icr.training.data.karpathy import load_karpathy
 
-    return tuple(sorted(load_karpathy(json_path, check_images=False).splits))
+    splits = load_karpathy(json_path, check_images=False).splits
+    return tuple(sorted((name, len(split.images)) for name, split in splits.items()))
+
+
+def _submit_responses() -> dict[int | str, dict[str, Any]]:
+    """POST's responses: the job's id links to reading and cancelling it (OpenAPI links, which
+    clients and Schemathesis's stateful phase follow), and what its 404, 409 and 429 mean here."""
+    job_id = {"job_id": "$response.body#/id"}
+    links = {
+        "GetJob": {
+            "operationId": "get_job_v1_benchmarks__job_id__get",
+            "parameters": job_id,
+            "description": "Poll the job for progress, metrics and report.",
+        },
+        "CancelJob": {
+            "operationId": "cancel_job_v1_benchmarks__job_id__delete",
+            "parameters": job_id,
+            "description": "Cancel the job.",
+        },
+    }
+    out = error_responses(401, 403, 404, 408, 409, 413, 422, 429)
+    out[202] = {"description": "The job, queued.", "links": links}
+    out[404]["description"] = (
+        "The dataset is one a server may have but this one has not configured (the message lists the "
+        "configured ones; the operator adds one with ICR_DATASETS or --dataset NAME=PATH)."
+    )
+    out[409]["description"] = "The configured dataset cannot be read on the server (the message says why)."
+    out[429]["headers"] = {
+        "Retry-After": {
+            "description": "Seconds to wait before submitting again.",
+            "schema": {"type": "integer"},
+        }
+    }
+    return out
 
 
 @router.post(
@@ -46,7 +85,7 @@ def _karpathy_splits(json_path: Path, _mtime_ns: int, _size: int) -> tuple[str, 
     status_code=202,
     response_model=BenchmarkJob,
     summary="Queue an evaluation job",
-    responses=error_responses(401, 403, 404, 408, 409, 413, 422, 429),
+    responses=_submit_responses(),
 )
 def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
     """Evaluate the served checkpoint on a dataset configured on the server (never a client path).
@@ -73,6 +112,12 @@ def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
             "invalid_request",
             f"split: {body.split!r} is not in {body.dataset} (has {', '.join(splits)})",
         )
+    from icr.training.evaluation.metrics.protocols import protocol_folds
+
+    try:  # refused here, not failed in the worker: a 1k or 5k protocol needs a split of that size
+        protocol_folds(splits[body.split], body.protocol)
+    except ValueError as err:
+        raise ApiError(422, "invalid_request", f"protocol: {err} ({body.dataset} {body.split})") from None
     if body.distractors and body.dataset != "synthetic":
         raise ApiError(
             422, "invalid_request", "distractors: generated distractors exist for the synthetic dataset only"

@@ -31,13 +31,13 @@ def protocol_folds(n_img: int, protocol: str) -> list[np.ndarray]:
     if protocol == "5k" and n_img != 5000:
         raise ValueError(
             f"the 5k protocol needs the 5,000-image COCO test split, this split has {n_img:,} images; "
-            f"use --protocol full"
+            "use the full protocol"
         )
     if protocol == "1k":
         if n_img < FOLD_IMAGES or n_img % FOLD_IMAGES:
             raise ValueError(
                 f"the 1k protocol cuts the split into folds of {FOLD_IMAGES:,} images, but it has "
-                f"{n_img:,}; use --protocol full (or the COCO 5K split, precomp 'testall')"
+                f"{n_img:,}; use the full protocol (or the COCO 5K split, precomp 'testall')"
             )
         return [np.arange(f, f + FOLD_IMAGES) for f in range(0, n_img, FOLD_IMAGES)]
     return [np.arange(n_img)]
