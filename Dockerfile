@@ -42,7 +42,9 @@ ENV ICR_INDEX=/artifacts/index/images \
 EXPOSE 8000
 # Bound to every interface: put a reverse proxy (nginx, a cloud load balancer) in front of a port that
 # leaves the host; icr serve bounds slow clients itself (ICR_HEADER_TIMEOUT_SECONDS,
-# ICR_BODY_TIMEOUT_SECONDS, ICR_MAX_CONNECTIONS) but not per client. The health check sends
+# ICR_BODY_TIMEOUT_SECONDS, ICR_MAX_CONNECTIONS) and each peer address's connections
+# (ICR_MAX_CONNECTIONS_PER_CLIENT, 64): behind a proxy every client is the proxy, so raise that above
+# the proxy's upstream connections (or set 0) and let the proxy bound clients. The health check sends
 # ICR_API_KEY, which /readyz needs with ICR_HEALTH_NEED_KEY=true.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s \
   CMD python -c "import os, urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:8000/readyz', headers={'X-API-Key': os.environ.get('ICR_API_KEY', '')}), timeout=4)"
