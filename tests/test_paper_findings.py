@@ -529,36 +529,47 @@ def test_write_findings_writes_both_files(tmp_path: Path) -> None:
 
 def test_suite_cost_counts_cpu_seconds_and_projects_the_missing_variants(tmp_path: Path) -> None:
     """suite_cost against sums written out by hand: CPU seconds where a run recorded them, wall
-    seconds where not, the encoder's median run for variants with none (SmoothAP times the factor)."""
+    seconds converted at the encoder's CPU/wall ratio where not, a resumed run's training scaled to
+    all its epochs, the encoder's median run for variants with none (SmoothAP times the factor)."""
     from icr.training.analysis.paper_regime import SUITES, suite_cost
 
-    def result(enc: str, variant: str, seed: int, wall: float, cpu: float | None) -> None:
-        run = tmp_path / enc / variant.replace("[", "-").replace("]", "") / f"seed{seed}"
+    def result(variant: str, seed: int, wall: float, cpu: float | None, resumed: bool = False) -> None:
+        run = tmp_path / "vsepp" / variant / f"seed{seed}"
         run.mkdir(parents=True)
-        doc: dict[str, Any] = {"variant": variant, "seconds": {"train": wall - 10, "evaluate": 6, "cocos": 4}}
-        if cpu is not None:
+        doc: dict[str, Any] = {
+            "variant": variant,
+            "epochs_completed": 10,
+            "seconds": {"train": wall - 10, "evaluate": 6, "cocos": 4},
+        }
+        if cpu is not None:  # recorded since CPU time was, with the epochs this process trained
             doc["cpu_seconds"] = {"train": cpu - 3, "evaluate": 2, "cocos": 1}
+            doc["epochs_this_run"] = 5 if resumed else 10
         (run / "result.json").write_text(json.dumps(doc))
 
-    result("vsepp", "triplet", 0, wall=500, cpu=None)  # recorded before CPU time: wall
-    result("vsepp", "triplet", 1, wall=900, cpu=300)
-    result("vsepp", "ntxent", 0, wall=800, cpu=200)
+    result("triplet", 0, wall=510, cpu=None)  # before CPU time: wall x (CPU/wall ratio 0.5) = 255
+    result("triplet", 1, wall=600, cpu=300)
+    result("ntxent", 0, wall=400, cpu=200)
+    result("snm", 0, wall=110, cpu=53, resumed=True)  # trained 5 of 10 epochs: (53 - 3) x 2 + 3
     cost = suite_cost(tmp_path, seeds=3, smoothap_factor=5)
 
     vsepp = cost["encoders"]["vsepp"]
-    assert vsepp["variants"]["triplet"] == {
-        "finished": 2,
-        "seconds_per_run": 400.0,
-        "projected_per_run": 400.0,
-    }
-    assert vsepp["median_run_seconds"] == 300.0  # of 500, 300, 200
-    assert vsepp["variants"]["snm"]["projected_per_run"] == 300.0
-    assert vsepp["variants"]["smoothap"]["projected_per_run"] == 1500.0
+    # the ratio from runs with both, each scaled alike: (300 + 200 + 103) / (600 + 400 + 210)
+    ratio = (300 + 200 + 103) / (600 + 400 + 210)
+    assert vsepp["cpu_per_wall"] == pytest.approx(ratio)
+    triplet = vsepp["variants"]["triplet"]
+    assert (triplet["finished"], triplet["with_cpu_seconds"]) == (2, 1)
+    assert triplet["seconds_per_run"] == pytest.approx((510 * ratio + 300) / 2)
+    assert vsepp["variants"]["snm"]["seconds_per_run"] == pytest.approx(103)
+    costs = sorted([510 * ratio, 300, 200, 103])
+    median = (costs[1] + costs[2]) / 2
+    assert vsepp["median_run_seconds"] == pytest.approx(median)
+    assert vsepp["variants"]["cross_example_softmax"]["projected_per_run"] == pytest.approx(median)
+    assert vsepp["variants"]["smoothap"]["projected_per_run"] == pytest.approx(5 * median)
     assert cost["encoders"]["gpo"]["median_run_seconds"] is None  # nothing run: nothing projected
-    n_vsepp = len(SUITES["vsepp"][1])
-    expected = 3 * (400 + 200 + 1500 + 300 * (n_vsepp - 3)) / 3600
+    n_other = len(SUITES["vsepp"][1]) - 4  # triplet, ntxent, snm measured; smoothap at 5x
+    expected = 3 * ((510 * ratio + 300) / 2 + 200 + 103 + 5 * median + median * n_other) / 3600
     assert cost["projected_core_hours"] == pytest.approx(expected)
 
     _, md = build_findings(synthetic_reports(), cost=cost)
-    assert "## Cost" in md and "| vsepp | `triplet` | 2 | 400.0 | 400.0 |" in md
+    assert "## Cost" in md and "| vsepp | `ntxent` | 1 (1) | 200.0 | 200.0 |" in md
     assert f"about {expected:.1f} core-hours" in md

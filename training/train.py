@@ -335,6 +335,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
         self.model.train()
         started, samples, stopped_early = time.perf_counter(), 0, False
+        first_epoch = self.state.epoch  # > 0 when resumed
         from tqdm import tqdm
 
         while self.state.epoch < epochs and not self._out_of_patience():
@@ -413,6 +414,7 @@ class Trainer:
             "out": str(self.out),
             "steps": self.state.global_step,
             "epochs_completed": self.state.epoch,
+            "epochs_this_call": self.state.epoch - first_epoch,  # fewer than completed when resumed
             "best_rsum": self.state.best_rsum if self.state.best_epoch >= 0 else None,
             "best_epoch": self.state.best_epoch + 1 if self.state.best_epoch >= 0 else None,
             "stopped_by_patience": self._out_of_patience(),

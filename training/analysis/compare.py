@@ -238,6 +238,7 @@ def run_one(
         "regime_key": regime.key(),
         "epochs": regime.epochs_for(variant),
         "epochs_completed": summary["epochs_completed"],
+        "epochs_this_run": summary["epochs_this_call"],  # what "seconds" cover when resumed
         "best_epoch": summary["best_epoch"],
         "stopped_by_patience": summary["stopped_by_patience"],
         "checkpoint": report["checkpoint"],

@@ -998,23 +998,29 @@ def _cost_lines(cost: Mapping[str, Any]) -> list[str]:
     md = [
         "## Cost",
         "",
-        "Per finished run: CPU seconds of its process (training runs one thread, so these are "
-        "core-seconds), or wall seconds for runs recorded before CPU time was (an overestimate: "
-        "those shared 2 cores with 1-3 other runs). Variants without a finished run are projected at "
-        "their encoder's median run (SmoothAP: times its epoch factor).",
+        "CPU seconds per finished run (training runs one thread, so these are core-seconds whatever "
+        "else shared the cores). Runs that recorded only wall seconds are converted at the encoder's "
+        "CPU/wall ratio over the runs that recorded both; a resumed run's training is scaled to all "
+        "its epochs (where it recorded how many it trained: older resumed runs undercount). Variants without a finished run are projected at their encoder's median run "
+        "(SmoothAP: times its epoch factor).",
         "",
-        "| encoder | variant | finished runs | s per run | projected s per run |",
+        "| encoder | variant | finished runs (CPU-timed) | CPU s per run | projected CPU s per run |",
         "|---|---|---:|---:|---:|",
     ]
     for enc, per in cost["encoders"].items():
         for name, row in per["variants"].items():
             cells = [_fmt(row["seconds_per_run"]), _fmt(row["projected_per_run"])]
-            md.append(f"| {enc} | `{name}` | {row['finished']} | " + " | ".join(cells) + " |")
+            counts = f"{row['finished']} ({row['with_cpu_seconds']})"
+            md.append(f"| {enc} | `{name}` | {counts} | " + " | ".join(cells) + " |")
     hours = cost["projected_core_hours"]
+    ratios = ", ".join(
+        f"{enc} {per['cpu_per_wall']:.2f}" for enc, per in cost["encoders"].items() if per["cpu_per_wall"]
+    )
     md += [
         "",
-        f"**The whole table** ({cost['seeds']} seeds of every variant): about {hours:.1f} core-hours, "
-        f"so about {hours / 2:.1f} hours on 2 cores running two single-threaded runs at a time.",
+        f"CPU/wall ratios: {ratios or 'none measured'}. **The whole table** ({cost['seeds']} seeds of "
+        f"every variant): about {hours:.1f} core-hours, so about {hours / 2:.1f} hours on 2 cores "
+        "running two single-threaded runs at a time.",
         "",
     ]
     return md
