@@ -1001,7 +1001,8 @@ def _cost_lines(cost: Mapping[str, Any]) -> list[str]:
         "CPU seconds per finished run (training runs one thread, so these are core-seconds whatever "
         "else shared the cores). Runs that recorded only wall seconds are converted at the encoder's "
         "CPU/wall ratio over the runs that recorded both; a resumed run's training is scaled to all "
-        "its epochs (where it recorded how many it trained: older resumed runs undercount). Variants without a finished run are projected at their encoder's median run "
+        "its epochs (where it recorded how many it trained: older resumed runs undercount). "
+        "Variants without a finished run are projected at their encoder's median run "
         "(SmoothAP: times its epoch factor).",
         "",
         "| encoder | variant | finished runs (CPU-timed) | CPU s per run | projected CPU s per run |",
