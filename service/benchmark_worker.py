@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from icr.service.jobs import JobStore, without_server_paths
+from icr.service.jobs import JobStore
 from icr.training.devices import DEVICES
 
 HEADLINE = ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "i2t_map10", "t2i_rprec")
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()  # the runner logs the whole story
         # the dataset's folder by its name, the checkpoint's as "checkpoint" (clients read this)
         roots = {job["dataset"]: args.data, "checkpoint": args.checkpoint}
-        store.fail(args.job, args.attempt, without_server_paths(_one_line(err), roots))
+        store.fail(args.job, args.attempt, _one_line(err), roots)
         return 1
     return 0
 

@@ -218,10 +218,6 @@ class JobStore:
             rows = db.execute("SELECT * FROM jobs ORDER BY created_at DESC, rowid DESC LIMIT ?", (limit,))
             return [job for r in rows if (job := self._row(r, with_report=False)) is not None]
 
-    def count_queued(self) -> int:
-        with self._connect() as db:
-            return int(db.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()[0])
-
     def claim_next(self, owner: str = "", lease_s: float = 60.0) -> dict[str, Any] | None:
         """The oldest queued job, now running under a new attempt number and ``owner``'s lease of
         ``lease_s`` seconds (atomic: of several servers polling one database, one gets it)."""
@@ -268,14 +264,21 @@ class JobStore:
             (_now(), _json(metrics), _json(report)),
         )
 
-    def fail(self, job_id: str, attempt: int, message: str) -> bool:
-        """Mark the job failed with ``message``, which clients read: absolute server paths in it are
-        cut to their last part (see :func:`without_server_paths`)."""
+    def fail(
+        self,
+        job_id: str,
+        attempt: int,
+        message: str,
+        roots: Mapping[str, str | os.PathLike[str]] | None = None,
+    ) -> bool:
+        """Mark the job failed with ``message``, which clients read: ``roots`` (``{name: path}``)
+        become their names and other absolute server paths their last part (see
+        :func:`without_server_paths`)."""
         return self._update_running(
             job_id,
             attempt,
             "status = 'failed', finished_at = ?, error = ?",
-            (_now(), without_server_paths(message)),
+            (_now(), without_server_paths(message, roots)),
         )
 
     def interrupt(self, job_id: str, attempt: int, reason: str) -> bool:

@@ -84,9 +84,9 @@ REGIME_NOTES = """\
   the paper's eta = 6 nats was set on that scale. On ours a caption's summed NLL starts at 40 nats
   and is still 12.5 at the last step of `ntxent+itd:constraint` on `vsepp` (seed 0), never below 6,
   so the multiplier only rises (lambda 1.6, 7.1, 10.4, 15.6 over 4 epochs) and the reconstruction
-  term outweighs the contrastive one: validation rsum peaks at epoch 2. "ITD as a constraint hurts"
-  is therefore met here partly because eta does not fit our normalisation, not only for the
-  paper's reason.
+  term outweighs the contrastive one: validation rsum peaks at epoch 2 (seed 1: 3). "ITD as a
+  constraint hurts" is therefore met here partly because eta does not fit our normalisation, not
+  only for the paper's reason.
 - **Test protocol.** The benchmark's 1,000 test images x 5 captions (Flickr30k's 1K protocol); on
   `vsepp` the t2i gallery is also searched with 10,000 generated distractor images (featurised by the
   same frozen backbone) for Cross-Example Softmax's distractor findings. Margins
