@@ -2,8 +2,9 @@
 
 Sections (``--only`` picks some): ``build`` (index build of the largest gallery), ``search``
 (in-process figures per gallery size), ``http`` (``icr serve`` under 1/4/16 clients, ANN and
-exact), ``relevance`` (threshold honesty of the largest served index: what ``min_relevance``
-delivers per query kind on held-out captions), ``train`` (step time and peak memory per
+exact), ``peers`` (the largest gallery's ANN index beside FAISS HNSW, hnswlib and usearch at k = 10
+and at the service's depth), ``relevance`` (threshold honesty of the largest served index: what
+``min_relevance`` delivers per query kind on held-out captions), ``train`` (step time and peak memory per
 objective), ``eval`` (COCO-5K-size metrics) and ``gpu`` (when a CUDA GPU is visible).
 ``--quick`` runs every section small (CI-sized: a 20,000 distractor gallery, a model trained for
 one short epoch, few repeats); its figures check that the suite works, not the targets.
@@ -25,7 +26,7 @@ import typer
 
 from icr.training.cli.support import fail_cleanly
 
-SECTIONS = ("build", "search", "http", "filters", "scale", "relevance", "train", "eval", "gpu")
+SECTIONS = ("build", "search", "http", "peers", "filters", "scale", "relevance", "train", "eval", "gpu")
 
 
 def _log(text: str) -> None:
@@ -89,7 +90,7 @@ def bench_command(
         "sections": {},
     }
     sections = report["sections"]
-    needs_gallery = {"build", "search", "http", "filters", "scale", "relevance", "gpu"} & set(chosen)
+    needs_gallery = {"build", "search", "http", "peers", "filters", "scale", "relevance", "gpu"} & set(chosen)
     needs_model = needs_gallery or "train" in chosen
     model = gallery.prepare_model(workdir, quick, checkpoint, data, _log) if needs_model else None
     largest = max(counts)
@@ -146,11 +147,11 @@ def bench_command(
             )
             for n in counts
         }
-    if {"filters", "scale"} & set(chosen):
+    if {"peers", "filters", "scale"} & set(chosen):
         assert model is not None
         sections.update(
-            _filters_and_scale(
-                chosen, model.checkpoint, ann_dirs[largest], embeddings, captions, workdir, quick
+            _largest_gallery_sections(
+                chosen, model, ann_dirs[largest], exact_dirs[largest], embeddings, captions, workdir, quick
             )
         )
     if "relevance" in chosen:
@@ -202,17 +203,25 @@ def bench_command(
     typer.echo(f"wrote {json_path} and {md_path}")
 
 
-def _filters_and_scale(
+def _largest_gallery_sections(
     chosen: list[str],
-    checkpoint: Path,
+    model: Any,
     index_dir: Path,
+    exact_dir: Path,
     embeddings: Path,
     captions: list[str],
     workdir: Path,
     quick: bool,
 ) -> dict[str, Any]:
-    """The ``filters`` and ``scale`` sections (each only when chosen)."""
+    """The ``peers``, ``filters`` and ``scale`` sections of the largest gallery (each only when chosen)."""
     out: dict[str, Any] = {}
+    checkpoint = model.checkpoint
+    if "peers" in chosen:
+        from bench import ann_peers
+
+        out["peers"] = ann_peers.run_dirs(
+            index_dir, exact_dir, checkpoint, model.data, 100 if quick else 300, 1000, _log
+        )
     if "filters" in chosen:
         from bench import filters
 

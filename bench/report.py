@@ -43,6 +43,29 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         _target("ANN recall@10 of exact", _get(search, "ann", "recall_at_10_vs_exact"), 0.95, False),
     ]
+    depth = _get(search, "ann", "depth")
+    if depth is not None:  # issue 20 item 3: the ANN index at the service's depth
+        out += [
+            _target(
+                f"ANN at depth {depth}: recall@10 of exact",
+                _get(search, "ann", "depth_recall_at_10"),
+                0.98,
+                False,
+            ),
+            _target(
+                f"ANN at depth {depth}: recall@{depth} of exact",
+                _get(search, "ann", "depth_recall_at_depth"),
+                0.95,
+                False,
+            ),
+            _target(
+                f"ANN search of depth {depth}, in-process p99 ({key})",
+                _get(search, "end_to_end", "search", "p99_ms"),
+                5,
+                True,
+                "ms",
+            ),
+        ]
     inproc, over_http = (
         _get(search, "end_to_end", "total", "p50_ms"),
         _get(http, "ann", "1", "latency", "p50_ms"),
@@ -75,6 +98,16 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "x",
             )
         )
+        if _get(search, "exact", "batches", batch, "depth_vs_floor") is not None:
+            out.append(
+                _target(
+                    f"exact batch of {batch} at depth {depth} / matmul floor",
+                    _get(search, "exact", "batches", batch, "depth_vs_floor"),
+                    1.3,
+                    True,
+                    "x",
+                )
+            )
     one, sixteen = _get(http, "exact", "1", "queries_per_s"), _get(http, "exact", "16", "queries_per_s")
     out.append(
         _target(
@@ -167,6 +200,107 @@ def _evaluation(e: dict[str, Any]) -> list[str]:
     ]
 
 
+def _build_section(b: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    tp = b.get("throughput") or {}
+    lines += ["## Index build", ""]
+    lines += _table(
+        ["figure", "value"],
+        [
+            ["vectors", b["vectors"]],
+            ["factory", f"`{b['factory']}`"],
+            [
+                "build wall time",
+                f"{b['build_seconds']:.0f} s" + (" (cached build)" if b["cached"] else ""),
+            ],
+            ["peak RSS of the build", f"{b['peak_rss_mb']:.0f} MB"],
+            *[[k.replace("_", " "), v] for k, v in tp.items()],
+            ["recall@10 check", _get(b, "recall_check", "recall")],
+        ],
+    )
+    if b.get("factory_reason"):
+        lines += [f"Why `{b['factory']}`: {b['factory_reason']}", ""]
+    return lines
+
+
+def _search_section(r: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    e, a, x = r["end_to_end"], r["ann"], r["exact"]
+    lines += [
+        f"## In-process search, {r['vectors']:,} vectors (dim {r['dim']}, FAISS threads "
+        f"{r['faiss_threads']}, depth {r['search_depth']})",
+        "",
+    ]
+    lines += _table(
+        ["stage", "p50 ms", "p99 ms"],
+        [
+            [stage, e[stage]["p50_ms"], e[stage]["p99_ms"]]
+            for stage in ("encode", "search", "filter", "metadata", "total")
+        ],
+    )
+    setting = f"efSearch {a['ef_search']}" if a.get("ef_search") else f"nprobe {a['nprobe']}"
+    lines += _table(
+        ["index", "recall@10 vs exact", "k=10 p50 ms", "k=10 p99 ms"],
+        [
+            [
+                f"ANN `{a['factory']}` {setting}",
+                a["recall_at_10_vs_exact"],
+                a["k10_single"]["p50_ms"],
+                a["k10_single"]["p99_ms"],
+            ],
+            *[
+                [
+                    f"exact Flat, {t} thread(s)",
+                    1.0,
+                    x[f"single_{t}t"]["p50_ms"],
+                    x[f"single_{t}t"]["p99_ms"],
+                ]
+                for t in (1, 2, 4, 8, 16)
+                if f"single_{t}t" in x
+            ],
+        ],
+    )
+    if "depth" in a:
+        lines += [
+            f"At the service's depth ({a['depth']:,} neighbours per query, the search stage above): "
+            f"recall@10 {a['depth_recall_at_10']:.3f} and recall@{a['depth']:,} "
+            f"{a['depth_recall_at_depth']:.3f} of exact.",
+            "",
+        ]
+    lines += [
+        f"Exact single query: floor {x['single_floor_ms']:.1f} ms (gallery bytes / read bandwidth); "
+        f"best p50 is {x['single_best_p50_vs_floor']:.2f}x the floor.",
+        "",
+    ]
+    depth = a.get("depth", "depth")
+    lines += _table(
+        [
+            "exact batch",
+            "floor ms",
+            f"kernel ({x.get('kernel_precision', 'n/a')}) k=10 ms",
+            "k=10 / floor",
+            "queries/s",
+            f"kernel k={depth} ms",
+            f"k={depth} / floor",
+            "FAISS k=10 ms",
+        ],
+        [
+            [
+                q,
+                b["floor_ms"],
+                b["search"]["median_ms"],
+                b["vs_floor"],
+                b["queries_per_s"],
+                _get(b, "depth_search", "median_ms"),
+                b.get("depth_vs_floor"),
+                _get(b, "faiss", "median_ms"),
+            ]
+            for q, b in x["batches"].items()
+        ],
+    )
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     s, m = report["sections"], report["machine"]
     lines = [
@@ -211,70 +345,9 @@ def markdown(report: dict[str, Any]) -> str:
             ],
         )
     if "build" in s:
-        b = s["build"]
-        tp = b.get("throughput") or {}
-        lines += ["## Index build", ""]
-        lines += _table(
-            ["figure", "value"],
-            [
-                ["vectors", b["vectors"]],
-                ["factory", f"`{b['factory']}`"],
-                [
-                    "build wall time",
-                    f"{b['build_seconds']:.0f} s" + (" (cached build)" if b["cached"] else ""),
-                ],
-                ["peak RSS of the build", f"{b['peak_rss_mb']:.0f} MB"],
-                *[[k.replace("_", " "), v] for k, v in tp.items()],
-                ["recall@10 check", _get(b, "recall_check", "recall")],
-            ],
-        )
+        lines += _build_section(s["build"])
     for r in (s.get("search") or {}).values():
-        e, a, x = r["end_to_end"], r["ann"], r["exact"]
-        lines += [
-            f"## In-process search, {r['vectors']:,} vectors (dim {r['dim']}, FAISS threads "
-            f"{r['faiss_threads']}, depth {r['search_depth']})",
-            "",
-        ]
-        lines += _table(
-            ["stage", "p50 ms", "p99 ms"],
-            [
-                [stage, e[stage]["p50_ms"], e[stage]["p99_ms"]]
-                for stage in ("encode", "search", "filter", "metadata", "total")
-            ],
-        )
-        lines += _table(
-            ["index", "recall@10 vs exact", "k=10 p50 ms", "k=10 p99 ms"],
-            [
-                [
-                    f"ANN `{a['factory']}` nprobe {a['nprobe']}",
-                    a["recall_at_10_vs_exact"],
-                    a["k10_single"]["p50_ms"],
-                    a["k10_single"]["p99_ms"],
-                ],
-                *[
-                    [
-                        f"exact Flat, {t} thread(s)",
-                        1.0,
-                        x[f"single_{t}t"]["p50_ms"],
-                        x[f"single_{t}t"]["p99_ms"],
-                    ]
-                    for t in (1, 2, 4, 8, 16)
-                    if f"single_{t}t" in x
-                ],
-            ],
-        )
-        lines += [
-            f"Exact single query: floor {x['single_floor_ms']:.1f} ms (gallery bytes / read bandwidth); "
-            f"best p50 is {x['single_best_p50_vs_floor']:.2f}x the floor.",
-            "",
-        ]
-        lines += _table(
-            ["exact batch", "floor ms", "search ms", "search / floor", "queries/s"],
-            [
-                [q, b["floor_ms"], b["search"]["median_ms"], b["vs_floor"], b["queries_per_s"]]
-                for q, b in x["batches"].items()
-            ],
-        )
+        lines += _search_section(r)
     for size, r in (s.get("http") or {}).items():
         lines += [f"## HTTP (`icr serve`), {int(size):,} distractors", ""]
         rows = []
@@ -293,9 +366,14 @@ def markdown(report: dict[str, Any]) -> str:
         lines += _table(
             ["index, clients", "p50 ms", "p99 ms", "queries/s", "queries per FAISS call", "errors"], rows
         )
-    from bench import filters, scale  # sections that render themselves
+    from bench import ann_peers, filters, scale  # sections that render themselves
 
-    for name, render in (("filters", filters.markdown), ("scale", scale.markdown), ("eval", _evaluation)):
+    for name, render in (
+        ("peers", ann_peers.markdown),
+        ("filters", filters.markdown),
+        ("scale", scale.markdown),
+        ("eval", _evaluation),
+    ):
         if name in s:
             lines += render(s[name])
     if "relevance" in s and "evaluation" in s["relevance"]:

@@ -5,10 +5,12 @@ the ANN index against exact search, and exact search against the hardware floors
   FAISS search of the service's depth, threshold filtering, metadata lookup; p50/p99 per stage and
   in all, one query at a time, with the service's settings.
 * **ANN vs exact**: recall@10 of the index the build chose against exact search on the same
-  vectors, and single-query latency (k = 10) of each.
-* **exact (Flat, fp32) vs floors**: a single query on one thread and on every core against
-  ``gallery bytes / read bandwidth``; batches of 16 and 64 queries (FAISS's own kernel choice: a
-  scan per query below 20 queries, its BLAS path from 20) against ``2 N d Q / matmul rate``.
+  vectors, and single-query latency (k = 10) of each; and at the service's depth, recall@10 and
+  recall@depth of a depth search (tie-aware), whose latency is the end-to-end search stage.
+* **exact (Flat, fp32) vs floors**: a single query (FAISS) on one thread and on every core against
+  ``gallery bytes / read bandwidth``; batches of 16 and 64 queries through the service's batch
+  kernel (:mod:`index.exact_kernel`) at k = 10 and at the depth, against ``2 N d Q / matmul rate``,
+  with FAISS's own batch search beside it.
   ``faiss.cvar.distance_compute_blas_threshold`` is never written: doing so from Python slowed
   later one-thread single queries 2-2.5x with faiss-cpu 1.15 (found by this benchmark).
 """
@@ -25,6 +27,8 @@ import numpy as np
 
 from bench.floors import cores, search_floor_ms
 from bench.stats import latency, ratio, repeat, summary
+from icr.index.exact_kernel import kernel_for
+from icr.index.vector_index import exact_depth, recall_of_ids
 
 K = 10
 
@@ -92,10 +96,18 @@ def run(
     faiss.omp_set_num_threads(cores())
     _, truth = exact_index.search(queries, K)  # (Q, K) in one batched call
     ann_times, ann_ids = _single(target.index, queries, K, settings.faiss_threads)
+    # the service's own search: depth neighbours, judged at 10 and at the depth (ties count)
+    depth = min(settings.search_depth, n)
+    deep_scores, deep_truth = exact_index.search(queries, min(exact_depth(depth), n))  # (Q, <=depth+100)
+    _, deep_ids = _single(target.index, queries, depth, settings.faiss_threads)
     ann = {
         "factory": target.manifest.factory,
         "nprobe": target.manifest.recall_check.get("nprobe"),
+        "ef_search": target.manifest.recall_check.get("ef_search"),
         "recall_at_10_vs_exact": recall(ann_ids, truth),
+        "depth": depth,
+        "depth_recall_at_10": recall_of_ids(deep_ids, deep_scores, deep_truth, K),
+        "depth_recall_at_depth": recall_of_ids(deep_ids, deep_scores, deep_truth, depth),
         "k10_single": latency(ann_times),
         "depth_single": end_to_end["search"],
     }
@@ -113,13 +125,20 @@ def run(
     exact["single_floor_ms"] = floor1
     exact["single_best_p50_vs_floor"] = ratio(best1, floor1)
     faiss.omp_set_num_threads(cores())
+    kernel = kernel_for(exact_index)  # what the service's micro-batcher runs a batch of queries with
+    assert kernel is not None
+    exact["kernel_precision"] = kernel.precision
     batches = {}
-    for size in (16, 64):  # FAISS picks its kernel: a scan per query below 20 queries, BLAS from 20
+    for size in (16, 64):
         batch = queries[np.arange(size) % len(queries)]
         row = {"floor_ms": search_floor_ms(n, dim, size, gbps, gflops)}
-        row["search"] = summary(repeat(lambda b=batch: exact_index.search(b, K), 3))
+        row["search"] = summary(repeat(lambda b=batch: kernel.search(b, K), 3))
         row["vs_floor"] = ratio(row["search"]["median_ms"], row["floor_ms"])
         row["queries_per_s"] = size / row["search"]["median_ms"] * 1e3
+        row["depth_search"] = summary(repeat(lambda b=batch: kernel.search(b, depth), 3))
+        row["depth_vs_floor"] = ratio(row["depth_search"]["median_ms"], row["floor_ms"])
+        # FAISS picks its own kernel: a scan per query below 20 queries, 1,024-row sgemm from 20
+        row["faiss"] = summary(repeat(lambda b=batch: exact_index.search(b, K), 3))
         batches[str(size)] = row
     exact["batches"] = batches
     retriever.images.metadata.close()

@@ -29,6 +29,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from icr.index.factory_choice import Targets, choose_by_measurement
 from icr.index.galleries import image_sources
 from icr.index.manifest import MANIFEST_FILE, Manifest, Modality
 from icr.index.metadata import METADATA_FILE, MetadataStore
@@ -430,9 +431,11 @@ def _write_index(
     config = built_by.config
     dim = int(config["embed_dim"])
     planned = gallery.count + (extra.count if extra is not None else 0)
+    measure = False  # auto and in memory: the ANN candidates are measured after the build
     if factory == "auto":
         choose = choose_on_disk_factory if on_disk else choose_factory
         factory, reason = choose(planned, dim, memory_budget_bytes)
+        measure = not on_disk and parse_factory(factory)["kind"] == "IVF"
     else:
         reason = "chosen by the caller (--factory)"
     if on_disk and not any(part.startswith("IVF") for part in factory.split(",")):
@@ -468,7 +471,27 @@ def _write_index(
         if index.ntotal != ntotal:
             raise RuntimeError(f"index holds {index.ntotal} vectors, {ntotal} were streamed")
         t0 = time.perf_counter()
-        if nprobe_of(index) is not None:
+        trials: dict[str, Any] = {}
+        ef_search = None
+        if measure:
+            choice = choose_by_measurement(
+                index,
+                factory,
+                reason,
+                exact,
+                queries,
+                Targets(RECALL_K, NPROBE_TARGET, SEARCH_DEPTH, DEPTH_TARGET),
+                memory_budget_bytes=memory_budget_bytes,
+            )
+            index, factory, reason = choice.index, choice.factory, choice.reason
+            nprobe, ef_search, recall, deep = (
+                choice.nprobe,
+                choice.ef_search,
+                choice.recall,
+                choice.recall_at_depth,
+            )
+            trials = {"factory_trials": choice.trials_json()}
+        elif nprobe_of(index) is not None:
             nprobe, recall, deep = tune_nprobe(
                 index, exact, queries, RECALL_K, NPROBE_TARGET, depth=SEARCH_DEPTH, depth_target=DEPTH_TARGET
             )
@@ -501,7 +524,8 @@ def _write_index(
                 "nprobe_target": NPROBE_TARGET if nprobe is not None else None,
                 "depth": min(SEARCH_DEPTH, ntotal),
                 "recall_at_depth": None if deep is None else round(float(deep), 6),
-                "depth_target": DEPTH_TARGET if nprobe is not None else None,
+                "depth_target": DEPTH_TARGET if nprobe is not None or ef_search is not None else None,
+                **({"ef_search": ef_search} if ef_search is not None else {}),
             },
             build_seconds=round(time.perf_counter() - built_by.started, 3),
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -515,6 +539,7 @@ def _write_index(
                 **throughput,
                 **{k: round(v, 3) for k, v in timings.items()},
                 "recall_seconds": round(recall_seconds, 3),
+                **trials,
                 "faiss_threads": faiss.omp_get_max_threads(),
                 **(_on_disk_details(on_disk_build, memory_budget_bytes) if on_disk_build is not None else {}),
                 **({"gpu_fallback": built["gpu_fallback"]} if "gpu_fallback" in built else {}),

@@ -67,7 +67,9 @@ def build(
     factory: Annotated[
         str,
         typer.Option(
-            help="auto (Flat below 100k vectors, else IVF), Flat, HNSW32, IVF<k>,Flat or IVF<k>,PQ<m>."
+            help="auto (Flat below 100k vectors; else IVF measured at the service's depth against an "
+            "HNSW coarse quantizer and an HNSW graph, the fastest meeting the recall targets kept), Flat, "
+            "HNSW32, IVF<k>,Flat, IVF<k>_HNSW32,Flat or IVF<k>,PQ<m>."
         ),
     ] = "auto",
     gpu: Annotated[

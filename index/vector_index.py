@@ -36,17 +36,21 @@ TIE_TOL = 1e-6
 EXACT_FLUSH = 16_384
 GPU_CHOICES = ("auto", "on", "off")
 
-_FACTORY = re.compile(r"^(Flat|HNSW(?P<hnsw>\d+)|IVF(?P<nlist>\d+),(Flat|PQ(?P<pq>\d+)))$")
+_FACTORY = re.compile(
+    r"^(Flat|HNSW(?P<hnsw>\d+)|IVF(?P<nlist>\d+)(_HNSW(?P<coarse>\d+))?,(Flat|PQ(?P<pq>\d+)))$"
+)
 
 
 # --- choosing and checking factories --------------------------------------------------------------
 def parse_factory(factory: str) -> dict[str, int | str]:
-    """{"kind": Flat|HNSW|IVF, "nlist", "m", "pq"} of a supported factory string; ValueError otherwise."""
+    """{"kind": Flat|HNSW|IVF, "nlist", "m", "pq", "coarse_hnsw"} of a supported factory string;
+    ValueError otherwise. ``IVF<k>_HNSW<m>,...`` is an inverted file whose coarse quantizer (the
+    search for the nprobe nearest lists) is an HNSW graph over the k centroids instead of a scan."""
     match = _FACTORY.match(factory)
     if not match:
         raise ValueError(
-            f"unsupported index factory {factory!r}; use auto, Flat, HNSW32, IVF<k>,Flat or IVF<k>,PQ<m> "
-            "(e.g. IVF4000,Flat or IVF4000,PQ32)"
+            f"unsupported index factory {factory!r}; use auto, Flat, HNSW32, IVF<k>,Flat, IVF<k>,PQ<m> "
+            "or IVF<k>_HNSW32,Flat (e.g. IVF4000,Flat or IVF4000,PQ32)"
         )
     if factory == "Flat":
         return {"kind": "Flat"}
@@ -55,7 +59,15 @@ def parse_factory(factory: str) -> dict[str, int | str]:
     parsed: dict[str, int | str] = {"kind": "IVF", "nlist": int(match["nlist"])}
     if match["pq"]:
         parsed["pq"] = int(match["pq"])
+    if match["coarse"]:
+        parsed["coarse_hnsw"] = int(match["coarse"])
     return parsed
+
+
+def has_gpu_form(factory: str) -> bool:
+    """Whether faiss can hold ``factory`` (any factory string) on a GPU: not an HNSW graph, nor an
+    inverted file whose lists are found through one."""
+    return "HNSW" not in factory
 
 
 def choose_factory(n: int, dim: int, memory_budget_bytes: int) -> tuple[str, str]:
@@ -63,8 +75,9 @@ def choose_factory(n: int, dim: int, memory_budget_bytes: int) -> tuple[str, str
 
     Exact ``Flat`` below :data:`FLAT_LIMIT` (within the budget); otherwise an inverted file with
     ``nlist ~ 4 sqrt(n)`` lists, storing raw vectors (exact scores inside the probed lists) when they
-    fit the budget and product-quantised codes when they do not. HNSW is never chosen: it builds
-    10-25x slower than IVF on a 2-core CPU and has no GPU form.
+    fit the budget and product-quantised codes when they do not. This is where ``--factory auto``
+    starts: an in-memory build then measures an HNSW coarse quantizer and a full HNSW graph beside
+    the inverted file at the service's depth (:mod:`index.factory_choice`).
     """
     if n < 0 or dim < 1:
         raise ValueError(f"need n >= 0 and dim >= 1, got n={n}, dim={dim}")
@@ -160,7 +173,7 @@ def build_index(
     spec = parse_factory(factory)
     on_gpu = use_gpu(gpu)
     report = {} if report is None else report
-    if on_gpu and spec["kind"] == "HNSW":
+    if on_gpu and not has_gpu_form(factory):
         if gpu == "on":
             raise ValueError(f"{factory} has no GPU form in faiss; use --gpu auto or off, or an IVF factory")
         on_gpu = False
@@ -474,15 +487,24 @@ def recall_at_k(
     # deeper than k: vectors tied with the k-th beyond position k are known to be acceptable too
     ex_scores, ex_ids = exact_top_k(exact, queries, exact_depth(k))  # (Q, <=exact_depth(k)) each
     _, ann_ids = search(index, queries, k, nprobe=nprobe)
-    total = 0.0
-    for q in range(len(queries)):
-        valid = ex_ids[q] >= 0
-        scores, ids = ex_scores[q][valid], ex_ids[q][valid]
+    return recall_of_ids(ann_ids, ex_scores, ex_ids, k)
+
+
+def recall_of_ids(
+    found: Iterable[np.ndarray], exact_scores: np.ndarray, exact_ids: np.ndarray, k: int
+) -> float:
+    """Mean tie-aware recall@``k`` of ``found`` (per query, ids best first; any engine's) against an
+    exact top list at least :func:`exact_depth` (k) deep (-1 ids are padding). See :func:`recall_at_k`."""
+    total, count = 0.0, 0
+    for row, ex_s, ex_i in zip(found, exact_scores, exact_ids, strict=True):
+        valid = ex_i >= 0
+        scores, ids = ex_s[valid], ex_i[valid]
         kk = min(k, len(ids))
         kth = scores[kk - 1]
         acceptable = set(ids[scores >= kth - TIE_TOL].tolist())
-        total += sum(int(i) in acceptable for i in ann_ids[q][:kk]) / kk
-    return total / len(queries)
+        total += sum(int(i) in acceptable for i in np.asarray(row)[:kk]) / kk
+        count += 1
+    return total / count
 
 
 def tune_nprobe(

@@ -214,20 +214,34 @@ def _load_calibration(directory: Path, sha256: str) -> ServedCalibration | None:
 
 
 def _batcher(index: Any, rescore: Rescorer | None, max_batch: int, faiss_threads: int) -> MicroBatcher:
+    from icr.index.exact_kernel import kernel_for
     from icr.index.vector_index import rescored, search
 
-    # FAISS's own choice of kernel by batch size is kept: writing faiss.cvar.distance_compute_blas_*
-    # from Python made later one-thread single queries 2-2.5x slower in faiss-cpu 1.15 (icr bench).
-    # Its scores then depend on the batch a query lands in; the hits are rescored so they do not.
+    # A batch over a flat index goes to our kernel, which reads the gallery once per batch (FAISS
+    # scans it once per query below 20 queries); a lone query stays with FAISS's one-thread scan,
+    # at the bandwidth floor. Scores then depend on the kernel a query lands in; the hits are
+    # rescored so they do not.
+    kernel = kernel_for(index)
+
     def run(queries: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        scores, ids = search(index, queries, k)
+        if kernel is not None and len(queries) > 1:
+            found_s, found_i = kernel.search(queries, k)  # (Q, k') each, k' = min(k, N)
+            scores, ids = list(found_s), list(found_i)
+        else:
+            scores, ids = search(index, queries, k)
         return (scores, ids) if rescore is None else rescored(rescore, queries, ids)
 
     return MicroBatcher(run, max_batch=max_batch, single_threads=faiss_threads)
 
 
 def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -> LoadedIndex:
-    from icr.index.vector_index import batch_independent_rescorer, nprobe_of, set_nprobe, use_gpu
+    from icr.index.vector_index import (
+        batch_independent_rescorer,
+        has_gpu_form,
+        nprobe_of,
+        set_nprobe,
+        use_gpu,
+    )
 
     index, manifest, metadata = load_index_dir(directory)
     calibration = _load_calibration(directory, manifest.checkpoint_sha256)
@@ -235,7 +249,7 @@ def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -
     if nprobe and nprobe_of(index) is not None:
         set_nprobe(index, int(nprobe))  # the value the build tuned to reach its recall target
     resources = None
-    if use_gpu(gpu):
+    if use_gpu(gpu) and has_gpu_form(manifest.factory):  # an HNSW graph stays on the CPU
         import faiss
 
         resources = faiss.StandardGpuResources()

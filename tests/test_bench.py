@@ -46,6 +46,9 @@ def _report(inproc_p50: float, http_p50: float, qps16: float) -> dict:
             "factory": "IVF4002,Flat",
             "nprobe": 32,
             "recall_at_10_vs_exact": 0.96,
+            "depth": 1000,
+            "depth_recall_at_10": 0.99,
+            "depth_recall_at_depth": 0.93,
             "k10_single": {"p50_ms": 0.4, "p99_ms": 0.6},
         },
         "exact": {
@@ -128,6 +131,9 @@ def test_targets_are_checked_against_their_limits() -> None:
     assert met["in-process single query p99 (1000000 distractors)"] is True  # 9 < 10
     assert met["HTTP single client p99 (1000000)"] is True  # 12 < 15
     assert met["ANN recall@10 of exact"] is True
+    assert met["ANN at depth 1000: recall@10 of exact"] is True  # 0.99 >= 0.98
+    assert met["ANN at depth 1000: recall@1000 of exact"] is False  # 0.93 < 0.95
+    assert met["ANN search of depth 1000, in-process p99 (1000000)"] is False  # 9 ms >= 5
     assert met["service overhead: HTTP p50 / in-process p50"] is True  # 4 / 3 = 1.33 < 1.5
     assert met["exact single query p50 / bandwidth floor"] is True
     assert met["exact batch of 16 / matmul floor"] is False  # 1.5 >= 1.3
@@ -148,6 +154,52 @@ def test_markdown_has_every_section_and_marks_misses() -> None:
     for heading in ("## Targets", "## In-process search", "## HTTP", "## Training step", "## Evaluation"):
         assert heading in text
     assert "| exact batch of 16 / matmul floor | 1.500 x | < 1.3 x | **no** |" in text
+
+
+def test_peers_run_every_engine_and_pick_the_fastest_setting_meeting_the_targets() -> None:
+    import faiss
+
+    from bench import ann_peers
+    from icr.index.vector_index import build_index
+
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(20, 16))
+    x = centres[rng.integers(0, 20, 2000)] + 0.4 * rng.normal(size=(2000, 16))
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)  # (2000, 16)
+    q = x[rng.choice(2000, 20, replace=False)] + 0.1 * rng.normal(size=(20, 16))
+    q = (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)  # (20, 16)
+    before = faiss.omp_get_max_threads()
+    try:
+        ann = build_index(x, 16, "IVF16,Flat", gpu="off")
+        section = ann_peers.run(ann, "IVF16,Flat", 1.0, x, q, depth=100, log=lambda _m: None)
+    finally:
+        faiss.omp_set_num_threads(before)
+    names = [e["engine"] for e in section["engines"]]
+    assert (
+        names == ["ours: IVF16,Flat", "faiss HNSW32", "hnswlib M16", "usearch M16"] and not section["missing"]
+    )
+    ours = section["engines"][0]
+    # every list probed: exact, whatever the engine's tie order
+    assert [r["nprobe"] for r in ours["k10"]] == [8, 16] and ours["k10"][-1]["recall_at_10"] == 1.0
+    assert ours["depth"][-1]["recall_at_10"] == ours["depth"][-1]["recall_at_100"] == 1.0
+    for e in section["engines"]:
+        for workload, depth in (("k10", None), ("depth", 100)):
+            ok = [
+                r
+                for r in e[workload]
+                if r["recall_at_10"] >= 0.98 and (depth is None or r["recall_at_100"] >= 0.95)
+            ]
+            assert e[f"best_{workload}"] == (min(ok, key=lambda r: r["p50_ms"]) if ok else None)
+            assert all(0.0 <= r["recall_at_10"] <= 1.0 and r["p50_ms"] > 0 for r in e[workload])
+    for workload in ("k10", "depth"):
+        best = [
+            (e[f"best_{workload}"]["p50_ms"], e["engine"])
+            for e in section["engines"]
+            if e[f"best_{workload}"]
+        ]
+        assert section[f"winner_{workload}"] == min(best)[1]
+    text = "\n".join(ann_peers.markdown(section))
+    assert "## ANN engines side by side: 2,000 vectors" in text and all(f"| {n} |" in text for n in names)
 
 
 def _honesty(p10: float, p05: float | None, p08: float | None, queries: int) -> dict:

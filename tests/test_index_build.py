@@ -191,6 +191,51 @@ def test_distractor_embeddings_from_a_file(data, checkpoint, tmp_path):
         )
 
 
+def test_auto_measures_the_ann_candidates_at_the_service_depth(data, checkpoint, tmp_path, monkeypatch):
+    from icr.index import factory_choice, vector_index
+
+    # an inverted file from 100 vectors on (default 100,000), an HNSW trial on a 300-vector sample
+    monkeypatch.setattr(vector_index, "FLAT_LIMIT", 100)
+    monkeypatch.setattr(factory_choice, "HNSW_SAMPLE", 300)
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(20, 32))
+    emb = centres[rng.integers(0, 20, 1500)] + 0.5 * rng.normal(size=(1500, 32))  # (1500, 32)
+    np.save(tmp_path / "d.npy", (emb / np.linalg.norm(emb, axis=1, keepdims=True)).astype(np.float32))
+    manifest = build_image_index(
+        checkpoint,
+        data,
+        distractor_embeddings=tmp_path / "d.npy",
+        out=tmp_path / "idx",
+        factory="auto",
+        progress=False,
+        gpu="off",
+    )
+    nlist = round(4 * np.sqrt(1512))
+    trials = manifest.extra["factory_trials"]
+    assert [t["factory"] for t in trials] == [f"IVF{nlist},Flat", f"IVF{nlist}_HNSW32,Flat", "HNSW32"]
+    winner = trials[0]  # replaced only by a candidate meeting the targets and faster beyond the noise
+    for t in trials[1:]:
+        if t["meets_targets"] and t["recall_at_k"] is not None and t["p50_ms"] < 0.95 * winner["p50_ms"]:
+            winner = t
+    assert (
+        manifest.factory == winner["factory"] and "measured at the service's depth" in manifest.factory_reason
+    )
+    check = manifest.recall_check
+    assert check["depth"] == 1000 and check["recall"] == pytest.approx(winner["recall_at_k"], abs=1e-6)
+    assert check["recall_at_depth"] == pytest.approx(winner["recall_at_depth"], abs=1e-6)
+    assert (check.get("ef_search"), check["nprobe"]) == (
+        winner["setting"].get("efSearch"),
+        winner["setting"].get("nprobe"),
+    )
+    index, loaded, metadata = load_index_dir(tmp_path / "idx")  # what was kept is what was written
+    metadata.close()
+    assert loaded == manifest and index.ntotal == 1512
+    if manifest.factory == "HNSW32":
+        assert faiss.downcast_index(index).hnsw.efSearch == check["ef_search"]
+    else:
+        assert faiss.extract_index_ivf(index).nprobe == check["nprobe"]
+
+
 def test_manifest_round_trip_and_validation(built, tmp_path):
     manifest = Manifest.read(built)
     assert Manifest.from_dict(json.loads(manifest.to_json())) == manifest

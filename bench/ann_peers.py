@@ -1,0 +1,372 @@
+"""ANN engines side by side on the same embeddings, queries, k, depth and threads: the index the
+build chose (FAISS IVF at a sweep of nprobe), FAISS HNSW32, hnswlib and usearch.
+
+Two workloads, both one query per call on one thread (as the service searches):
+
+* **k = 10**: a search of 10 neighbours; recall@10.
+* **service depth** (1,000): a search of ``depth`` neighbours, as the service does before
+  thresholding; recall@10 of its first 10 and recall@depth (what a threshold counts passes among).
+
+Recall is tie-aware against exact search (:func:`index.vector_index.recall_of_ids`). For each
+engine the table keeps every setting tried; the summary picks per engine the fastest setting (p50)
+that reaches the targets (k = 10: recall@10 >= 0.98; depth: also recall@depth >= 0.95) and names
+the winner. Build time uses every core; memory is the serialised index size. hnswlib and usearch
+are optional (the ``dev`` extra installs them); a missing one is reported, not an error.
+
+    python -m bench.ann_peers --index bench-work/index-100000 --exact bench-work/exact-100000 \\
+        --checkpoint bench-work/model/best --data bench-work/data
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from bench.floors import cores
+from bench.stats import latency
+from icr.index.vector_index import ExactTopK, exact_depth, recall_of_ids
+
+K = 10
+RECALL_TARGET = 0.98
+DEPTH_TARGET = 0.95
+NPROBES = (8, 16, 32, 64, 128, 256)
+EFS_K = (16, 32, 64, 128, 256)  # HNSW candidate-list sizes for k = 10
+EFS_DEPTH_MULTIPLES = (
+    1,
+    2,
+)  # and for the depth, as multiples of it (a list shorter than the depth is useless)
+HNSW_M = 32  # FAISS HNSW32, as the build's candidate
+PEER_M = 16  # hnswlib / usearch connectivity: both libraries' documented default
+PEER_EF_CONSTRUCTION = 200  # hnswlib's README value; usearch's expansion_add is set to the same
+
+
+class Engine:
+    """A built index: search one query for ``k`` neighbours at a setting; its size in bytes."""
+
+    name: str
+    knob: str
+    build_seconds: float
+
+    def settings(self, depth: int | None) -> list[int]:
+        """Values of the knob swept for a search of ``depth`` neighbours (None: k = 10)."""
+        return [m * depth for m in EFS_DEPTH_MULTIPLES] if depth else list(EFS_K)
+
+    def set(self, value: int) -> None:
+        raise NotImplementedError
+
+    def search(self, query: np.ndarray, k: int) -> np.ndarray:  # (D,) -> ids best first
+        raise NotImplementedError
+
+    def bytes(self) -> int:
+        raise NotImplementedError
+
+
+class FaissEngine(Engine):
+    """A FAISS index; its knob is nprobe (IVF), efSearch (HNSW) or none (Flat: exact, one setting)."""
+
+    def __init__(self, name: str, index: faiss.Index, build_seconds: float):
+        self.name, self.index, self.build_seconds = name, index, build_seconds
+        self.ivf = faiss.try_extract_index_ivf(index)
+        self.hnsw = getattr(faiss.downcast_index(index), "hnsw", None)
+        self.knob = "nprobe" if self.ivf is not None else "efSearch" if self.hnsw is not None else "exact"
+
+    def settings(self, depth: int | None) -> list[int]:
+        if self.ivf is not None:
+            return [p for p in NPROBES if p <= self.ivf.nlist]
+        if self.hnsw is not None:
+            return [m * depth for m in EFS_DEPTH_MULTIPLES] if depth else list(EFS_K)
+        return [0]
+
+    def set(self, value: int) -> None:
+        if self.ivf is not None:
+            self.ivf.nprobe = value
+        elif self.hnsw is not None:
+            self.hnsw.efSearch = value
+
+    def search(self, query: np.ndarray, k: int) -> np.ndarray:
+        return self.index.search(query[None], k)[1][0]
+
+    def bytes(self) -> int:
+        return int(faiss.serialize_index(self.index).size)
+
+
+class HnswlibEngine(Engine):
+    knob = "ef"
+
+    def __init__(self, vectors: np.ndarray):
+        import hnswlib
+
+        self.name = f"hnswlib M{PEER_M}"
+        t0 = time.perf_counter()
+        self.index = hnswlib.Index(space="ip", dim=vectors.shape[1])
+        self.index.init_index(max_elements=len(vectors), ef_construction=PEER_EF_CONSTRUCTION, M=PEER_M)
+        self.index.add_items(vectors, np.arange(len(vectors)), num_threads=cores())
+        self.build_seconds = time.perf_counter() - t0
+        self.index.set_num_threads(1)
+
+    def set(self, value: int) -> None:
+        self.index.set_ef(value)
+
+    def search(self, query: np.ndarray, k: int) -> np.ndarray:
+        return self.index.knn_query(query[None], k=k)[0][0].astype(np.int64)
+
+    def bytes(self) -> int:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "index.bin")
+            self.index.save_index(path)
+            return os.path.getsize(path)
+
+
+class UsearchEngine(Engine):
+    knob = "expansion_search"
+
+    def __init__(self, vectors: np.ndarray):
+        from usearch.index import Index
+
+        self.name = f"usearch M{PEER_M}"
+        t0 = time.perf_counter()
+        self.index = Index(
+            ndim=vectors.shape[1],
+            metric="ip",
+            dtype="f32",
+            connectivity=PEER_M,
+            expansion_add=PEER_EF_CONSTRUCTION,
+        )
+        self.index.add(np.arange(len(vectors)), vectors, threads=cores())
+        self.build_seconds = time.perf_counter() - t0
+
+    def set(self, value: int) -> None:
+        self.index.expansion_search = value
+
+    def search(self, query: np.ndarray, k: int) -> np.ndarray:
+        return np.asarray(self.index.search(query, k, threads=1).keys, dtype=np.int64)
+
+    def bytes(self) -> int:
+        return len(self.index.save())
+
+
+def _timed_search(engine: Engine, queries: np.ndarray, k: int) -> tuple[list[float], list[np.ndarray]]:
+    engine.search(queries[0], k)  # warm-up
+    times, found = [], []
+    for q in queries:
+        t0 = time.perf_counter()
+        ids = engine.search(q, k)
+        times.append(time.perf_counter() - t0)
+        found.append(ids)
+    return times, found
+
+
+def sweep(
+    engine: Engine,
+    settings: list[int],
+    queries: np.ndarray,
+    truth: tuple[np.ndarray, np.ndarray],
+    k: int,
+    depth: int | None,
+) -> list[dict[str, Any]]:
+    """One row per setting: recall@k (and @depth when searching ``depth``), latency, QPS."""
+    rows = []
+    faiss.omp_set_num_threads(1)
+    try:
+        for value in settings:
+            engine.set(value)
+            times, found = _timed_search(engine, queries, depth or k)
+            row: dict[str, Any] = {engine.knob: value, "recall_at_10": recall_of_ids(found, *truth, k)}
+            if depth:
+                row[f"recall_at_{depth}"] = recall_of_ids(found, *truth, depth)
+            lat = latency(times)
+            row.update(p50_ms=lat["p50_ms"], p99_ms=lat["p99_ms"], qps=1e3 / lat["mean_ms"])
+            rows.append(row)
+    finally:
+        faiss.omp_set_num_threads(cores())
+    return rows
+
+
+def fastest(rows: list[dict[str, Any]], depth: int | None) -> dict[str, Any] | None:
+    """The lowest-p50 row reaching recall@10 >= RECALL_TARGET (and recall@depth >= DEPTH_TARGET)."""
+    ok = [
+        r
+        for r in rows
+        if r["recall_at_10"] >= RECALL_TARGET and (depth is None or r[f"recall_at_{depth}"] >= DEPTH_TARGET)
+    ]
+    return min(ok, key=lambda r: r["p50_ms"]) if ok else None
+
+
+def _engines(
+    ann: faiss.Index, factory: str, vectors: np.ndarray, log: Callable[[str], None]
+) -> tuple[list[Engine], dict[str, str]]:
+    """Ours (the built index, its build time not re-measured here), FAISS HNSW32, and the peers
+    that are installed; ``missing``: why a peer is absent."""
+    faiss.omp_set_num_threads(cores())
+    engines: list[Engine] = [FaissEngine(f"ours: {factory}", ann, float("nan"))]
+    t0 = time.perf_counter()
+    hnsw = faiss.IndexHNSWFlat(vectors.shape[1], HNSW_M, faiss.METRIC_INNER_PRODUCT)
+    hnsw.add(vectors)
+    engines.append(FaissEngine(f"faiss HNSW{HNSW_M}", hnsw, time.perf_counter() - t0))
+    log(f"peers: faiss HNSW{HNSW_M} built in {engines[-1].build_seconds:.1f} s")
+    missing = {}
+    for name, make in (("hnswlib", HnswlibEngine), ("usearch", UsearchEngine)):
+        try:
+            engines.append(make(vectors))
+        except ImportError as err:
+            missing[name] = f"not installed ({err}); pip install -e '.[dev]'"
+            continue
+        log(f"peers: {engines[-1].name} built in {engines[-1].build_seconds:.1f} s")
+    return engines, missing
+
+
+def run(
+    ann: faiss.Index,
+    factory: str,
+    ann_build_seconds: float | None,
+    vectors: np.ndarray,
+    queries: np.ndarray,
+    depth: int,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """The peers section: every engine at k = 10 and at ``depth`` on ``vectors`` (N, D) and
+    ``queries`` (Q, D), both L2-normalised float32, ids in the same order for every engine."""
+    depth = min(depth, len(vectors))
+    exact = ExactTopK(queries, exact_depth(depth))
+    for start in range(0, len(vectors), 65_536):
+        exact.add(vectors[start : start + 65_536])
+    truth = (exact.scores, exact.ids)
+    engines, missing = _engines(ann, factory, vectors, log)
+    if ann_build_seconds is not None:
+        engines[0].build_seconds = ann_build_seconds
+    out: dict[str, Any] = {
+        "vectors": len(vectors),
+        "dim": vectors.shape[1],
+        "queries": len(queries),
+        "k": K,
+        "depth": depth,
+        "threads": 1,
+        "build_threads": cores(),
+        "targets": {"recall_at_10": RECALL_TARGET, f"recall_at_{depth}": DEPTH_TARGET},
+        "missing": missing,
+        "engines": [],
+    }
+    for engine in engines:
+        at_k, at_depth = engine.settings(None), engine.settings(depth)
+        log(f"peers: {engine.name}: {len(at_k)} + {len(at_depth)} settings x {len(queries)} queries")
+        k_rows = sweep(engine, at_k, queries, truth, K, None)
+        depth_rows = sweep(engine, at_depth, queries, truth, K, depth)
+        out["engines"].append(
+            {
+                "engine": engine.name,
+                "knob": engine.knob,
+                "build_s": engine.build_seconds,
+                "bytes": engine.bytes(),
+                "k10": k_rows,
+                "depth": depth_rows,
+                "best_k10": fastest(k_rows, None),
+                "best_depth": fastest(depth_rows, depth),
+            }
+        )
+    for workload in ("k10", "depth"):
+        ranked = [
+            (e[f"best_{workload}"]["p50_ms"], e["engine"]) for e in out["engines"] if e[f"best_{workload}"]
+        ]
+        out[f"winner_{workload}"] = min(ranked)[1] if ranked else None
+    return out
+
+
+def markdown(section: dict[str, Any]) -> list[str]:
+    depth = section["depth"]
+    lines = [
+        f"## ANN engines side by side: {section['vectors']:,} vectors (dim {section['dim']}), "
+        f"{section['queries']} caption queries, one query per call on one thread",
+        "",
+        f"Fastest setting per engine reaching recall@10 >= {RECALL_TARGET} (k = 10) and, at the "
+        f"service's depth ({depth:,} neighbours), also recall@{depth} >= {DEPTH_TARGET}. Build on "
+        f"{section['build_threads']} threads; size = serialised index.",
+        "",
+        "| engine | build s | size MiB | k=10: setting | recall@10 | p50 ms | p99 ms | QPS "
+        f"| depth {depth}: setting | recall@10 | recall@{depth} | p50 ms | p99 ms | QPS |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for e in section["engines"]:
+        cells = [e["engine"], f"{e['build_s']:.1f}", f"{e['bytes'] / 2**20:,.0f}"]
+        for workload, keys in (("k10", ("recall_at_10",)), ("depth", ("recall_at_10", f"recall_at_{depth}"))):
+            best = e[f"best_{workload}"]
+            if best is None:
+                cells += [f"none reaches the target ({e['knob']} up to {e[workload][-1][e['knob']]:,})"]
+                cells += [""] * (len(keys) + 3)
+                continue
+            cells.append(f"{e['knob']} {best[e['knob']]:,}")
+            cells += [f"{best[key]:.3f}" for key in keys]
+            cells += [f"{best['p50_ms']:.2f}", f"{best['p99_ms']:.2f}", f"{best['qps']:,.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Winner at k = 10: **{section['winner_k10']}**; "
+        f"at the service's depth: **{section['winner_depth']}**.",
+    ]
+    for name, why in section["missing"].items():
+        lines.append(f"- {name}: {why}")
+    lines.append("")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--index", type=Path, required=True, help="an ANN index folder (icr index build)")
+    parser.add_argument(
+        "--exact", type=Path, required=True, help="its Flat twin (the same vectors in id order)"
+    )
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--data", type=Path, required=True, help="the synthetic benchmark (test captions)")
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--depth", type=int, default=1000)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    section = run_dirs(args.index, args.exact, args.checkpoint, args.data, args.queries, args.depth, print)
+    print("\n".join(markdown(section)))
+    if args.json:
+        args.json.write_text(json.dumps(section, indent=1) + "\n")
+
+
+def run_dirs(
+    index_dir: Path,
+    exact_dir: Path,
+    checkpoint: Path,
+    data: Path,
+    queries: int,
+    depth: int,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """:func:`run` on built index folders, with held-out test captions encoded by ``checkpoint``."""
+    from icr.index.build import load_index_dir
+    from icr.training.checkpoint import load_checkpoint
+    from icr.training.data.training_data import open_split
+    from icr.training.embedding import embed_captions
+
+    ann, manifest, meta = load_index_dir(index_dir)
+    meta.close()
+    nprobe = manifest.recall_check.get("nprobe")
+    flat, _, meta = load_index_dir(exact_dir)
+    meta.close()
+    vectors = flat.reconstruct_n(0, flat.ntotal)  # (N, D) the ANN index's vectors, in its id order
+    del flat
+    model, _ = load_checkpoint(checkpoint)
+    captions = open_split(data, "test").captions[:queries]
+    encoded = np.ascontiguousarray(embed_captions(model, captions), dtype=np.float32)  # (Q, D)
+    log(
+        f"peers: {len(vectors):,} vectors, {len(encoded)} queries, {manifest.factory} (tuned nprobe {nprobe})"
+    )
+    return run(ann, manifest.factory, manifest.build_seconds, vectors, encoded, depth, log)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The batched exact kernel against a brute-force loop written here: every id and score, best first,
+ties by lower id, for any block size, batch, k and gallery size (integer-valued vectors make every
+dot product exact, so ties are real ties, not rounding)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from icr.index.exact_kernel import ExactKernel
+
+
+def brute_force(matrix: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    ids, scores = [], []
+    for q in queries:
+        exact = [(float(np.dot(row.astype(np.float64), q)), i) for i, row in enumerate(matrix)]
+        best = sorted(exact, key=lambda pair: (-pair[0], pair[1]))[:k]  # best first, ties by id
+        ids.append([i for _, i in best])
+        scores.append([s for s, _ in best])
+    return np.asarray(scores, np.float32), np.asarray(ids, np.int64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    q=st.integers(1, 12),
+    k=st.integers(1, 60),
+    block=st.integers(1, 130),
+    seed=st.integers(0, 2**16),
+    precision=st.sampled_from(["fp32", "bf16"]),
+)
+def test_every_hit_matches_a_brute_force_loop(n, q, k, block, seed, precision):
+    rng = np.random.default_rng(seed)
+    matrix = rng.integers(-2, 3, size=(n, 4)).astype(np.float32)  # few values: many tied scores
+    queries = rng.integers(-2, 3, size=(q, 4)).astype(np.float32)
+    scores, ids = ExactKernel(matrix, precision, block=block).search(queries, k)
+    want_scores, want_ids = brute_force(matrix, queries, k)
+    assert ids.shape == (q, min(k, n))
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(scores, want_scores)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 600),
+    q=st.integers(1, 8),
+    k=st.integers(1, 80),
+    block=st.integers(1, 200),
+    seed=st.integers(0, 2**16),
+)
+def test_the_bf16_scan_loses_no_true_neighbour(n, q, k, block, seed):
+    """Vectors bf16 cannot hold: the scan's scores are off by up to its error bound, yet every hit
+    is a true top-k one (float64 brute force, ties within float32 rounding) with its fp32 score."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((5, 16))
+    matrix = (centres[rng.integers(0, 5, n)] + 0.05 * rng.standard_normal((n, 16))).astype(np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)  # clustered: many near-ties
+    queries = matrix[rng.integers(0, n, q)] + 0.01 * rng.standard_normal((q, 16)).astype(np.float32)
+    kernel = ExactKernel(matrix, "bf16", block=block)
+    scores, ids = kernel.search(queries, k)
+    exact = queries.astype(np.float64) @ matrix.astype(np.float64).T  # (Q, N)
+    kk = min(k, n)
+    assert ids.shape == (q, kk)
+    for row in range(q):
+        kth = np.sort(exact[row])[::-1][kk - 1]
+        assert len(set(ids[row].tolist())) == kk
+        assert np.all(exact[row, ids[row]] >= kth - 1e-5)  # each hit is a true top-k one
+        np.testing.assert_allclose(scores[row], exact[row, ids[row]], atol=1e-5)  # its fp32 score
+        assert np.all(np.diff(scores[row]) <= 0)
+
+
+def test_the_bf16_error_bound_holds_for_the_scan_it_guards():
+    import torch
+
+    rng = np.random.default_rng(0)
+    matrix = rng.standard_normal((20000, 128)).astype(np.float32) * rng.uniform(0.1, 3, (20000, 1))
+    queries = rng.standard_normal((32, 128)).astype(np.float32)
+    kernel = ExactKernel(matrix.astype(np.float32), "bf16")
+    scan = (torch.from_numpy(matrix).bfloat16() @ torch.from_numpy(queries).bfloat16().T).T.float().numpy()
+    exact = queries.astype(np.float64) @ matrix.astype(np.float64).T  # (32, 20000)
+    error = np.abs(scan - exact).max(axis=1)  # (32,)
+    bound = kernel.error_bound(queries)
+    assert np.all(error <= bound) and np.all(bound < 20 * error)  # holds, and is not vacuous
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_realistic_gallery_with_duplicates(precision):
+    rng = np.random.default_rng(0)
+    matrix = rng.standard_normal((5000, 32)).astype(np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    matrix[4000:4100] = matrix[:100]  # exact duplicates: tied scores across blocks
+    queries = np.concatenate([matrix[:3], rng.standard_normal((13, 32)).astype(np.float32)])  # (16, 32)
+    scores, ids = ExactKernel(matrix, precision, block=1024).search(queries, 100)
+    exact = queries.astype(np.float64) @ matrix.astype(np.float64).T  # (16, 5000)
+    for row in range(len(queries)):
+        kth = np.sort(exact[row])[::-1][99]
+        assert np.all(exact[row, ids[row]] >= kth - 1e-4)  # every hit is in the top 100 (float32 sums)
+        assert np.all(np.diff(scores[row]) <= 0)  # best first
+    assert ids[0, 0] == 0 and ids[0, 1] == 4000  # a query equal to row 0 finds it, then its duplicate
+
+
+def test_bad_arguments_are_refused():
+    kernel = ExactKernel(np.zeros((3, 4), np.float32))
+    with pytest.raises(ValueError, match=r"queries must be \(Q, 4\)"):
+        kernel.search(np.zeros((2, 5), np.float32), 1)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        kernel.search(np.zeros((2, 4), np.float32), 0)
+    with pytest.raises(ValueError, match="float32"):
+        ExactKernel(np.zeros((3, 4), np.float64))
+
+
+def test_the_service_gives_a_query_the_same_hits_alone_and_in_a_batch():
+    """A lone query goes to FAISS, a batch to the kernel (service.retriever._batcher); rescored,
+    a query's hits and scores must not depend on which."""
+    from icr.index.vector_index import batch_independent_rescorer, build_index
+    from icr.service.retriever import _batcher
+
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((20_000, 64)).astype(np.float32)
+    base /= np.linalg.norm(base, axis=1, keepdims=True)
+    index = build_index(base, 64, "Flat", gpu="off")
+    batcher = _batcher(index, batch_independent_rescorer(index), max_batch=64, faiss_threads=1)
+    queries = base[:8] + 0.1 * rng.standard_normal((8, 64)).astype(np.float32)  # (8, D)
+    together = batcher._search_fn(queries, 100)
+    for q in range(8):
+        alone = batcher._search_fn(queries[q : q + 1], 100)
+        np.testing.assert_array_equal(alone[1][0], together[1][q])
+        np.testing.assert_array_equal(alone[0][0], together[0][q])
+        exact = base.astype(np.float64) @ queries[q].astype(np.float64)
+        assert set(alone[1][0].tolist()) == set(np.argsort(-exact)[:100].tolist())
