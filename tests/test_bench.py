@@ -171,7 +171,7 @@ def test_peers_run_every_engine_and_pick_the_fastest_setting_meeting_the_targets
     before = faiss.omp_get_max_threads()
     try:
         ann = build_index(x, 16, "IVF16,Flat", gpu="off")
-        section = ann_peers.run(ann, "IVF16,Flat", 1.0, x, q, depth=100, log=lambda _m: None)
+        section = ann_peers.run(ann, "IVF16,Flat", x, q, depth=100, log=lambda _m: None)
     finally:
         faiss.omp_set_num_threads(before)
     names = [e["engine"] for e in section["engines"]]
