@@ -18,7 +18,6 @@ import argparse
 import datetime as dt
 import json
 import platform
-import resource
 import socket
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 from icr.training.evaluation.metrics.calibration import fit_calibration, score_histogram
 from icr.training.evaluation.metrics.relevance import Relevance
 from icr.training.evaluation.metrics.report import full_metrics
+from icr.training.memory import peak_rss_mb
 
 
 def structured_similarity(n_img: int, per_image: int, dim: int, noise: float, seed: int = 0) -> np.ndarray:
@@ -104,7 +104,7 @@ def main() -> None:
         },
         "repeats": args.repeats,
         "results": results,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
     }
     out = args.out or Path("bench/results") / f"eval-metrics-{socket.gethostname()}-{report['date']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """An index larger than the memory budget, built from shards and searched memory-mapped.
 
 ``python -m bench.on_disk_index --source EMB.npy --count N --budget-mb B --out DIR --json OUT`` runs in
-its own process, so the peak RSS it reports (``ru_maxrss``) is the build's and the search's alone.
+its own process, so the peak RSS it reports (``VmHWM``, :func:`training.memory.peak_rss_mb`) is the
+build's and the search's alone.
 
 The N vectors are resampled from real embeddings (the model's own, ``--source``, at most 50,000 rows
 of it): each is a random point on the segment between a real row and one of its 10 nearest real
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import time
 from collections.abc import Iterator
@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from icr.training.memory import peak_rss_mb
 
 CHUNK = 20_000
 SOURCE_ROWS = 50_000
@@ -76,7 +78,7 @@ def run(source_path: Path, count: int, budget_mb: int, out: Path, queries: int) 
         resampled(source, near, count, 0), dim, factory, out, "index.faiss", memory_budget_bytes=budget
     )
     build_s = time.perf_counter() - t0
-    rss_build = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_build = peak_rss_mb()
 
     q = next(resampled(source, near, queries, 1))  # (Q, D) fresh draws
     t0 = time.perf_counter()
@@ -116,7 +118,7 @@ def run(source_path: Path, count: int, budget_mb: int, out: Path, queries: int) 
         "build_s": build_s,
         "stages_s": built.seconds,
         "peak_rss_mb_build": rss_build,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
         "ivfdata_mb": (out / ONDISK_DATA).stat().st_size / 2**20,
         "exact_top10_s": exact_s,
         "queries": len(q),

@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import time
 from datetime import date
 from pathlib import Path
 from typing import Any
+
+from icr.training.memory import peak_rss_mb
 
 OBJECTIVES = [
     ("ntxent", []),
@@ -44,15 +45,6 @@ def label(name: str, extra: list[str]) -> str:
         kind = next(e.split("=", 1)[1].strip('"') for e in extra if e.startswith("decoding.kind"))
         parts.append("+" + kind)
     return "/".join(parts)
-
-
-def _peak_rss_mb() -> float:
-    """This program's peak RSS (VmHWM). Not ru_maxrss: Linux carries that over exec from the forking
-    parent, so a child of a big process would report the parent's size."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _towers_ms(trainer: Any, batches: list[dict[str, Any]]) -> float:
@@ -148,7 +140,7 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
         "loss_fwd_bwd_ms": round(loss_ms, 2),
         "towers_fwd_bwd_ms": round(towers_ms, 1),
         "decoder_fwd_bwd_ms": round(decoder_ms, 1),
-        "peak_rss_mb": round(_peak_rss_mb(), 1),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
     }
 
 

@@ -16,7 +16,6 @@ never sit in memory at once (an IVF index buffers only its training sample).
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import time
 import uuid
@@ -49,6 +48,7 @@ from icr.index.vector_index import (
 from icr.training.atomic import replace_dir, sha256_file
 from icr.training.data.training_data import SplitData
 from icr.training.devices import resolve_device
+from icr.training.memory import peak_rss_mb
 
 INDEX_FILE = "index.faiss"
 # Default memory budget for the index's codes: raw float32 vectors up to 2 GiB (1M x 512), PQ above.
@@ -528,7 +528,7 @@ def _write_index(
                 **({"ef_search": ef_search} if ef_search is not None else {}),
             },
             build_seconds=round(time.perf_counter() - built_by.started, 3),
-            peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            peak_rss_mb=round(peak_rss_mb(), 1),
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             data=data,
             built_on="gpu" if built["built_on"] == "gpu" else "cpu",

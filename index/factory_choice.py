@@ -45,17 +45,14 @@ from icr.index.vector_index import (
 HNSW_M = 32  # graph degree: FAISS's usual choice for both the full graph and the coarse quantizer
 HNSW_SAMPLE = 100_000  # vectors in the trial graphs that decide whether a full graph is worth building
 # A full graph is built unless its extrapolated p50 is at least this times the best so far: the
-# extrapolation (measured on 1M demo embeddings: 2.81 ms predicted, 2.38 ms built) can be off.
+# extrapolation is rough (1M demo embeddings: 2.88 and 3.60 ms predicted in two runs, 2.38 ms built).
 PRUNE_SAFETY = 1.25
 # A candidate replaces the simpler one only when faster by more than this share of the p50: 200
 # queries' p50 moves by a few per cent between runs.
 NOISE_MARGIN = 0.05
-EF_CHOICES = (
-    1,
-    2,
-    4,
-)  # efSearch tried as these multiples of the depth (efSearch < depth cannot return depth)
-SEED = 0  # the HNSW trial's sample
+# efSearch tried, as multiples of the depth (a smaller efSearch cannot return depth neighbours)
+EF_CHOICES = (1, 2, 4)
+SEED = 0  # the HNSW trials' random samples
 
 
 @dataclass
@@ -95,6 +92,8 @@ class Choice:
 
 @dataclass
 class Targets:
+    """recall@k >= ``recall`` and recall@depth >= ``depth_recall``, both tie-aware against exact."""
+
     k: int
     recall: float
     depth: int
@@ -126,14 +125,15 @@ def depth_latency(
 
 def swap_quantizer(index: faiss.Index, quantizer: Any) -> Any:
     """Make ``quantizer`` the coarse quantizer of the inverted file ``index`` (which then owns it);
-    returns the previous quantizer, now owned by the returned Python object (SWIG's ``thisown``)."""
+    returns the previous quantizer, now owned by the returned Python object (SWIG's ``thisown``).
+    Only for an index that owns its quantizer (``index_factory``, ``read_index``)."""
     ivf = faiss.extract_index_ivf(index)
+    if not ivf.own_fields:
+        raise ValueError("the index does not own its quantizer; swapping it would free it twice")
     previous: Any = ivf.quantizer
-    if ivf.own_fields:
-        previous.thisown = True  # freed with the returned object, not with the index
+    previous.thisown = True  # freed with the returned object, not with the index
     ivf.quantizer = quantizer
     quantizer.thisown = False  # freed with the index
-    ivf.own_fields = True
     return previous
 
 

@@ -25,12 +25,7 @@ N = 3000
 NLIST = 40
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    yield
-    faiss.omp_set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("faiss_one_thread")
 
 
 def normalise(x: np.ndarray) -> np.ndarray:

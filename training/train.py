@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import resource
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -31,6 +30,7 @@ from icr.training import distributed as dist
 from icr.training.atomic import atomic_write
 from icr.training.data.training_data import PlannedBatch, SplitData, open_split, plan_epoch
 from icr.training.devices import resolve_device
+from icr.training.memory import peak_rss_mb
 
 if TYPE_CHECKING:  # annotations only: target decoding is imported when the config asks for it
     from icr.training.target_decoding import TargetDecoding
@@ -420,7 +420,7 @@ class Trainer:
             "stopped_by_patience": self._out_of_patience(),
             "samples_per_s": round(samples / elapsed, 1) if elapsed > 0 else None,
             "elapsed_s": round(elapsed, 1),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "peak_rss_mb": round(peak_rss_mb(), 1),
         }
 
     def _end_epoch(self, epoch: int) -> None:
