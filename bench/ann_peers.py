@@ -84,7 +84,7 @@ class FaissEngine(Engine):
         if self.ivf is not None:
             return [p for p in NPROBES if p <= self.ivf.nlist]
         if self.hnsw is not None:
-            return [m * depth for m in EFS_DEPTH_MULTIPLES] if depth else list(EFS_K)
+            return super().settings(depth)  # a graph: swept like the peers'
         return [0]
 
     def set(self, value: int) -> None:

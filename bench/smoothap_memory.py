@@ -6,7 +6,8 @@ The ECIR SmoothAP run uses B = 128 images x 5 captions, D = 1024. The seed code 
 difference tensor of every candidate pair per query (128 x 640 x 640 for i2t) and autograd keeps
 several of them; :mod:`icr.training.losses.smoothap` builds (Q, Pmax, m) for the positives only.
 
-Each variant runs in a fresh subprocess, because ``ru_maxrss`` is a peak over the process's lifetime:
+Each variant runs in a fresh subprocess, because peak RSS (``VmHWM``, :func:`training.memory.peak_rss_mb`)
+is a peak over the process's lifetime:
 baseline = peak RSS after the inputs exist and one similarity matmul + backward has warmed up the
 allocator and thread pools; reported figure = peak RSS after forward + backward minus that baseline.
 Writes bench/results/smoothap-memory.json and prints both figures (not a test).
@@ -18,7 +19,6 @@ import argparse
 import datetime as dt
 import json
 import platform
-import resource
 import socket
 import subprocess
 import sys
@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from icr.training.memory import peak_rss_mb
 
 VARIANTS = {
     "naive": "seed-style: full (Q, m, m) difference tensors, clamped sigmoid",
@@ -57,10 +59,6 @@ def naive_smoothap(img: Tensor, cap: Tensor, captions_per_image: int, tau: float
     return 0.5 * (i2t + t2i)
 
 
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
 def measure(variant: str, batch: int, captions: int, dim: int, tau: float = 0.01) -> dict:
     """Forward + backward of one variant in this process; peak RSS above the warmed-up baseline."""
     from icr.training.losses.smoothap import SmoothAP
@@ -72,7 +70,7 @@ def measure(variant: str, batch: int, captions: int, dim: int, tau: float = 0.01
     cap_img_ids = img_ids.repeat_interleave(captions)
     (img @ cap.T).sum().backward()  # warm-up: allocator, BLAS and autograd threads
     img.grad = cap.grad = None
-    baseline = _peak_mb()
+    baseline = peak_rss_mb()
     start = time.perf_counter()
     if variant == "naive":
         loss = naive_smoothap(img, cap, captions, tau)
@@ -83,7 +81,7 @@ def measure(variant: str, batch: int, captions: int, dim: int, tau: float = 0.01
     return {
         "variant": variant,
         "description": VARIANTS[variant],
-        "peak_mb": round(_peak_mb() - baseline, 1),
+        "peak_mb": round(peak_rss_mb() - baseline, 1),
         "baseline_mb": round(baseline, 1),
         "seconds": round(seconds, 3),
         "loss": float(loss.detach()),
@@ -121,7 +119,7 @@ def run(batch: int, captions: int, dim: int) -> dict:
         "batch_images": batch,
         "captions_per_image": captions,
         "dim": dim,
-        "metric": "peak RSS (ru_maxrss) of forward+backward above a warmed-up baseline, fresh process each",
+        "metric": "peak RSS (VmHWM) of forward+backward above a warmed-up baseline, fresh process each",
         "results": results,
     }
 
