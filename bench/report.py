@@ -118,6 +118,28 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             "x",
         )
     )
+    build = _get(s, "build")
+    if build and not build["cached"] and build["distractors"] >= 1_000_000:  # issue 21
+        out.append(
+            _target(
+                f"index build from nothing, {build['distractors']:,} generated distractors",
+                build["build_seconds"],
+                360,
+                True,
+                "s",
+            )
+        )
+    on_disk = _get(s, "scale", "on_disk")
+    if on_disk is not None:
+        out.append(
+            _target(
+                f"{on_disk['vectors']:,}-vector {on_disk['factory']} from shards: build peak RSS",
+                on_disk["peak_rss_mb_build"],
+                on_disk["budget_mb"],
+                True,
+                "MB",
+            )
+        )
     relevance = _get(s, "relevance", "summary")
     if relevance is not None:
         out += [

@@ -745,19 +745,19 @@ def _distractor_stream(
             "your distractor images first (icr embed) and pass --distractor-embeddings DIR"
         )
     from icr.training.data.synthetic.generate import DistractorStream, render_workers
-    from icr.training.embedding import embed_image_batch
+    from icr.training.embedding import embed_image_batch, threads_beside_workers
 
     stream = DistractorStream.for_dataset(directory, n)
     timings: dict[str, float] = {}
+    workers = render_workers()
 
     def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
-        with _bar(n, "embedding distractors", progress) as bar:
-            rendered = _timed(
-                stream.batches(batch_size, workers=render_workers()), timings, "distractor_render_seconds"
-            )
+        with _bar(n, "embedding distractors", progress) as bar, threads_beside_workers(workers, device):
+            batches = stream.batches(batch_size, workers=workers)
+            rendered = _timed(batches, timings, "distractor_render_seconds")
             for ks, images, scenes in rendered:
                 t0 = time.perf_counter()
-                vectors = embed_image_batch(model, list(images), device=device)  # (b, D)
+                vectors = embed_image_batch(model, images, device=device)  # (b, D) from (b, S, S, 3) uint8
                 timings["distractor_embed_seconds"] = timings.get("distractor_embed_seconds", 0.0) + (
                     time.perf_counter() - t0
                 )

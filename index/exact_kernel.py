@@ -79,10 +79,13 @@ class ExactKernel:
         )
         padded[: len(queries)] = queries
         q = torch.from_numpy(padded).to(self._scan.dtype)  # (Q8, D)
+        # one output buffer for every block: a fresh 8 MiB tensor per block costs its page faults
+        out = torch.empty((min(self.block, self.ntotal), len(padded)), dtype=self._scan.dtype)  # (b, Q8)
         with torch.inference_mode():
             for start in range(0, self.ntotal, self.block):
+                rows = self._scan[start : start + self.block]  # (b, D)
                 # gallery-major (b, D) @ (D, Q) runs faster than (Q, D) @ (D, b) in MKL and oneDNN
-                top.offer(self._scan[start : start + self.block] @ q.T, start)  # (b, Q)
+                top.offer(torch.mm(rows, q.T, out=out[: len(rows)]), start)  # (b, Q8)
         if window is None:
             return top.result()
         return self._rescored(queries, top.candidates(), k)
@@ -98,7 +101,8 @@ class ExactKernel:
         """The k best of ``candidates`` (Q, W) ids (-1: padding) by their fp32 scores, ties by id."""
         safe = torch.from_numpy(np.where(candidates >= 0, candidates, 0))  # (Q, W)
         with torch.inference_mode():
-            vectors = self._fp32[safe.flatten()].view(*safe.shape, -1)  # (Q, W, D) gathered in parallel
+            # index_select, not self._fp32[ids]: advanced indexing gathers ~6x slower
+            vectors = torch.index_select(self._fp32, 0, safe.flatten()).view(*safe.shape, -1)  # (Q, W, D)
             scores = torch.bmm(vectors, torch.from_numpy(queries)[:, :, None])[:, :, 0].numpy()  # (Q, W)
         scores[candidates < 0] = -np.inf
         keep = _best(scores, candidates, k)

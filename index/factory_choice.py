@@ -36,6 +36,7 @@ import numpy as np
 
 from icr.index.vector_index import (
     ExactTopK,
+    omp_threads,
     parse_factory,
     recall_at_k,
     set_nprobe,
@@ -108,17 +109,13 @@ def depth_latency(
 ) -> tuple[float, float]:
     """(p50, p99) milliseconds of single-query searches of ``depth`` neighbours on ``threads`` threads,
     as the service runs them (``ICR_FAISS_THREADS`` defaults to 1)."""
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(threads)
-    try:
+    with omp_threads(threads):
         index.search(queries[:1], depth)  # warm-up: page in the structures
         times = []
         for q in queries:
             t0 = time.perf_counter()
             index.search(q[None], depth)
             times.append(time.perf_counter() - t0)
-    finally:
-        faiss.omp_set_num_threads(before)
     ms = 1e3 * np.asarray(times)
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
 

@@ -24,7 +24,7 @@ from icr.training.checkpoint import load_checkpoint, read_checkpoint_config
 from icr.training.config import load_config
 from icr.training.data.synthetic.generate import DistractorStream, load_scenes
 from icr.training.data.training_data import open_split
-from icr.training.embedding import embed_image_batch, embed_images
+from icr.training.embedding import embed_image_batch, embed_images, threads_beside_workers
 
 N_DISTRACTORS = 50
 
@@ -674,3 +674,16 @@ def test_every_reader_uses_the_captions_per_image_of_training(data, tmp_path):
     assert images.ntotal == 12
     fitted = calibrate_index(tmp_path / "imgs", split="val", eval_split="test", depth=10, progress=False)
     assert fitted["fit"]["queries"] == 12 * 3
+
+
+def test_embedding_beside_render_workers_leaves_them_the_cores_and_restores_the_threads() -> None:
+    cores = len(os.sched_getaffinity(0))
+    before = torch.get_num_threads()
+    with threads_beside_workers(cores, "cpu"):
+        assert torch.get_num_threads() == 1  # the workers took every core
+    assert torch.get_num_threads() == before
+    with threads_beside_workers(0, "cpu"):  # rendering in this process: nothing to leave
+        assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), threads_beside_workers(cores, "cpu"):
+        raise RuntimeError("a failed batch")
+    assert torch.get_num_threads() == before

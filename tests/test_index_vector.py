@@ -12,10 +12,12 @@ import pytest
 from icr.index.vector_index import (
     FLAT_LIMIT,
     ExactTopK,
+    _coalesced,
     build_index,
     choose_factory,
     load_index,
     nprobe_of,
+    omp_threads,
     parse_factory,
     recall_at_k,
     save_index,
@@ -102,6 +104,19 @@ def test_ivf_with_every_list_probed_is_exact(base, queries):
 def test_ivf_trains_on_a_given_sample_and_streams_the_rest(base, queries):
     index = build_index(chunks(base, 100), DIM, "IVF8,Flat", train_sample=base[::5], gpu="off")
     assert index.ntotal == len(base)
+    assert_brute_force(*search(index, queries, 5, nprobe=8), base, queries, 5)
+
+
+def test_streamed_chunks_are_added_in_large_blocks_with_every_row_in_order(base, queries, monkeypatch):
+    sizes = [len(b) for b in _coalesced(chunks(base, 7), 100)]
+    assert sum(sizes) == len(base) and all(s >= 100 for s in sizes[:-1]) and sizes[-1] <= 100 + 6
+    assert np.array_equal(np.concatenate(list(_coalesced(chunks(base, 7), 100))), base)
+    # a build whose producer narrowed OpenMP to one thread: the k-means gets every core, then the
+    # producer's setting is back; ids stay in stream order
+    monkeypatch.setattr("icr.index.vector_index.ADD_ROWS", 150)
+    with omp_threads(1):
+        index = build_index(chunks(base, 7), DIM, "IVF8,Flat", gpu="off")
+        assert faiss.omp_get_max_threads() == 1
     assert_brute_force(*search(index, queries, 5, nprobe=8), base, queries, 5)
 
 

@@ -408,6 +408,24 @@ def test_transform_stack_equals_one_image_at_a_time() -> None:
         assert torch.equal(stacked, torch.stack(one_by_one))
 
 
+def test_rendered_batch_array_is_normalised_like_the_images_one_by_one() -> None:
+    """A (N, S, S, 3) uint8 batch (the distractor renderer's) skips PIL and comes out
+    channels_last; the values are bitwise those of the naive float32 formula and of the list path."""
+    from icr.training.models.preprocess import ImageTransform
+
+    batch = np.random.default_rng(4).integers(0, 256, (5, 64, 64, 3), dtype=np.uint8)
+    batch[0, 0, :, :] = np.arange(64)[:, None] * 4  # every 4th byte value in each channel
+    mean, std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+    naive = (batch.astype(np.float32) / np.float32(255.0) - np.float32(mean)) / np.float32(std)
+    for resize in (None, 72):
+        transform = ImageTransform(image_size=64, resize=resize, mean=mean, std=std)
+        stacked = transform.stack(batch, lambda _j: np.random.default_rng(0))  # (5, 3, 64, 64)
+        assert torch.equal(stacked, transform.stack(list(batch), lambda _j: np.random.default_rng(0)))
+        if resize is None:
+            assert stacked.is_contiguous(memory_format=torch.channels_last)
+            assert np.array_equal(stacked.numpy(), naive.transpose(0, 3, 1, 2))
+
+
 def test_eval_transform_resizes_shorter_side_then_center_crops() -> None:
     from icr.training.models.preprocess import ImageTransform
 

@@ -170,6 +170,18 @@ def test_distractor_stream_is_lazy_deterministic_and_random_access() -> None:
     assert not np.array_equal(make_image(3, "test", 0, 32)[1], items[0][2])
 
 
+def test_scene_to_dict_is_dataclasses_asdict_and_round_trips() -> None:
+    from dataclasses import asdict
+
+    from icr.training.data.synthetic.scene import Scene
+
+    for k in range(300):
+        scene = make_scene(11, "distractor", k)
+        naive = {"background": asdict(scene.background), "objects": [asdict(o) for o in scene.objects]}
+        assert scene.to_dict() == naive
+        assert Scene.from_dict(json.loads(json.dumps(scene.to_dict()))) == scene
+
+
 def test_distractor_batches_rendered_in_processes_are_the_same() -> None:
     stream = DistractorStream(23, seed=5, image_size=32)
     serial = list(stream.batches(4, start=1))

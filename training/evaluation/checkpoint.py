@@ -23,7 +23,13 @@ import numpy as np
 from icr.training.checkpoint import checkpoint_sha256, load_checkpoint, trained_captions_per_image
 from icr.training.data.training_data import SplitData, open_split, synthetic_source
 from icr.training.devices import resolve_device
-from icr.training.embedding import embed_captions, embed_image_batch, embed_images, open_embeddings
+from icr.training.embedding import (
+    embed_captions,
+    embed_image_batch,
+    embed_images,
+    open_embeddings,
+    threads_beside_workers,
+)
 from icr.training.evaluation.metrics.calibration import Calibration, fit_calibration, score_histogram
 from icr.training.evaluation.metrics.distractors import DistractorRecall, distractor_recall
 from icr.training.evaluation.metrics.relevance import Relevance
@@ -141,12 +147,15 @@ def _synthetic_distractors(
     from icr.training.data.synthetic.scene import SceneTable
 
     stream = DistractorStream.for_dataset(directory, n)
+    workers = render_workers()
     bar = tqdm(total=n, desc="distractors", unit="img", disable=not options.progress, leave=False)
-    for _, images, scenes in stream.batches(options.batch_size, workers=render_workers()):
-        inputs = list(images) if featurise is None else list(featurise(images))  # pixels or (R, F) rows
-        emb = embed_image_batch(model, inputs, device=options.device)  # (b, D)
-        bar.update(len(images))
-        yield emb, SceneTable.from_scenes(scenes)
+    with threads_beside_workers(workers, options.device):
+        for _, images, scenes in stream.batches(options.batch_size, workers=workers):
+            # (b, S, S, 3) pixels, or (b, R, F) features
+            inputs = images if featurise is None else list(featurise(images))
+            emb = embed_image_batch(model, inputs, device=options.device)  # (b, D)
+            bar.update(len(images))
+            yield emb, SceneTable.from_scenes(scenes)
     bar.close()
 
 

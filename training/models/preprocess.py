@@ -139,24 +139,33 @@ class ImageTransform:
             img = _center_crop(img, size, self.crop_offset)
         return self._normalised(np.asarray(img)[None])[0]  # (3, S, S)
 
-    def stack(self, images: Sequence[Any], rng_of: Callable[[int], np.random.Generator]) -> Tensor:
+    def stack(
+        self, images: Sequence[Any] | np.ndarray, rng_of: Callable[[int], np.random.Generator]
+    ) -> Tensor:
         """(N, 3, S, S): the images transformed one by one (``rng_of(j)`` the j-th image's generator)
         and stacked; without augmentation, images already S x S RGB are normalised in one operation."""
         size = self.image_size
         if self.train and self.augment == "crop_flip":
             return torch.stack([self(image, rng_of(j)) for j, image in enumerate(images)])
+        plain = (self.resize or size) == size  # nothing resizes an S x S image
+        if plain and isinstance(images, np.ndarray) and images.shape[1:] == (size, size, 3):
+            if images.dtype == np.uint8:
+                return self._normalised(images)  # (N, S, S, 3): a rendered batch, no PIL round trip
         rgb = [_as_rgb(image) for image in images]
-        # An S x S image is already what __call__ would make of it only when nothing resizes it.
-        if (self.resize or size) != size or any(im.size != (size, size) for im in rgb):
+        if not plain or any(im.size != (size, size) for im in rgb):
             return torch.stack([self(im) for im in rgb])
         return self._normalised(np.stack([np.asarray(im) for im in rgb]))
 
     def _normalised(self, pixels: np.ndarray) -> Tensor:
-        """(N, S, S, 3) uint8 -> (N, 3, S, S) float32, scaled to [0, 1] and normalised per channel."""
-        # float32 throughout; typed as a plain array because numpy's stubs widen the next line to complex
-        arr: np.ndarray = pixels.astype(np.float32) / 255.0  # (N, S, S, 3)
-        arr = (arr - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
-        return torch.from_numpy(np.ascontiguousarray(arr.transpose(0, 3, 1, 2)))  # (N, 3, S, S)
+        """(N, S, S, 3) uint8 -> (N, 3, S, S) float32, scaled to [0, 1] and normalised per channel.
+
+        The result is channels_last in memory (a permuted view of the pixel order), which is what
+        the CNN's convolutions want on CPU: no transposing copy here and none in the model.
+        """
+        mean, std = torch.tensor(self.mean), torch.tensor(self.std)  # (3,) float32
+        pixels = np.require(pixels, requirements=("C", "W"))  # from_numpy warns on a read-only array
+        x = torch.from_numpy(pixels).to(torch.float32).div_(255.0)  # (N, S, S, 3)
+        return x.sub_(mean).div_(std).permute(0, 3, 1, 2)  # (N, 3, S, S), channels_last strides
 
 
 @dataclass(frozen=True)
@@ -174,7 +183,11 @@ class FeatureTransform:
             )
         return torch.from_numpy(np.ascontiguousarray(arr))
 
-    def stack(self, features: Sequence[Any], rng_of: Callable[[int], np.random.Generator]) -> Tensor:  # noqa: ARG002
+    def stack(
+        self,
+        features: Sequence[Any] | np.ndarray,
+        rng_of: Callable[[int], np.random.Generator],  # noqa: ARG002 (no randomness)
+    ) -> Tensor:
         """(N, R, F) or (N, F): the samples' features stacked (no randomness)."""
         return torch.stack([self(f) for f in features])
 
