@@ -49,9 +49,7 @@ def tiny_checkpoint(tiny_benchmark: Path, tmp_path_factory: pytest.TempPathFacto
 def faiss_one_thread():
     """FAISS on one thread for a module (``pytestmark = pytest.mark.usefixtures("faiss_one_thread")``):
     the machine may be shared with a training job, and small indices gain nothing from threads."""
-    import faiss
+    from icr.index.vector_index import omp_threads
 
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    yield
-    faiss.omp_set_num_threads(before)
+    with omp_threads(1):
+        yield

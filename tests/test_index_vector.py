@@ -30,13 +30,7 @@ DIM = 32
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # the machine is shared with a training job; tiny indices gain nothing from threads
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    yield
-    faiss.omp_set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("faiss_one_thread")
 
 
 def normalise(x: np.ndarray) -> np.ndarray:
@@ -330,7 +324,6 @@ def test_raw_scores_depend_on_the_batch_at_scale_and_rescored_ones_do_not() -> N
     splits the gallery over them) gets scores that differ from the same query's in a batch by
     ~2e-7 (measured 2.4e-7 and 4.8e-7 on 2 threads; on one thread they agree), enough to move a
     hit across a threshold. Rescored as the service does (``retriever._batcher``), they are equal."""
-    import faiss
 
     from icr.index.vector_index import batch_independent_rescorer, rescored
 
@@ -343,13 +336,9 @@ def test_raw_scores_depend_on_the_batch_at_scale_and_rescored_ones_do_not() -> N
     assert rescore is not None
     queries = base[:8] + 0.1 * rng.standard_normal((8, dim)).astype(np.float32)  # (8, D)
     batch = np.concatenate([queries, rng.standard_normal((56, dim)).astype(np.float32)])  # (64, D)
-    threads = faiss.omp_get_max_threads()
-    try:
-        faiss.omp_set_num_threads(2)  # as the batcher sets them per search; forced: CI may have one core
+    with omp_threads(2):  # as the batcher sets them per search; forced: CI may have one core
         alone = [search(index, queries[q : q + 1], 100) for q in range(8)]  # each query by itself
         together = search(index, batch, 100)
-    finally:
-        faiss.omp_set_num_threads(threads)
     raw_diff = max(float(np.abs(alone[q][0][0] - together[0][q]).max()) for q in range(8))
     assert 0 < raw_diff < 1e-5, raw_diff  # FAISS's own scores moved with the batch
     batch_rescored = rescored(rescore, batch, together[1])
