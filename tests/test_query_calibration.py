@@ -7,9 +7,12 @@ import json
 import numpy as np
 import pytest
 
+from icr.training.data.synthetic.kinds import text_kind
+from icr.training.evaluation.metrics.calibration import ScoreHistogram, merged_from_top
 from icr.training.evaluation.metrics.query_calibration import (
     QueryCalibration,
     fit_query_calibration,
+    fit_query_calibration_by_group,
     query_features,
     text_features,
 )
@@ -91,3 +94,88 @@ def test_zero_weight_hits_teach_nothing() -> None:
     np.testing.assert_allclose(a(scores), b(scores), rtol=1e-6)
     with pytest.raises(ValueError, match="weights must have the scores' shape"):
         fit_query_calibration(scores, relevant, weights=weights[:, :5])
+
+
+def test_bins_merged_from_the_top_match_a_naive_greedy_partition() -> None:
+    def naive(counts: list[int], least: int) -> list[list[int]]:
+        """Walk the bins from the top, closing a group once it holds `least`; a short bottom group
+        joins the one above it."""
+        groups: list[list[int]] = []
+        current: list[int] = []
+        for b in reversed(range(len(counts))):
+            current.insert(0, b)
+            if sum(counts[i] for i in current) >= least and b > 0:
+                groups.insert(0, current)
+                current = []
+        if current:
+            if groups and sum(counts[i] for i in current) < least:
+                groups[0] = current + groups[0]
+            else:
+                groups.insert(0, current)
+        return groups
+
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        bins = int(rng.integers(1, 30))
+        relevant = rng.integers(0, 4, bins) * (rng.random(bins) < 0.7)
+        other = rng.integers(0, 6, bins) * (rng.random(bins) < 0.7)
+        least = int(rng.integers(1, 25))
+        edges = np.sort(rng.random(bins + 1))
+        merged = merged_from_top(ScoreHistogram(edges, relevant, other), least)
+        groups = naive((relevant + other).tolist(), least)
+        assert merged.edges.tolist() == [edges[g[0]] for g in groups] + [edges[-1]], trial
+        assert merged.relevant.tolist() == [int(relevant[g].sum()) for g in groups], trial
+        assert merged.other.tolist() == [int(other[g].sum()) for g in groups], trial
+        if len(groups) > 1:
+            assert min(merged.relevant + merged.other) >= least
+    with pytest.raises(ValueError, match="min_count"):
+        merged_from_top(ScoreHistogram(np.arange(3.0), np.ones(2, int), np.ones(2, int)), 0)
+
+
+ONE_OBJECT = ["there is a blue box", "a small red star", "there is a big green disc"]
+COUNT = ["three shapes: a small blue box, a big red star and a tiny green disc"]
+
+
+def _grouped_queries(seed: int, q: int, depth: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """One query in eight a count caption, the others one-object captions; score lists drawn alike.
+    A one-object caption's top 30 are relevant, a count caption's top 30 only at random (30 %)."""
+    rng = np.random.default_rng(seed)
+    scores = _lists(rng, q, depth)
+    texts = [COUNT[0] if i % 8 == 0 else ONE_OBJECT[i % 3] for i in range(q)]
+    hard = np.array([t == COUNT[0] for t in texts])
+    relevant = np.zeros((q, depth), bool)
+    relevant[~hard, :30] = True
+    relevant[hard, :30] = rng.random((int(hard.sum()), 30)) < 0.3
+    return scores, relevant, texts
+
+
+def test_group_corrections_keep_the_promise_for_a_rare_hard_kind_on_fresh_queries() -> None:
+    assert text_kind(COUNT[0]) == "count" and {text_kind(t) for t in ONE_OBJECT} == {"one_object"}
+    scores, relevant, texts = _grouped_queries(0, 480, 120)
+    fitted = fit_query_calibration_by_group(scores, relevant, texts=texts, steps=150, sampled=20, min_hits=50)
+    assert set(fitted.group_maps) == {"count", "one_object"} and fitted.fit["group_folds"] == 5
+    fresh, truth, fresh_texts = _grouped_queries(1, 480, 120)
+    hard = np.array([t == COUNT[0] for t in fresh_texts])
+    # one map for every query promises the rare kind the common kind's precision
+    plain = fit_query_calibration(scores, relevant, texts=texts, steps=150, sampled=20)
+    plain = plain(fresh, texts=fresh_texts)
+    assert (plain[hard] >= 0.5).sum() > 20 and truth[hard][plain[hard] >= 0.5].mean() < 0.4
+    p = fitted(fresh, texts=fresh_texts)
+    assert np.all(np.diff(p, axis=1) <= 1e-12)  # still non-increasing down every list
+    # the hard kind: its relevance is its true rate on average, and what passes 0.5 is honest
+    assert abs(p[hard].mean() - truth[hard].mean()) < 0.08
+    passing = p[hard] >= 0.5
+    assert not passing.any() or truth[hard][passing].mean() >= 0.45
+    # the easy kind keeps its confident, correct hits
+    sure = p[~hard] >= 0.8
+    assert sure.sum() > 20 * (~hard).sum() and truth[~hard][sure].mean() >= 0.75
+    # JSON round trip; a text in no group keeps the uncorrected per-query value
+    again = QueryCalibration.from_dict(json.loads(json.dumps(fitted.to_dict())))
+    assert np.allclose(again(fresh, texts=fresh_texts), p, rtol=0, atol=1e-12)
+    odd = again(fresh[:2], texts=["a purple elephant", "a purple elephant"])
+    assert np.allclose(odd, 1.0 / (1.0 + np.exp(-again.logits(fresh[:2], texts=["a purple elephant"] * 2))))
+    with pytest.raises(ValueError, match="texts="):
+        fit_query_calibration_by_group(scores, relevant)
+    broken = {**fitted.to_dict(), "group_by": "mood"}
+    with pytest.raises(ValueError, match="unknown query grouping"):
+        QueryCalibration.from_dict(broken)

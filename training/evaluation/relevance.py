@@ -30,7 +30,11 @@ from typing import Any
 import numpy as np
 
 from icr.training.evaluation.metrics.calibration import Calibration, fit_calibration, score_histogram
-from icr.training.evaluation.metrics.query_calibration import QueryCalibration, fit_query_calibration
+from icr.training.evaluation.metrics.query_calibration import (
+    QueryCalibration,
+    fit_query_calibration,
+    fit_query_calibration_by_group,
+)
 from icr.training.evaluation.metrics.relevance import Relevance
 from icr.training.evaluation.metrics.threshold_honesty import HitLists, TopDepth, threshold_honesty
 
@@ -110,13 +114,15 @@ def fit_served_maps(
 ) -> tuple[QueryCalibration, Calibration]:
     """The per-query map (reading each query's score list, embedding and words) and the global map
     (``method``: isotonic or platt), both fitted on the judged hits of held-out queries (unjudged
-    hits: weight 0)."""
+    hits: weight 0). Where the hits know their queries' kinds (the embedded benchmark), the
+    per-query map carries a correction per kind (:func:`fit_query_calibration_by_group`)."""
     judged = fit_hits.judged
     # the judged hits as one row of pairs, so the all-pairs histogram serves them too
     pairs = Relevance.matrix(fit_hits.relevant[judged][None, :])
     served = fit_calibration(score_histogram(fit_hits.scores[judged][None, :], pairs), method)
     served.fit.update(kind="served hits", queries=len(fit_hits), depth=int(fit_hits.scores.shape[1]))
-    per_query = fit_query_calibration(fit_hits.scores, fit_hits.relevant, embeddings, texts, weights=judged)
+    fit = fit_query_calibration if fit_hits.kinds is None else fit_query_calibration_by_group
+    per_query = fit(fit_hits.scores, fit_hits.relevant, embeddings, texts, weights=judged)
     return per_query, served
 
 

@@ -37,3 +37,13 @@ def query_kind(query: Query) -> str:
     if query.background is not None:
         return "background"
     return "several_objects" if len(query.objects) >= 2 else "one_object"
+
+
+def text_kind(text: str) -> str | None:
+    """The kind of a query text in the embedded benchmark's grammar; None when it does not parse."""
+    from icr.training.data.synthetic.parse import CaptionParseError, parse_caption
+
+    try:
+        return query_kind(parse_caption(text))
+    except CaptionParseError:
+        return None

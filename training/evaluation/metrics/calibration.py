@@ -187,6 +187,34 @@ def _fit_platt(x: np.ndarray, pos: np.ndarray, neg: np.ndarray, iterations: int 
     return float(a), float(b)
 
 
+def merged_from_top(histogram: ScoreHistogram, min_count: int) -> ScoreHistogram:
+    """``histogram`` with adjacent bins merged, from the highest down, until each holds at least
+    ``min_count`` pairs; a short remainder at the bottom joins the bin above it.
+
+    An isotonic map fitted on it rests no value on fewer pairs. That matters at the top, where a
+    threshold acts and pairs are few: a handful of lucky relevant pairs there would otherwise
+    promise a precision that fresh queries do not deliver.
+    """
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    n = histogram.relevant + histogram.other
+    cuts = [len(n)]  # bin edges (indices) of the merged bins, collected from the top
+    held = 0
+    for b in range(len(n) - 1, 0, -1):
+        held += int(n[b])
+        if held >= min_count:
+            cuts.append(b)
+            held = 0
+    if len(cuts) > 1 and held + int(n[0]) < min_count:
+        cuts.pop()  # the remainder at the bottom joins the lowest full bin
+    cuts = [0, *reversed(cuts)]
+    return ScoreHistogram(
+        histogram.edges[cuts],
+        np.add.reduceat(histogram.relevant, cuts[:-1]),
+        np.add.reduceat(histogram.other, cuts[:-1]),
+    )
+
+
 def fit_calibration(histogram: ScoreHistogram, method: str = "isotonic") -> Calibration:
     """Fit a :class:`Calibration` to a :func:`score_histogram`."""
     if method not in CALIBRATION_METHODS:

@@ -21,6 +21,18 @@ its first hits.
 
 Fitted by logistic loss on held-out queries' top-depth hits labelled relevant or not; applied per
 request in numpy (tens of microseconds for a 1,000-hit list).
+
+**Per-group correction** (:func:`fit_query_calibration_by_group`). Fitted on every query at once,
+the map serves the common kinds of query well and the rare, hard ones badly: on the demo's
+held-out count captions, the hits it put at relevance >= 0.5 were 29 % relevant. Where a query's
+group can be read from its words (``group_by="benchmark_kind"``: the embedded benchmark's query
+kind, from the caption's parse), each group gets an isotonic map from the per-query relevance to
+the precision its hits actually had. Those maps are fitted *out of fold* (the per-query map refitted
+on four fifths of the queries, applied to the fifth), so they correct what the map gets wrong on
+queries it has not seen, not on the ones it was fitted to, and every value rests on at least
+``GROUP_MIN_HITS`` held-out hits (:func:`~icr.training.evaluation.metrics.calibration.merged_from_top`).
+The maps are non-decreasing, so a query's relevance stays non-increasing down its list. A query
+outside every group (it does not parse) keeps the per-query map's value.
 """
 
 from __future__ import annotations
@@ -28,10 +40,13 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from icr.training.evaluation.metrics.calibration import Calibration
 
 FEATURE_RANKS: tuple[int, ...] = (1, 2, 5, 10, 20, 50, 100)
 # Spread statistics are taken over this many top hits, so any search depth >= it gives the same features.
@@ -40,6 +55,10 @@ MIN_DEPTH = max(*FEATURE_RANKS, STATS_DEPTH)
 N_QUERY_FEATURES = len(FEATURE_RANKS) + 2  # the scores at the ranks, their mean and spread
 TEXT_BUCKETS = 512
 QUERY_CALIBRATION_FORMAT = 2
+GROUP_BY: tuple[str, ...] = ("benchmark_kind",)
+GROUP_FOLDS = 5
+GROUP_MIN_HITS = 100
+GROUP_BINS = 200  # equal-width bins of per-query relevance the group maps are fitted on
 _WORD = re.compile(r"[a-z0-9]+")
 
 
@@ -66,6 +85,16 @@ def text_features(texts: Sequence[str], buckets: int = TEXT_BUCKETS) -> np.ndarr
         for gram in [*words, *(f"{a} {b}" for a, b in zip(words, words[1:], strict=False))]:
             out[i, zlib.crc32(gram.encode("utf-8")) % buckets] = 1.0
     return out
+
+
+def query_groups(group_by: str, texts: Sequence[str]) -> np.ndarray:
+    """(Q,) object array: each text's group (None: in no group). ``benchmark_kind``: the embedded
+    benchmark's query kind (:mod:`icr.training.data.synthetic.kinds`), about 35 µs a text."""
+    if group_by != "benchmark_kind":
+        raise ValueError(f"unknown query grouping {group_by!r}; expected one of {', '.join(GROUP_BY)}")
+    from icr.training.data.synthetic.kinds import text_kind
+
+    return np.array([text_kind(t) for t in texts], dtype=object)
 
 
 def standardised(scores: np.ndarray) -> np.ndarray:
@@ -102,6 +131,8 @@ class QueryCalibration:
     uses_embedding: bool
     text_buckets: int  # 0: the query text is not read
     fit: dict[str, Any]
+    group_by: str | None = None  # how a query's group is read from its text (GROUP_BY); None: no groups
+    group_maps: dict[str, Calibration] = field(default_factory=dict)  # group -> relevance correction
 
     def logits(
         self, scores: np.ndarray, embeddings: np.ndarray | None = None, texts: Sequence[str] | None = None
@@ -126,8 +157,16 @@ class QueryCalibration:
     def __call__(
         self, scores: np.ndarray, embeddings: np.ndarray | None = None, texts: Sequence[str] | None = None
     ) -> np.ndarray:
-        """(Q, depth) probabilities of relevance, non-increasing along each best-first row."""
-        return 1.0 / (1.0 + np.exp(-self.logits(scores, embeddings, texts)))
+        """(Q, depth) probabilities of relevance, non-increasing along each best-first row; with
+        ``texts``, each query's group correction applied (see the module docstring)."""
+        relevance: np.ndarray = 1.0 / (1.0 + np.exp(-self.logits(scores, embeddings, texts)))
+        if self.group_by is None or not self.group_maps or texts is None:
+            return relevance
+        groups = query_groups(self.group_by, texts)  # (Q,)
+        for group, correction in self.group_maps.items():
+            rows = np.flatnonzero(groups == group)
+            relevance[rows] = correction(relevance[rows])
+        return relevance
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -137,6 +176,8 @@ class QueryCalibration:
             "text_buckets": self.text_buckets,
             **{k: getattr(self, k).tolist() for k in ("feature_mean", "feature_std", "w1", "b1", "w2", "b2")},
             "fit": self.fit,
+            "group_by": self.group_by,
+            "group_maps": {g: m.to_dict() for g, m in self.group_maps.items()},
         }
 
     @classmethod
@@ -159,11 +200,18 @@ class QueryCalibration:
         )
         if not shapes_ok or not all(np.all(np.isfinite(a)) for a in arrays.values()):
             raise ValueError("per-query calibration weights have inconsistent shapes or non-finite values")
+        from icr.training.evaluation.metrics.calibration import Calibration
+
+        group_by = d.get("group_by")
+        if group_by is not None and group_by not in GROUP_BY:
+            raise ValueError(f"unknown query grouping {group_by!r}; this code reads {', '.join(GROUP_BY)}")
         return cls(
             **arrays,
             uses_embedding=bool(d["uses_embedding"]),
             text_buckets=int(d["text_buckets"]),
             fit=dict(d.get("fit", {})),
+            group_by=group_by,
+            group_maps={str(g): Calibration.from_dict(m) for g, m in (d.get("group_maps") or {}).items()},
         )
 
 
@@ -262,3 +310,71 @@ def fit_query_calibration(
             + ["text"] * (texts is not None),
         },
     )
+
+
+def fit_query_calibration_by_group(
+    scores: np.ndarray,
+    relevant: np.ndarray,
+    embeddings: np.ndarray | None = None,
+    texts: Sequence[str] | None = None,
+    *,
+    group_by: str = "benchmark_kind",
+    weights: np.ndarray | None = None,
+    folds: int = GROUP_FOLDS,
+    min_hits: int = GROUP_MIN_HITS,
+    seed: int = 0,
+    **options: Any,
+) -> QueryCalibration:
+    """:func:`fit_query_calibration` on every query, with the per-group corrections of the module
+    docstring fitted out of fold (``folds`` folds; ``options`` go to every fit). Needs ``texts``:
+    the groups are read from them, at fit time as at query time."""
+    from icr.training.evaluation.metrics.calibration import (
+        Calibration,
+        ScoreHistogram,
+        fit_calibration,
+        merged_from_top,
+    )
+
+    if texts is None:
+        raise ValueError("a per-group correction reads each query's group from its text: pass texts=")
+    if folds < 2:
+        raise ValueError(f"folds must be >= 2, got {folds}")
+    scores = np.asarray(scores, dtype=np.float64)
+    relevant = np.asarray(relevant, dtype=bool)
+    judged = np.ones(scores.shape, bool) if weights is None else np.asarray(weights) > 0  # (Q, depth)
+    groups = query_groups(group_by, texts)  # (Q,)
+    texts = list(texts)
+    fold = np.random.default_rng(seed).permutation(len(scores)) % folds  # (Q,)
+    out_of_fold = np.zeros(scores.shape)  # (Q, depth)
+    for f in range(folds):
+        train, held = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
+        part = fit_query_calibration(
+            scores[train],
+            relevant[train],
+            None if embeddings is None else embeddings[train],
+            [texts[i] for i in train],
+            weights=None if weights is None else np.asarray(weights)[train],
+            seed=seed,
+            **options,
+        )
+        out_of_fold[held] = part.logits(
+            scores[held], None if embeddings is None else embeddings[held], [texts[i] for i in held]
+        )
+    out_of_fold = 1.0 / (1.0 + np.exp(-out_of_fold))
+    edges = np.linspace(0.0, 1.0, GROUP_BINS + 1)
+    maps: dict[str, Calibration] = {}
+    for group in sorted({g for g in groups.tolist() if g is not None}):
+        rows = np.flatnonzero(groups == group)
+        p, y = out_of_fold[rows][judged[rows]], relevant[rows][judged[rows]]
+        if not y.any():  # nothing relevant among the group's held-out hits
+            maps[group] = Calibration("isotonic", x=(0.0, 1.0), y=(0.0, 0.0), fit={"pairs": int(len(y))})
+            continue
+        bins = np.minimum((p * GROUP_BINS).astype(np.int64), GROUP_BINS - 1)
+        histogram = ScoreHistogram(
+            edges, np.bincount(bins[y], minlength=GROUP_BINS), np.bincount(bins[~y], minlength=GROUP_BINS)
+        )
+        maps[group] = fit_calibration(merged_from_top(histogram, min_hits))
+        maps[group].fit.update(queries=int(len(rows)))
+    full = fit_query_calibration(scores, relevant, embeddings, texts, weights=weights, seed=seed, **options)
+    fit = {**full.fit, "group_by": group_by, "group_folds": folds, "group_min_hits": min_hits}
+    return replace(full, fit=fit, group_by=group_by, group_maps=maps)
