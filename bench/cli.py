@@ -61,11 +61,16 @@ def bench_command(
     """Measure search latency/throughput (in-process and HTTP), index build, training step time per
     objective and evaluation speed, each next to the target or the alternative it is compared with.
 
-    Examples:
+    Examples (--quick: every section small, a few minutes; no option: the full CPU suite, about an
+    hour, cached artifacts reused):
 
-        icr bench --quick                        # smoke run, a few minutes
-        icr bench                                # the full CPU suite (about an hour, cached artifacts reused)
-        icr bench --only search,http --sizes 100000
+      icr bench --quick
+
+      icr bench
+
+      icr bench --only search,http --sizes 100000
+
+      icr bench --checkpoint runs/mine/best --data data/synth --workdir bench-mine
     """
     from bench import evaluation, gallery, relevance, search_http, search_inprocess, training
     from bench import floors as floor_mod

@@ -10,7 +10,8 @@ the ANN index against exact search, and exact search against the hardware floors
 * **exact (Flat, fp32) vs floors**: a single query (FAISS) on one thread and on every core against
   ``gallery bytes / read bandwidth``; batches of 16 and 64 queries through the service's batch
   kernel (:mod:`index.exact_kernel`) at k = 10 and at the depth, against ``2 N d Q / matmul rate``,
-  with FAISS's own batch search beside it.
+  with FAISS's own batch search beside it, and the kernel's block matmuls timed alone (what the
+  search costs before it selects anything).
   ``faiss.cvar.distance_compute_blas_threshold`` is never written: doing so from Python slowed
   later one-thread single queries 2-2.5x with faiss-cpu 1.15 (found by this benchmark).
 """
@@ -27,7 +28,7 @@ import numpy as np
 
 from bench.floors import cores, search_floor_ms
 from bench.stats import latency, ratio, repeat, summary
-from icr.index.exact_kernel import kernel_for
+from icr.index.exact_kernel import ExactKernel, kernel_for
 from icr.index.vector_index import exact_depth, recall_of_ids
 
 K = 10
@@ -43,6 +44,19 @@ def _single(index: faiss.Index, queries: np.ndarray, k: int, threads: int) -> tu
         times.append(time.perf_counter() - t0)
         ids.append(i[0])
     return times, np.stack(ids)
+
+
+def _matmuls(kernel: ExactKernel, queries: np.ndarray) -> None:
+    """The kernel's block matmuls alone, as its search runs them (same blocks, dtype and buffer)."""
+    import torch
+
+    matrix = kernel.scan_matrix  # (N, D)
+    q = torch.from_numpy(queries).to(matrix.dtype)  # (Q, D)
+    out = torch.empty((min(kernel.block, len(matrix)), len(q)), dtype=matrix.dtype)  # (b, Q)
+    with torch.inference_mode():
+        for start in range(0, len(matrix), kernel.block):
+            rows = matrix[start : start + kernel.block]  # (b, D)
+            torch.mm(rows, q.T, out=out[: len(rows)])
 
 
 def recall(found: np.ndarray, truth: np.ndarray) -> float:
@@ -137,6 +151,7 @@ def run(
         row["queries_per_s"] = size / row["search"]["median_ms"] * 1e3
         row["depth_search"] = summary(repeat(lambda b=batch: kernel.search(b, depth), 3))
         row["depth_vs_floor"] = ratio(row["depth_search"]["median_ms"], row["floor_ms"])
+        row["matmul"] = summary(repeat(lambda b=batch: _matmuls(kernel, b), 3))
         # FAISS picks its own kernel: a scan per query below 20 queries, 1,024-row sgemm from 20
         row["faiss"] = summary(repeat(lambda b=batch: exact_index.search(b, K), 3))
         batches[str(size)] = row

@@ -59,6 +59,11 @@ class ExactKernel:
     def ntotal(self) -> int:
         return int(self.matrix.shape[0])
 
+    @property
+    def scan_matrix(self) -> torch.Tensor:
+        """(N, D) what every search multiplies block by block: bf16 or the float32 gallery itself."""
+        return self._scan
+
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (Q, k'), ids (Q, k')) with k' = min(k, N), best first, ties by id."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)  # (Q, D)

@@ -61,6 +61,9 @@ def _report(inproc_p50: float, http_p50: float, qps16: float) -> dict:
                     "search": {"median_ms": 60.0},
                     "vs_floor": 1.5,
                     "queries_per_s": 266.0,
+                    "depth_search": {"median_ms": 90.0},
+                    "depth_vs_floor": 2.25,
+                    "matmul": {"median_ms": 25.0},
                 }
             },
         },
@@ -164,7 +167,39 @@ def test_markdown_has_every_section_and_marks_misses() -> None:
     text = markdown(report)
     for heading in ("## Targets", "## In-process search", "## HTTP", "## Training step", "## Evaluation"):
         assert heading in text
-    assert "| exact batch of 16 / matmul floor | 1.500 x | < 1.3 x | **no** |" in text
+    assert "| exact batch of 16 / matmul floor | 1.500 x | < 1.3 x | **no** | the kernel's" in text
+    assert "| in-process single query p99 (1000000 distractors) | 9.000 ms | < 10 ms | yes |  |" in text
+
+
+def test_a_missed_target_says_why_from_the_figures_measured_beside_it() -> None:
+    report = _report(inproc_p50=2.0, http_p50=4.0, qps16=200.0)
+    report["sections"]["train"]["rows"][1]["vs_ntxent_median"] = 2.5
+    exact = report["sections"]["search"]["1000000"]["exact"]
+    exact.update(single_best_p50_vs_floor=1.4, bytes=480_000_000, kernel_precision="bf16")
+    report["sections"]["floors"] = {
+        "bandwidth": {"bytes": 480_000_000, "sgemv_1t_gbps": 16.0, "sgemv_2t_gbps": 32.0, "best_gbps": 32.0},
+        "matmul": {"size": 4096, "sgemm_1t_gflops": 150.0, "sgemm_2t_gflops": 300.0, "best_gflops": 300.0},
+    }
+    why = {t["target"]: t["why"] for t in targets(report)}
+    assert why["exact batch of 16 / matmul floor"] == (
+        "the kernel's bf16 matmuls alone take 25.0 ms (0.62x the floor); selecting the top 10 from "
+        "their scores (compare, top-k, fp32 rescoring) takes the other 35.0 ms"
+    )
+    assert "selecting the top 1000" in why["exact batch of 16 at depth 1000 / matmul floor"]
+    assert "the other 65.0 ms" in why["exact batch of 16 at depth 1000 / matmul floor"]
+    # 16 clients: 1 query per call; a batch of 16 at depth 1000 costs 90 ms, one query 40 ms
+    assert why["exact search QPS, 16 clients / 1 client (micro-batching)"].endswith("at most 7.1x")
+    # one core reads 16 GB/s: 480 MB in 30 ms, and one thread took 36 ms (1.20x)
+    assert "1.20x the one-core floor of 30.0 ms" in why["exact single query p50 / bandwidth floor"]
+    assert why["train step smoothap / ntxent"] == (
+        "640 captions per step (ntxent 128); both towers' forward+backward alone 120 ms "
+        "(2.00x ntxent's); the loss 4.0 ms"
+    )
+    # met targets carry no reason; a miss with nothing measured beside it says so in the report
+    assert why["in-process single query p99 (1000000 distractors)"] is None
+    assert why["service overhead: HTTP p50 / in-process p50"] is None  # missed, nothing to read
+    report["targets"] = targets(report)
+    assert "| **no** | not broken down by this run |" in markdown(report)
 
 
 def test_peers_run_every_engine_and_pick_the_fastest_setting_meeting_the_targets() -> None:

@@ -77,8 +77,12 @@ def test_the_bf16_error_bound_holds_for_the_scan_it_guards():
     rng = np.random.default_rng(0)
     matrix = rng.standard_normal((20000, 128)).astype(np.float32) * rng.uniform(0.1, 3, (20000, 1))
     queries = rng.standard_normal((32, 128)).astype(np.float32)
-    kernel = ExactKernel(matrix.astype(np.float32), "bf16")
-    scan = (torch.from_numpy(matrix).bfloat16() @ torch.from_numpy(queries).bfloat16().T).T.float().numpy()
+    m32 = matrix.astype(np.float32)
+    kernel = ExactKernel(m32, "bf16")
+    # what the kernel multiplies (and `icr bench` times alone): the gallery in bf16, or itself in fp32
+    assert torch.equal(kernel.scan_matrix, torch.from_numpy(m32).bfloat16())
+    assert ExactKernel(m32).scan_matrix.data_ptr() == m32.ctypes.data
+    scan = (kernel.scan_matrix @ torch.from_numpy(queries).bfloat16().T).T.float().numpy()
     exact = queries.astype(np.float64) @ matrix.astype(np.float64).T  # (32, 20000)
     error = np.abs(scan - exact).max(axis=1)  # (32,)
     bound = kernel.error_bound(queries)
