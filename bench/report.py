@@ -42,6 +42,18 @@ def _why_http_p99(search: Any, http: Any) -> str | None:
     )
 
 
+def _why_ann_depth(build: Any, search: Any) -> str | None:
+    check = _get(build, "recall_check")
+    if not check or check.get("recall_at_depth") is None:
+        return None
+    setting = f"nprobe {check['nprobe']}" if check.get("nprobe") else "its setting"
+    here = _get(search, "ann", "depth_recall_at_depth")
+    return (
+        f"the build tuned {setting} on {check['queries']} held-out queries, where recall@{check['depth']:,} "
+        f"was {check['recall_at_depth']:.3f}; these queries measure {here:.3f}"
+    )
+
+
 def _why_exact_single(exact: Any, floors: Any) -> str | None:
     one, two = _get(exact, "single_1t", "p50_ms"), _get(exact, "single_2t", "p50_ms")
     gbps1, gbps = _get(floors, "bandwidth", "sgemv_1t_gbps"), _get(floors, "bandwidth", "best_gbps")
@@ -145,6 +157,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 _get(search, "ann", "depth_recall_at_depth"),
                 0.95,
                 False,
+                why=_why_ann_depth(s.get("build"), search),
             ),
             _target(
                 f"ANN search of depth {depth}, in-process p99 ({key})",

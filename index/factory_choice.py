@@ -38,7 +38,8 @@ from icr.index.vector_index import (
     ExactTopK,
     omp_threads,
     parse_factory,
-    recall_at_k,
+    recall_lower_bound,
+    recall_per_query,
     set_nprobe,
     tune_nprobe,
 )
@@ -154,20 +155,21 @@ def coarse_hnsw_factory(factory: str, m: int = HNSW_M) -> str:
 def tune_ef_search(
     index: faiss.Index, exact: ExactTopK | np.ndarray | faiss.Index, queries: np.ndarray, targets: Targets
 ) -> tuple[int, float, float]:
-    """(smallest efSearch of depth x :data:`EF_CHOICES` reaching both targets, else the largest; the
-    recall@k of the top k of a depth search (what the service shows); recall@depth); sets it.
-    FAISS searches an HNSW graph with max(efSearch, k) candidates, so a depth search never uses
-    fewer than the depth."""
+    """(smallest efSearch of depth x :data:`EF_CHOICES` reaching both targets (by the lower
+    confidence bound of the mean, as :func:`index.vector_index.tune_nprobe`), else the largest; the
+    mean recall@k of the top k of a depth search (what the service shows); mean recall@depth);
+    sets it. FAISS searches an HNSW graph with max(efSearch, k) candidates, so a depth search never
+    uses fewer than the depth."""
     hnsw = cast(Any, faiss.downcast_index(index)).hnsw  # the stubs know only the base class
-    recall = deep = 0.0
+    recalls = deep = np.zeros(1)
     for multiple in EF_CHOICES:
         hnsw.efSearch = multiple * targets.depth
         # with efSearch >= depth a k-neighbour search walks the same candidates as a depth search
-        recall = recall_at_k(index, exact, queries, targets.k)
-        deep = recall_at_k(index, exact, queries, targets.depth)
-        if targets.met(recall, deep):
+        recalls = recall_per_query(index, exact, queries, targets.k)  # (Q,)
+        deep = recall_per_query(index, exact, queries, targets.depth)  # (Q,)
+        if targets.met(recall_lower_bound(recalls), recall_lower_bound(deep)):
             break
-    return int(hnsw.efSearch), recall, deep
+    return int(hnsw.efSearch), float(recalls.mean()), float(deep.mean())
 
 
 def choose_by_measurement(
