@@ -17,8 +17,9 @@ and its nprobe tuned:
   1M vectors costs a minute on 2 cores (62 s for the demo's 1M embeddings), so above twice
   :data:`HNSW_SAMPLE` vectors graphs are first built on random samples of half of and all
   :data:`HNSW_SAMPLE` vectors and searched at efSearch = depth, the cheapest setting that can
-  return ``depth`` neighbours; the growth per doubling predicts the full graph's p50, and the full
-  graph is built only when that is not clearly slower than the best inverted file.
+  return ``depth`` neighbours; their p50 ratio, compounded per doubling up to the full size
+  (:func:`extrapolated_p50`), predicts the full graph's p50, and the full graph is built only when
+  that is not clearly slower than the best inverted file.
 
 The fastest is kept only when faster by more than :data:`NOISE_MARGIN`; otherwise the simpler
 candidate earlier in the list stays.
@@ -47,7 +48,11 @@ from icr.index.vector_index import (
 HNSW_M = 32  # graph degree: FAISS's usual choice for both the full graph and the coarse quantizer
 HNSW_SAMPLE = 100_000  # vectors in the trial graphs that decide whether a full graph is worth building
 # A full graph is built unless its extrapolated p50 is at least this times the best so far: the
-# extrapolation is rough (1M demo embeddings: 2.88 and 3.60 ms predicted in two runs, 2.38 ms built).
+# extrapolation is rough. On the 16-epoch demo model's 1M embeddings (2026-11-24) the samples took
+# 0.97 and 1.24 ms and the full graph 2.53 ms (1.24x per doubling from 100k on, the samples' 1.28x):
+# compounding predicts 2.80 ms, the straight line in log2(n) used before 2.14 ms, which built a
+# 60 s graph that lost to IVF's 1.90 ms. (That line had overestimated an earlier model: 2.88 and
+# 3.60 ms predicted, 2.38 ms built.)
 PRUNE_SAFETY = 1.25
 # A candidate replaces the simpler one only when faster by more than this share of the p50: 200
 # queries' p50 moves by a few per cent between runs.
@@ -328,10 +333,19 @@ def _hnsw_trial(
     return Trial(factory, {"efSearch": ef}, n, recall, deep, p50, p99, built, met, note), graph
 
 
+def extrapolated_p50(half: float, full: float, doublings: float) -> float:
+    """The p50 of a graph ``doublings`` times the size of the one that took ``full`` ms, when one of
+    half that size took ``half`` ms: the ratio per doubling compounded (never below 1, a larger
+    graph is not faster). Compounding follows the cache misses that grow with the graph, which a
+    straight line in log2(n) underestimates (see :data:`PRUNE_SAFETY`)."""
+    ratio = max(1.0, full / half) if half > 0 else 1.0
+    return float(full * ratio**doublings)
+
+
 def _predicted_p50(ivf: faiss.IndexIVF, queries: np.ndarray, depth: int, threads: int) -> tuple[float, str]:
     """(p50 ms of a depth search of the full graph at efSearch = depth, extrapolated from random
-    samples of half of and all :data:`HNSW_SAMPLE` vectors (the growth per doubling, carried on in
-    log2 of the size), a sentence saying so)."""
+    samples of half of and all :data:`HNSW_SAMPLE` vectors (:func:`extrapolated_p50`), a sentence
+    saying so)."""
     n = ivf.ntotal
     ids = np.random.default_rng(SEED).choice(n, HNSW_SAMPLE, replace=False)
     p50s = []
@@ -339,8 +353,7 @@ def _predicted_p50(ivf: faiss.IndexIVF, queries: np.ndarray, depth: int, threads
         graph = _graph(ivf, np.sort(ids[:size]))
         graph.hnsw.efSearch = depth  # the cheapest setting that returns depth neighbours
         p50s.append(depth_latency(graph, queries, depth, threads)[0])
-    growth = max(0.0, p50s[1] - p50s[0])
-    predicted = p50s[1] + growth * float(np.log2(n / HNSW_SAMPLE))
+    predicted = extrapolated_p50(p50s[0], p50s[1], float(np.log2(n / HNSW_SAMPLE)))
     return predicted, (
         f"random samples of {HNSW_SAMPLE // 2:,} and {HNSW_SAMPLE:,} vectors take p50 {p50s[0]:.2f} and "
         f"{p50s[1]:.2f} ms per search of {depth:,} at efSearch {depth:,}, so about {predicted:.2f} ms "

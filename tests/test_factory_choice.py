@@ -162,3 +162,15 @@ def test_no_hnsw_graph_where_the_raw_vectors_do_not_fit(base, queries):
         index, factory, "rule", exact, queries, Targets(10, 0.98, 300, 0.95), memory_budget_bytes=N * DIM * 4
     )
     assert "exceed the memory budget" in choice.trials[2].note and choice.factory != "HNSW32"
+
+
+def test_the_full_graph_p50_is_extrapolated_by_compounding_the_samples_ratio() -> None:
+    # the 2026-11-24 demo embeddings: 0.97 and 1.24 ms at 50k and 100k, 2.53 ms built on 1,001,000
+    doublings = float(np.log2(1_001_000 / 100_000))
+    assert factory_choice.extrapolated_p50(0.97, 1.24, doublings) == pytest.approx(
+        1.24 * (1.24 / 0.97) ** doublings
+    )
+    assert factory_choice.extrapolated_p50(0.97, 1.24, doublings) == pytest.approx(2.80, abs=0.01)
+    assert factory_choice.extrapolated_p50(1.0, 1.0, 5.0) == 1.0  # no growth
+    assert factory_choice.extrapolated_p50(1.2, 1.0, 3.0) == 1.0  # noise: a larger graph is not faster
+    assert factory_choice.extrapolated_p50(0.5, 1.0, 0.0) == 1.0
