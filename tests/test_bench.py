@@ -181,8 +181,23 @@ def test_a_missed_target_says_why_from_the_figures_measured_beside_it() -> None:
         "matmul": {"size": 4096, "sgemm_1t_gflops": 150.0, "sgemm_2t_gflops": 300.0, "best_gflops": 300.0},
     }
     check = {"nprobe": 64, "queries": 200, "depth": 1000, "recall_at_depth": 0.951}
-    report["sections"]["build"] = {"cached": True, "distractors": 1_000_000, "recall_check": check}
+    timings = {
+        "gallery_embed_seconds": 0.5,
+        "distractor_render_seconds": 2.0,
+        "distractor_embed_seconds": 250.0,
+    }
+    report["sections"]["build"] = {
+        "cached": False,
+        "distractors": 1_000_000,
+        "build_seconds": 370.0,
+        "recall_check": check,
+        "timings": timings,
+    }
     why = {t["target"]: t["why"] for t in targets(report)}
+    assert why["index build from nothing, 1,000,000 generated distractors"] == (
+        "rendering and embedding the distractors took 252 s; training and filling the index, the recall "
+        "check and the --factory auto trials the other 118 s"
+    )
     assert why["ANN at depth 1000: recall@1000 of exact"] == (
         "the build tuned nprobe 64 on 200 held-out queries, where recall@1,000 was 0.951; these queries "
         "measure 0.930"
