@@ -39,7 +39,7 @@ EXACT_FLUSH = 16_384
 ADD_ROWS = 16_384  # vectors per add call (see _coalesced)
 # Tuning stops at the first setting whose mean recall over the held-out queries is above the target
 # by this many standard errors (one-sided 95 %): a mean just at the target (0.9507 for 0.95 on 200
-# queries) left the service's own queries below it (0.947 on the next 1,000).
+# queries) left other queries below it (0.947 on the bench's search-section queries, 2026-11-24).
 CONFIDENCE_Z = 1.645
 GPU_CHOICES = ("auto", "on", "off")
 

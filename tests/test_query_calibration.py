@@ -176,6 +176,12 @@ def test_group_corrections_keep_the_promise_for_a_rare_hard_kind_on_fresh_querie
     assert np.allclose(odd, 1.0 / (1.0 + np.exp(-again.logits(fresh[:2], texts=["a purple elephant"] * 2))))
     with pytest.raises(ValueError, match="texts="):
         fit_query_calibration_by_group(scores, relevant)
+    # a kind none of whose held-out hits was relevant is promised nothing
+    hard_fit = np.array([t == COUNT[0] for t in texts])
+    never = fit_query_calibration_by_group(
+        scores, relevant & ~hard_fit[:, None], texts=texts, steps=20, sampled=20, min_hits=50
+    )
+    assert never.group_maps["count"].y == (0.0, 0.0) and never(fresh, texts=fresh_texts)[hard].max() == 0.0
     broken = {**fitted.to_dict(), "group_by": "mood"}
     with pytest.raises(ValueError, match="unknown query grouping"):
         QueryCalibration.from_dict(broken)
