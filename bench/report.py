@@ -67,12 +67,16 @@ def _why_build(build: dict[str, Any]) -> str | None:
 
 
 def _why_exact_single(exact: Any, floors: Any) -> str | None:
-    one, two = _get(exact, "single_1t", "p50_ms"), _get(exact, "single_2t", "p50_ms")
+    one = _get(exact, "single_1t", "p50_ms")
     gbps1, gbps = _get(floors, "bandwidth", "sgemv_1t_gbps"), _get(floors, "bandwidth", "best_gbps")
     if None in (one, gbps1, gbps) or not exact.get("bytes"):
         return None
     floor1 = exact["bytes"] / gbps1 / 1e6
-    two_note = f"; on {2} threads FAISS takes {two:.1f} ms" if two is not None else ""
+    # the bench times one thread and every core (single_{threads}t)
+    timed = [k[len("single_") : -1] for k in exact if k.startswith("single_") and k.endswith("t")]
+    threads = max((int(t) for t in timed if t.isdigit()), default=1)
+    many = _get(exact, f"single_{threads}t", "p50_ms") if threads > 1 else None
+    two_note = f"; on {threads} threads FAISS takes {many:.1f} ms" if many is not None else ""
     return (
         f"one core reads {gbps1:.1f} GB/s, all cores {gbps:.1f} GB/s (the floor's figure); one-thread "
         f"FAISS takes {one:.1f} ms, {one / floor1:.2f}x the one-core floor of {floor1:.1f} ms{two_note}"

@@ -47,16 +47,12 @@ def _single(index: faiss.Index, queries: np.ndarray, k: int, threads: int) -> tu
 
 
 def _matmuls(kernel: ExactKernel, queries: np.ndarray) -> None:
-    """The kernel's block matmuls alone, as its search runs them (same blocks, dtype and buffer)."""
+    """The kernel's block matmuls alone: its search's scoring pass, nothing selected."""
     import torch
 
-    matrix = kernel.scan_matrix  # (N, D)
-    q = torch.from_numpy(queries).to(matrix.dtype)  # (Q, D)
-    out = torch.empty((min(kernel.block, len(matrix)), len(q)), dtype=matrix.dtype)  # (b, Q)
     with torch.inference_mode():
-        for start in range(0, len(matrix), kernel.block):
-            rows = matrix[start : start + kernel.block]  # (b, D)
-            torch.mm(rows, q.T, out=out[: len(rows)])
+        for _ in kernel.score_blocks(queries):
+            pass
 
 
 def recall(found: np.ndarray, truth: np.ndarray) -> float:

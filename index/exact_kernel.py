@@ -25,6 +25,7 @@ only strictly greater scores are candidates.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,11 +60,6 @@ class ExactKernel:
     def ntotal(self) -> int:
         return int(self.matrix.shape[0])
 
-    @property
-    def scan_matrix(self) -> torch.Tensor:
-        """(N, D) what every search multiplies block by block: bf16 or the float32 gallery itself."""
-        return self._scan
-
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (Q, k'), ids (Q, k')) with k' = min(k, N), best first, ties by id."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)  # (Q, D)
@@ -77,6 +73,18 @@ class ExactKernel:
             return empty.astype(np.float32), empty.astype(np.int64)
         window = None if self.precision == "fp32" else 2 * self.error_bound(queries)
         top = _TopK(len(queries), k, window)
+        with torch.inference_mode():
+            for start, scores in self.score_blocks(queries):
+                top.offer(scores, start)  # (b, Q8)
+        if window is None:
+            return top.result()
+        return self._rescored(queries, top.candidates(), k)
+
+    def score_blocks(self, queries: np.ndarray) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first row, (b, Q8) scores) of each gallery block against (Q, D) float32 ``queries``, in
+        the scan's precision: what :meth:`search` selects from (and what ``icr bench`` times alone).
+        Zero queries pad Q to a multiple of 8 (one query stays one). Every block's scores share one
+        buffer: use them before asking for the next block."""
         # zero queries up to a multiple of 8 (their cut is +inf): a (b, 8m) bool mask then reads as
         # int64 words, and "does this gallery row beat any query's cut" is one cheap pass
         padded = np.zeros(
@@ -86,14 +94,10 @@ class ExactKernel:
         q = torch.from_numpy(padded).to(self._scan.dtype)  # (Q8, D)
         # one output buffer for every block: a fresh 8 MiB tensor per block costs its page faults
         out = torch.empty((min(self.block, self.ntotal), len(padded)), dtype=self._scan.dtype)  # (b, Q8)
-        with torch.inference_mode():
-            for start in range(0, self.ntotal, self.block):
-                rows = self._scan[start : start + self.block]  # (b, D)
-                # gallery-major (b, D) @ (D, Q) runs faster than (Q, D) @ (D, b) in MKL and oneDNN
-                top.offer(torch.mm(rows, q.T, out=out[: len(rows)]), start)  # (b, Q8)
-        if window is None:
-            return top.result()
-        return self._rescored(queries, top.candidates(), k)
+        for start in range(0, self.ntotal, self.block):
+            rows = self._scan[start : start + self.block]  # (b, D)
+            # gallery-major (b, D) @ (D, Q) runs faster than (Q, D) @ (D, b) in MKL and oneDNN
+            yield start, torch.mm(rows, q.T, out=out[: len(rows)])  # (b, Q8)
 
     def error_bound(self, queries: np.ndarray) -> np.ndarray:
         """(Q,) bound on |bf16 score - fp32 score| of each query against any gallery vector."""

@@ -78,11 +78,16 @@ def test_the_bf16_error_bound_holds_for_the_scan_it_guards():
     matrix = rng.standard_normal((20000, 128)).astype(np.float32) * rng.uniform(0.1, 3, (20000, 1))
     queries = rng.standard_normal((32, 128)).astype(np.float32)
     m32 = matrix.astype(np.float32)
-    kernel = ExactKernel(m32, "bf16")
-    # what the kernel multiplies (and `icr bench` times alone): the gallery in bf16, or itself in fp32
-    assert torch.equal(kernel.scan_matrix, torch.from_numpy(m32).bfloat16())
-    assert ExactKernel(m32).scan_matrix.data_ptr() == m32.ctypes.data
-    scan = (kernel.scan_matrix @ torch.from_numpy(queries).bfloat16().T).T.float().numpy()
+    kernel = ExactKernel(m32, "bf16", block=4096)
+    # the scoring pass the search selects from (and `icr bench` times alone), block by block: the
+    # gallery in bf16, or in fp32 as it is; one buffer serves every block, so each is copied out
+    blocks = [(start, s.clone()) for start, s in kernel.score_blocks(queries)]
+    assert [start for start, _ in blocks] == list(range(0, 20000, 4096))
+    scan = torch.cat([s for _, s in blocks])[:, :32].T.float().numpy()  # (32, 20000)
+    bf16 = (torch.from_numpy(m32).bfloat16() @ torch.from_numpy(queries).bfloat16().T).T.float().numpy()
+    assert np.array_equal(scan, bf16)
+    fp32 = torch.cat([s.clone() for _, s in ExactKernel(m32, block=4096).score_blocks(queries)])
+    assert fp32.dtype == torch.float32 and np.allclose(fp32.numpy().T, queries @ m32.T, atol=1e-4)
     exact = queries.astype(np.float64) @ matrix.astype(np.float64).T  # (32, 20000)
     error = np.abs(scan - exact).max(axis=1)  # (32,)
     bound = kernel.error_bound(queries)
