@@ -24,7 +24,12 @@ from icr.training.data.synthetic.relevance import relevance_matrix
 from icr.training.data.synthetic.scene import SceneTable
 from icr.training.data.training_data import open_split
 from icr.training.embedding import embed_captions, embed_image_batch, embed_images
-from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint, ground_truth_relevance
+from icr.training.evaluation.checkpoint import (
+    FILE_DISTRACTORS_NOTE,
+    EvalOptions,
+    evaluate_checkpoint,
+    ground_truth_relevance,
+)
 from icr.training.evaluation.metrics.ranking import ranking_metrics
 from icr.training.evaluation.metrics.relevance import Relevance
 from icr.training.evaluation.retrieval import evaluate_embeddings
@@ -203,10 +208,13 @@ def test_distractor_embeddings_file(tiny, embedded, tmp_path):
     dis = rng.normal(size=(7, img.shape[1])).astype(np.float32)
     dis /= np.linalg.norm(dis, axis=1, keepdims=True)
     np.save(tmp_path / "dis.npy", dis)
-    options = EvalOptions(
-        distractor_embeddings=tmp_path / "dis.npy", calibration_split=None, progress=False, batch_size=8
-    )
-    section = evaluate_checkpoint(ckpt, data, options)["distractors"]
+    # memory-mapped read-only, in batches of 16 x 8 = 128 rows: one batch
+    options = EvalOptions(distractor_embeddings=tmp_path / "dis.npy", progress=False, batch_size=8)
+    rep = evaluate_checkpoint(ckpt, data, options)
+    section = rep["distractors"]
+    # the file's vectors have no ground truth: threshold honesty stays on the split's own images
+    assert rep["relevance"]["gallery"]["distractors"] == 0
+    assert rep["relevance"]["note"] == FILE_DISTRACTORS_NOTE
     assert section["source"] == str(tmp_path / "dis.npy") and section["gallery_size"] == 12 + 7
     gallery = np.concatenate([cap @ img.T, cap @ dis.T], axis=1)  # (N_cap, 19)
     best = gallery[np.arange(60), split.img_of_cap]  # every distractor is non-relevant

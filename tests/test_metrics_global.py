@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 import icr.training.evaluation.metrics.pair_blocks as pair_blocks_module
 from icr.training.evaluation.metrics.calibration import (
@@ -28,7 +29,7 @@ from icr.training.evaluation.metrics.calibration import (
     fit_calibration,
     score_histogram,
 )
-from icr.training.evaluation.metrics.distractors import DistractorRecall, distractor_recall
+from icr.training.evaluation.metrics.distractors import DistractorRecall
 from icr.training.evaluation.metrics.global_pr import global_metrics, pr_curve, threshold_metrics
 from icr.training.evaluation.metrics.pair_blocks import pair_blocks
 from icr.training.evaluation.metrics.ranking import first_relevant_ranks, ranking_metrics
@@ -546,8 +547,11 @@ def test_distractor_recall_matches_a_full_gallery_ranking(how, relevant_distract
     img = rng.integers(-2, 3, size=(n_img, dim)).astype(np.float32)
     dis = rng.integers(-2, 3, size=(n_dis, dim)).astype(np.float32)
     dis_rel = rng.random((layout.size, n_dis)) < 0.02 if relevant_distractors else None
-    batches = [(dis[s], None if dis_rel is None else dis_rel[:, s]) for s in splits(n_dis, how, rng)]
-    got = distractor_recall(cap, img, Relevance.annotations(layout), iter(batches))
+    acc = DistractorRecall(layout.size)
+    acc.add(img @ cap.T, Relevance.annotations(layout).image_rows(0, n_img), distractor=False)
+    for s in splits(n_dis, how, rng):
+        acc.add(dis[s] @ cap.T, None if dis_rel is None else dis_rel[:, s].T)  # (b, N_cap)
+    got = acc.metrics()
     gallery = np.concatenate([cap @ img.T, cap @ dis.T], axis=1)  # (N_cap, N_img + N_dis)
     gallery_rel = np.concatenate(
         [dense_of(layout, n_img).T, dis_rel if dis_rel is not None else np.zeros((layout.size, n_dis), bool)],
@@ -574,9 +578,10 @@ def test_distractor_recall_dense_truth_with_queries_without_relevant():
         r[1] = False
     block_rel[0][0, 0] = True  # ... one of them finds one among the distractors
     acc = DistractorRecall(q, ks)
-    acc.add(test_scores, test_rel, distractor=False)
+    acc.add(test_scores.T, test_rel.T, distractor=False)  # gallery-major: (images, captions)
     for s, r in zip(blocks, block_rel, strict=True):
-        acc.add(s, r)
+        # a torch block with zero columns padding the queries to 8, as the evaluation passes them
+        acc.add(torch.from_numpy(np.pad(s.T, ((0, 0), (0, 4)))), r.T)
     got = acc.metrics()
     gallery = np.concatenate([test_scores, *blocks], axis=1)
     gallery_rel = np.concatenate([test_rel, *block_rel], axis=1)
@@ -591,7 +596,9 @@ def test_distractor_recall_input_checks():
         DistractorRecall(3, (0, 5))
     acc = DistractorRecall(3, (1,))
     with pytest.raises(ValueError, match="shape"):
-        acc.add(np.zeros((2, 4)))
+        acc.add(np.zeros((4, 2)))
+    with pytest.raises(ValueError, match="shape"):
+        acc.add(np.zeros((4, 3)), np.zeros((3, 4), dtype=bool))
 
 
 def test_distractor_recall_nan_relevant_score_is_a_miss():
@@ -602,7 +609,7 @@ def test_distractor_recall_nan_relevant_score_is_a_miss():
     scores = np.array([[np.nan, 0.5, 0.1], [0.9, 0.5, 0.1]])  # (captions, images)
     rel = np.array([[True, False, False], [True, False, False]])
     acc = DistractorRecall(2, (1, 5))
-    acc.add(scores, rel, distractor=False)
+    acc.add(scores.T, rel.T, distractor=False)
     got = acc.metrics()
     reference = first_relevant_ranks(scores.T, Relevance.matrix(rel.T), "t2i")  # the ranking engine
     assert reference.tolist() == [3, 1]

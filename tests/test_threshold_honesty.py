@@ -7,7 +7,12 @@ import pytest
 
 from icr.training.data.synthetic.kinds import QUERY_KINDS, query_kind
 from icr.training.data.synthetic.parse import parse_caption
-from icr.training.evaluation.metrics.threshold_honesty import HitLists, reliability, threshold_honesty
+from icr.training.evaluation.metrics.threshold_honesty import (
+    HitLists,
+    TopDepth,
+    reliability,
+    threshold_honesty,
+)
 
 
 def _random_hits(seed: int, q: int = 40, depth: int = 30) -> tuple[HitLists, np.ndarray]:
@@ -123,3 +128,38 @@ def test_shapes_are_checked() -> None:
 def test_query_kinds(caption: str, kind: str) -> None:
     assert kind in QUERY_KINDS
     assert query_kind(parse_caption(caption)) == kind
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("depth", [1, 7, 60])
+def test_top_depth_streams_the_exact_top_with_ties_by_id(seed: int, depth: int) -> None:
+    # small integer vectors: many tied scores, so the running threshold's strict comparison and
+    # the tie order (lower id first) are both exercised, over batches of uneven sizes
+    rng = np.random.default_rng(seed)
+    q, n, dim = 13, 230, 3
+    queries = rng.integers(-2, 3, size=(q, dim)).astype(np.float32)
+    gallery = rng.integers(-2, 3, size=(n, dim)).astype(np.float32)
+    top = TopDepth(queries, depth)
+    cuts = [0, *sorted(rng.choice(np.arange(1, n), size=9, replace=False).tolist()), n]
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        if b - a == 1:
+            top.add(gallery[a:b])
+        else:  # scores computed once and offered, as the distractor pass shares them
+            top.offer(top.score(gallery[a:b]))
+    assert top.ntotal == n
+    for i in range(q):
+        ranked = sorted(range(n), key=lambda j: (-float(queries[i] @ gallery[j]), j))[:depth]
+        assert top.ids[i].tolist() == ranked
+        assert top.scores[i].tolist() == [float(queries[i] @ gallery[j]) for j in ranked]
+
+
+def test_top_depth_reads_a_read_only_memory_map(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    gallery = rng.standard_normal((50, 4)).astype(np.float32)
+    gallery /= np.linalg.norm(gallery, axis=1, keepdims=True)
+    np.save(tmp_path / "g.npy", gallery)
+    top = TopDepth(gallery[:3], 5)
+    top.add(np.load(tmp_path / "g.npy", mmap_mode="r"))
+    assert top.ids[:, 0].tolist() == [0, 1, 2]  # each query's own vector scores highest
+    with pytest.raises(ValueError, match="depth"):
+        TopDepth(gallery[:3], 0)

@@ -31,7 +31,7 @@ from icr.training.embedding import (
     threads_beside_workers,
 )
 from icr.training.evaluation.metrics.calibration import Calibration, fit_calibration, score_histogram
-from icr.training.evaluation.metrics.distractors import DistractorRecall, distractor_recall
+from icr.training.evaluation.metrics.distractors import DistractorRecall
 from icr.training.evaluation.metrics.relevance import Relevance
 from icr.training.evaluation.metrics.report import full_metrics, json_ready
 from icr.training.models import DualEncoder
@@ -159,10 +159,21 @@ def _synthetic_distractors(
     bar.close()
 
 
-def _file_distractors(path: Path, dim: int, batch_size: int) -> Iterator[tuple[np.ndarray, None]]:
+def _file_distractors(path: Path, dim: int, options: EvalOptions) -> Iterator[tuple[np.ndarray, None]]:
+    """(embeddings (b, D), None) batches of an (N, D) .npy, read in 16 x batch-size rows."""
+    from tqdm import tqdm
+
     emb = open_embeddings(path, dim)  # (N, D) memory-mapped
-    for start in range(0, emb.shape[0], batch_size * 16):
-        yield np.asarray(emb[start : start + batch_size * 16], dtype=np.float32), None
+    step = options.batch_size * 16
+    for start in tqdm(
+        range(0, emb.shape[0], step),
+        desc="distractors",
+        unit="batch",
+        disable=not options.progress,
+        leave=False,
+    ):
+        # a copy: torch cannot wrap a read-only memory map
+        yield np.array(emb[start : start + step], dtype=np.float32), None
 
 
 def calibration_split_for(data_path: Path, requested: str | None) -> str | None:
@@ -264,7 +275,7 @@ def evaluate_model(
     if options.distractors or options.distractor_embeddings:
         t0 = time.perf_counter()
         options.stage("distractors", 0.75)
-        report["distractors"] = _distractor_section(model, test, options, sides.values(), distractor_scenes)
+        report["distractors"] = _distractor_section(model, test, options, sides, distractor_scenes)
         timings["distractors_s"] = time.perf_counter() - t0
     if sides:
         t0 = time.perf_counter()
@@ -285,59 +296,76 @@ def evaluate_model(
     return report
 
 
+FILE_DISTRACTORS_NOTE = (
+    "distractors read from a file have no ground truth, so thresholds are judged on the split's own "
+    "images only; use --distractors N for generated distractors the generator can judge"
+)
+
+
 def _distractor_section(
-    model: DualEncoder, test: EmbeddedSplit, options: EvalOptions, sides: Any, scenes: list[Any]
+    model: DualEncoder, test: EmbeddedSplit, options: EvalOptions, sides: dict[str, Any], scenes: list[Any]
 ) -> dict[str, Any]:
     """t2i recall with the distractors in the gallery; every batch also goes to the ``sides``'
-    top-depth lists, and on the embedded benchmark its scenes are appended to ``scenes``."""
-    sides = list(sides)
-    if options.distractor_embeddings is not None:
-        batches = _file_distractors(
-            Path(options.distractor_embeddings), test.img_emb.shape[1], options.batch_size
+    top-depth lists, and on the embedded benchmark its scenes are appended to ``scenes``.
+
+    One matrix multiply per batch scores it against the test captions, for the recall and the test
+    side alike (the validation captions of the "fit" side take a second)."""
+    import torch
+
+    from icr.training.evaluation.metrics.top_k import padded_queries
+
+    n_cap = len(test.cap_emb)
+    queries = torch.from_numpy(padded_queries(test.cap_emb))  # (Q8, D)
+    own_images = test.annotations.image_rows(0, test.data.num_images)  # (N_img, N_cap)
+    recall = {"annotations": DistractorRecall(n_cap)}
+    recall["annotations"].add(test.sim, own_images, distractor=False)
+    parsed = None
+    if options.distractor_embeddings is None:
+        from icr.training.data.synthetic.parse import parse_caption
+        from icr.training.data.synthetic.relevance import relevance_matrix
+
+        source = synthetic_source(test.data)
+        assert source is not None  # checked in evaluate_model
+        # embed_split gives every split of the embedded benchmark (directory above) its ground truth
+        assert test.ground_truth is not None
+        featurise = None
+        if test.data.kind == "precomp":  # features from `icr data features`: its backbone featurises
+            from icr.training.data.synthetic.features import load_featurizer
+
+            featurise = load_featurizer(test.data.source, options.batch_size)
+        parsed = [parse_caption(c) for c in test.data.captions]
+        # With the annotations every distractor is a negative; with the ground truth one that
+        # satisfies the caption is a hit.
+        recall["ground_truth"] = DistractorRecall(n_cap)
+        recall["ground_truth"].add(
+            test.sim, test.ground_truth.image_rows(0, test.data.num_images), distractor=False
         )
-
-        def feed() -> Iterator[tuple[np.ndarray, None]]:
-            for emb, relevant in batches:
-                for side in sides:
+        batches: Iterator[tuple[np.ndarray, Any]] = _synthetic_distractors(
+            model, source[0], options.distractors, options, featurise
+        )
+    else:
+        batches = _file_distractors(Path(options.distractor_embeddings), test.img_emb.shape[1], options)
+        if test.ground_truth is not None:
+            # threshold honesty judges hits with the generator's truth, which a file's vectors lack
+            sides = {}
+    with torch.inference_mode():
+        for emb, table in batches:
+            block = torch.mm(torch.from_numpy(emb), queries.T)  # (b, Q8)
+            recall["annotations"].add(block)
+            if parsed is not None:
+                recall["ground_truth"].add(block, relevance_matrix(parsed, table).T)  # (b, N_cap)
+                scenes.append(table)
+            for name, side in sides.items():
+                if name == "test":  # the same captions: the same scores
+                    side.top.offer(block)
+                else:
                     side.top.add(emb)
-                yield emb, relevant
-
-        return {
-            "source": str(options.distractor_embeddings),
-            **distractor_recall(test.cap_emb, test.img_emb, test.annotations, feed()),
-        }
-    from icr.training.data.synthetic.parse import parse_caption
-    from icr.training.data.synthetic.relevance import relevance_matrix
-
-    source = synthetic_source(test.data)
-    assert source is not None  # checked in evaluate_model
-    featurise = None
-    if test.data.kind == "precomp":  # features from `icr data features`: its backbone featurises the images
-        from icr.training.data.synthetic.features import load_featurizer
-
-        featurise = load_featurizer(test.data.source, options.batch_size)
-    # embed_split gives every split of the embedded benchmark (directory above) its ground truth
-    assert test.ground_truth is not None
-    queries = [parse_caption(c) for c in test.data.captions]
-    # One pass over the distractors feeds both label sets: with the annotations every distractor
-    # is a negative; with the ground truth one that satisfies the caption is a hit.
-    by_annotations = DistractorRecall(len(test.cap_emb))
-    by_truth = DistractorRecall(len(test.cap_emb))
-    gallery = test.sim.T  # (N_cap, N_img)
-    by_annotations.add(gallery, test.annotations.caption_rows(0, test.annotations.n_cap), distractor=False)
-    by_truth.add(gallery, test.ground_truth.caption_rows(0, test.ground_truth.n_cap), distractor=False)
-    for emb, table in _synthetic_distractors(model, source[0], options.distractors, options, featurise):
-        scores = test.cap_emb @ emb.T  # (N_cap, b)
-        by_annotations.add(scores)
-        by_truth.add(scores, relevance_matrix(queries, table))  # (N_cap, b)
-        for side in sides:
-            side.top.add(emb)
-        scenes.append(table)
+    if parsed is None:
+        return {"source": str(options.distractor_embeddings), **recall["annotations"].metrics()}
     return {
         "source": "synthetic generator",
         "count": options.distractors,
-        "annotations": by_annotations.metrics(),
-        "ground_truth": by_truth.metrics(),
+        **{labels: acc.metrics() for labels, acc in recall.items()},
     }
 
 
@@ -399,7 +427,11 @@ def _relevance_section(
     section: dict[str, Any] = {
         "depth": options.relevance_depth,
         "labels": "ground_truth" if synthetic else "annotations",
-        "note": None if synthetic else ANNOTATION_NOTE,
+        "note": ANNOTATION_NOTE
+        if not synthetic
+        else FILE_DISTRACTORS_NOTE
+        if options.distractor_embeddings
+        else None,
         "gallery": {
             "images": test.data.num_images,
             "distractors": sides["test"].top.ntotal - test.data.num_images,

@@ -11,63 +11,85 @@ relevant (its relevance block comes with the batch).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
+import torch
 
-from icr.training.evaluation.metrics.pair_blocks import resolve_nan
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.top_k import RunningTopK
 
 DISTRACTOR_RECALL_AT: tuple[int, ...] = (1, 5, 10, 100)
 
 
 class DistractorRecall:
-    """Accumulates, per caption query, the best relevant score and the top-K non-relevant scores."""
+    """Accumulates, per caption query, the best relevant score and the top-K non-relevant scores.
+
+    Blocks come gallery-major, (b, Q) image x caption, as a matrix multiply of the gallery rows
+    with the queries gives them; the top-K keeps a running threshold per query
+    (:class:`~icr.training.evaluation.metrics.top_k.RunningTopK`), so a block costs about one read
+    of its scores.
+    """
 
     def __init__(self, num_queries: int, ks: tuple[int, ...] = DISTRACTOR_RECALL_AT) -> None:
         if not ks or min(ks) < 1:
             raise ValueError(f"recall cut-offs must be positive integers, got {ks}")
         self.ks = tuple(sorted(ks))
+        self.num_queries = num_queries
         self.best_relevant = np.full(num_queries, -np.inf)  # (Q,)
         self.relevant_seen = np.zeros(num_queries, dtype=np.int64)  # (Q,)
         # A query with a NaN relevant score ranks all its relevant items last, as in ranking.py.
         self.poisoned = np.zeros(num_queries, dtype=bool)  # (Q,)
-        self.top_other = np.full((num_queries, max(self.ks)), -np.inf)  # (Q, K) unordered
+        self._others = RunningTopK(num_queries, max(self.ks), None)  # the K best non-relevant scores
         self.candidates = 0
         self.relevant_distractors = 0
 
-    def add(self, scores: np.ndarray, relevant: np.ndarray | None = None, *, distractor: bool = True) -> None:
-        """One gallery block: ``scores`` (Q, b) caption x image, ``relevant`` (Q, b) bool or None."""
-        if relevant is None:
-            relevant = np.zeros(scores.shape, dtype=bool)
-        if scores.shape != relevant.shape or scores.shape[0] != self.best_relevant.size:
+    def add(
+        self,
+        scores: np.ndarray | torch.Tensor,
+        relevant: np.ndarray | None = None,
+        *,
+        distractor: bool = True,
+    ) -> None:
+        """One gallery block: ``scores`` (b, Q') image x caption with Q' >= Q (columns past Q, e.g.
+        padding, are ignored), ``relevant`` (b, Q) bool or None (nothing relevant)."""
+        block = torch.as_tensor(scores)
+        q = self.num_queries
+        if (
+            block.ndim != 2
+            or block.shape[1] < q
+            or (relevant is not None and relevant.shape != (len(block), q))
+        ):
             raise ValueError(
-                f"expected scores and relevance of shape ({self.best_relevant.size}, b), got "
-                f"{scores.shape} and {relevant.shape}"
+                f"expected scores of shape (b, >={q}) and relevance of shape (b, {q}), got "
+                f"{tuple(block.shape)} and {None if relevant is None else relevant.shape}"
             )
-        scores = np.asarray(scores, dtype=np.float64)
-        self.relevant_seen += relevant.sum(axis=1)
-        self.poisoned |= (np.isnan(scores) & relevant).any(axis=1)
-        scores = resolve_nan(scores, relevant)
-        self.candidates += scores.shape[1]
-        if distractor:
-            self.relevant_distractors += int(relevant.any(axis=0).sum())
-        if relevant.any():
+        block = block.float()  # (b, Q') no copy when float32 already
+        self.candidates += len(block)
+        # a NaN makes the sum NaN: one cheap reduction instead of a (b, Q) mask, in the common case
+        clean = bool(torch.isfinite(block[:, :q].sum()))
+        if not clean or (relevant is not None and relevant.any()):
+            nan = torch.isnan(block[:, :q]).numpy()  # (b, Q)
+            rel = np.zeros_like(nan) if relevant is None else np.asarray(relevant, dtype=bool)
+            self.relevant_seen += rel.sum(axis=0)
+            self.poisoned |= (nan & rel).any(axis=0)
+            if distractor:
+                self.relevant_distractors += int(rel.any(axis=1).sum())
+            values = block[:, :q].numpy()  # (b, Q)
             np.maximum(
-                self.best_relevant, np.where(relevant, scores, -np.inf).max(axis=1), out=self.best_relevant
+                self.best_relevant, np.where(rel & ~nan, values, -np.inf).max(axis=0), out=self.best_relevant
             )
-        merged = np.concatenate([self.top_other, np.where(relevant, -np.inf, scores)], axis=1)  # (Q, K + b)
-        k = self.top_other.shape[1]
-        self.top_other = np.partition(merged, merged.shape[1] - k, axis=1)[:, -k:]
+            # a NaN non-relevant score ranks above everything (pessimistic, as in pair_blocks)
+            others = np.where(rel, -np.inf, np.where(nan, np.inf, values)).astype(np.float32)
+            block = torch.from_numpy(others)  # (b, Q)
+        self._others.offer(block, 0)  # ids are not needed: only the values count against the best
 
     def metrics(self, prefix: str = "t2i") -> dict[str, float]:
         """``{prefix}_r{K}`` in percent over queries with a relevant image anywhere in the gallery."""
         has = self.relevant_seen > 0  # (Q,)
         best = np.where(self.poisoned, -np.inf, self.best_relevant)  # (Q,)
-        beaten_by = (self.top_other >= best[:, None]).sum(axis=1)  # (Q,) capped at K
+        top_other = self._others.result()[0]  # (Q, <= K) -inf padded
+        beaten_by = (top_other >= best[:, None]).sum(axis=1)  # (Q,) capped at K
         # Ranked last (a -inf best): behind every non-relevant candidate, not behind the -inf padding
         # of top_other when fewer than K were seen.
-        last = np.minimum(self.candidates - self.relevant_seen, self.top_other.shape[1])  # (Q,)
+        last = np.minimum(self.candidates - self.relevant_seen, max(self.ks))  # (Q,)
         beaten_by = np.where(best == -np.inf, last, beaten_by)
         out = {
             f"{prefix}_r{k}": float(100.0 * np.mean(beaten_by[has] < k)) if has.any() else 0.0
@@ -77,25 +99,3 @@ class DistractorRecall:
         out["queries_without_relevant"] = float((~has).sum())
         out["distractors_relevant_to_some_query"] = float(self.relevant_distractors)
         return out
-
-
-def distractor_recall(
-    cap_emb: np.ndarray,
-    img_emb: np.ndarray,
-    relevance: Relevance,
-    distractors: Iterable[tuple[np.ndarray, np.ndarray | None]],
-    *,
-    ks: tuple[int, ...] = DISTRACTOR_RECALL_AT,
-) -> dict[str, float]:
-    """t2i R@K over the test images plus streamed distractors.
-
-    ``cap_emb`` (N_cap, D), ``img_emb`` (N_img, D) L2-normalised; ``relevance`` of the test pairs;
-    ``distractors`` yields ``(embeddings (b, D), relevant (N_cap, b) bool or None)`` batches.
-    """
-    acc = DistractorRecall(cap_emb.shape[0], ks)
-    acc.add(
-        cap_emb @ img_emb.T, relevance.caption_rows(0, relevance.n_cap), distractor=False
-    )  # (N_cap, N_img)
-    for emb, rel in distractors:
-        acc.add(cap_emb @ np.asarray(emb, dtype=cap_emb.dtype).T, rel)  # (N_cap, b)
-    return acc.metrics()

@@ -73,40 +73,59 @@ class HitLists:
 class TopDepth:
     """Each query's ``depth`` best items of a gallery whose vectors stream past in id order.
 
-    Keeps (Q, depth) scores and ids, never the gallery: millions of distractors pass chunk by
-    chunk. Ties are broken arbitrarily (``torch.topk``), which no figure here depends on.
+    Keeps (Q, depth) scores and ids, never the gallery: millions of distractors pass batch by
+    batch, each scored in one matrix multiply and selected against each query's running threshold
+    (:class:`~icr.training.evaluation.metrics.top_k.RunningTopK`), so selecting costs about one
+    read of the scores. Exact; best first, ties by lower id.
     """
 
     def __init__(self, queries: np.ndarray, depth: int) -> None:
         import torch
 
+        from icr.training.evaluation.metrics.top_k import RunningTopK, padded_queries
+
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
-        self.queries = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))  # (Q, D)
+        self.queries = torch.from_numpy(padded_queries(np.asarray(queries, dtype=np.float32)))  # (Q8, D)
         self.depth = depth
         self.ntotal = 0
-        self._scores = torch.empty((len(queries), 0))  # (Q, <=depth), best first
-        self._ids = torch.empty((len(queries), 0), dtype=torch.int64)
+        self._top = RunningTopK(len(queries), depth, None)
+        self._result: tuple[np.ndarray, np.ndarray] | None = None
 
-    def add(self, vectors: np.ndarray) -> None:
-        """Score the next ``len(vectors)`` gallery items (ids ntotal, ntotal + 1, ...)."""
+    def score(self, vectors: np.ndarray) -> Any:
+        """(b, Q8) torch float32 scores of the next gallery ``vectors`` (b, D): what :meth:`offer` takes."""
         import torch
 
-        v = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32))  # (b, D)
-        scores = torch.cat([self._scores, self.queries @ v.T], dim=1)  # (Q, kept + b)
-        new_ids = torch.arange(self.ntotal, self.ntotal + len(v)).expand(len(self.queries), -1)
-        ids = torch.cat([self._ids, new_ids], dim=1)
-        self.ntotal += len(v)
-        top, where = torch.topk(scores, min(self.depth, scores.shape[1]), dim=1)  # sorted, best first
-        self._scores, self._ids = top, ids.gather(1, where)
+        # np.array copies a read-only memory map's slice (torch cannot wrap one), else no copy
+        v = torch.from_numpy(
+            np.array(vectors, dtype=np.float32, copy=not np.asarray(vectors).flags.writeable)
+        )
+        with torch.inference_mode():
+            return torch.mm(v, self.queries.T)  # (b, Q8)
+
+    def offer(self, scores: Any) -> None:
+        """The next ``len(scores)`` gallery items (ids ntotal, ntotal + 1, ...) by their (b, Q8)
+        scores against these queries, as :meth:`score` gives them (e.g. shared with another pass)."""
+        self._top.offer(scores, self.ntotal)
+        self.ntotal += len(scores)
+        self._result = None
+
+    def add(self, vectors: np.ndarray) -> None:
+        """Score and keep the next ``len(vectors)`` gallery items."""
+        self.offer(self.score(vectors))
+
+    def _lists(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._result is None:
+            self._result = self._top.result()  # (Q, min(depth, ntotal)): every row is full
+        return self._result
 
     @property
     def scores(self) -> np.ndarray:
-        return self._scores.numpy()  # (Q, min(depth, ntotal))
+        return self._lists()[0]  # (Q, min(depth, ntotal)) float32, best first
 
     @property
     def ids(self) -> np.ndarray:
-        return self._ids.numpy()
+        return self._lists()[1]
 
 
 def reliability(predicted: np.ndarray, relevant: np.ndarray, bins: int = ECE_BINS) -> dict[str, Any]:

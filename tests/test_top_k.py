@@ -1,0 +1,50 @@
+"""The running top-k shared by the exact kernel and ``icr evaluate``'s distractor pass, against
+naive loops written here: streamed blocks of any size, ties by lower id, rows grouped at any
+number of queries (the 16-bit radix-sort key and the wider one)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from icr.training.evaluation.metrics.top_k import RunningTopK, grouped_by_row, padded_queries
+
+
+@pytest.mark.parametrize("q", [3, 70_000])  # up to 65,536 queries the sort key is 16 bits wide
+def test_grouped_by_row_matches_a_loop(q: int) -> None:
+    rng = np.random.default_rng(q)
+    n = 500
+    rows = rng.integers(0, q, n) if q < 100 else rng.choice([0, 7, 65_535, 65_536, 69_999], n)
+    scores = rng.random(n).astype(np.float32)
+    ids = rng.integers(0, 10**6, n)
+    pad_s, pad_i = grouped_by_row(rows, scores, ids, q)
+    width = max(np.bincount(rows, minlength=q))
+    assert pad_s.shape == pad_i.shape == (q, width)
+    for row in set(rows.tolist()):
+        mine = [(s, i) for r, s, i in zip(rows, scores, ids, strict=True) if r == row]  # arrival order
+        assert pad_s[row, : len(mine)].tolist() == [s for s, _ in mine]
+        assert pad_i[row, : len(mine)].tolist() == [i for _, i in mine]
+        assert (pad_i[row, len(mine) :] == -1).all() and np.isneginf(pad_s[row, len(mine) :]).all()
+    assert grouped_by_row(rows[:0], scores[:0], ids[:0], q)[0].shape == (q, 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_streamed_blocks_keep_the_exact_top_k(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    q, n, k = int(rng.integers(1, 20)), int(rng.integers(1, 300)), int(rng.integers(1, 40))
+    scores = rng.integers(-3, 4, size=(n, q)).astype(np.float32)  # few values: many ties
+    top = RunningTopK(q, k, None)
+    padded_width = len(padded_queries(np.zeros((q, 1), np.float32)))
+    start = 0
+    while start < n:
+        b = int(rng.integers(1, 50))
+        block = np.full((min(b, n - start), padded_width), 99.0, np.float32)  # padding columns never count
+        block[:, :q] = scores[start : start + b]
+        top.offer(torch.from_numpy(block), start)
+        start += b
+    got_s, got_i = top.result()
+    for i in range(q):
+        ranked = sorted(range(n), key=lambda j: (-scores[j, i], j))[:k]
+        assert got_i[i].tolist() == ranked
+        assert got_s[i].tolist() == scores[ranked, i].tolist()
