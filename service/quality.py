@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from icr.training.data.synthetic.generate import SCENES_NAME
-from icr.training.data.synthetic.kinds import query_kind
+from icr.training.data.synthetic.kinds import text_kind
 from icr.training.data.synthetic.parse import CaptionParseError, parse_caption
 
 # Below this mean relevance of the top 10 retrieved, the response says few results are likely relevant.
@@ -47,8 +47,11 @@ def over_embedded_benchmark(data: dict[str, Any]) -> bool:
 
 def benchmark_kind(text: str) -> tuple[str | None, str | None]:
     """(kind, None) for a query inside the embedded benchmark's grammar, else (None, the warning)."""
+    kind = text_kind(text)  # cached: the calibration's kind correction parses the same text
+    if kind is not None:
+        return kind, None
     try:
-        return query_kind(parse_caption(text)), None
+        parse_caption(text)  # again, only to say why it does not parse
     except CaptionParseError as err:
         why = str(err).removeprefix(f"cannot read caption {text!r}: ")
         unknown = _UNKNOWN_WORD.fullmatch(why)
@@ -57,6 +60,7 @@ def benchmark_kind(text: str) -> tuple[str | None, str | None]:
             f"the query uses words or phrasing outside the embedded benchmark's vocabulary ({where}): "
             "the model never saw such queries, so its results and their relevance are unreliable"
         )
+    return None, None  # not reached: text_kind is None only for a text that does not parse
 
 
 def _kind_warning(kind: str, row: dict[str, Any]) -> str | None:

@@ -477,3 +477,27 @@ def test_precomp_feature_transform(vocab: Vocabulary) -> None:
     with pytest.raises(ValueError, match="feature_dim"):
         transform(np.ones((3, 4)), None)
     assert model.preprocessing == {"input": "features", "feature_dim": 5}
+
+
+@pytest.mark.parametrize("augment", ["none", "crop_flip"])
+def test_preloaded_pixel_arrays_transform_as_their_images_do(tiny_benchmark: Path, augment: str) -> None:
+    """A preloaded split hands out (S, S, 3) uint8 arrays, which the transforms batch without PIL:
+    the tensors must equal those of the images read from disk, for the training and eval transforms."""
+    from icr.training.data.training_data import open_split
+    from icr.training.models.preprocess import ImageTransform
+
+    from_disk = open_split(tiny_benchmark, "val", preload=False)
+    preloaded = open_split(tiny_benchmark, "val", preload=True)
+    assert isinstance(preloaded.get_image(0), np.ndarray)
+    rows = [3, 0, 7, 7]
+    for train in (False, True):
+        transform = ImageTransform(32, None, (0.5, 0.5, 0.5), (0.2, 0.3, 0.4), augment=augment, train=train)
+
+        def rng_of(j: int) -> np.random.Generator:
+            return np.random.default_rng([1, j])
+
+        want = transform.stack([from_disk.get_image(i) for i in rows], rng_of)  # PIL images
+        got = transform.stack([preloaded.get_image(i) for i in rows], rng_of)
+        assert isinstance(from_disk.get_image(0), Image.Image)
+        assert_close(got, want, rtol=0, atol=0)
+        assert got.shape == (4, 3, 32, 32)

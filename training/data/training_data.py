@@ -28,7 +28,8 @@ class SplitData:
     captions: list[str]
     img_of_cap: np.ndarray  # (N_cap,) int64
     num_images: int
-    get_image: Callable[[int], Any]  # PIL image (Karpathy) or float array (R, F) / (F,) (precomp)
+    # PIL image or (H, W, 3) uint8 array (Karpathy, preloaded) or float array (R, F) / (F,) (precomp)
+    get_image: Callable[[int], Any]
     fingerprint: str  # sha256 over the split's captions and image names: ties checkpoints to data
     kind: str  # "karpathy" | "precomp"
     source: Path
@@ -135,8 +136,9 @@ def _estimated_bytes(first: Path, count: int) -> int:
 
 
 def _preloaded(paths: list[Path], progress: bool) -> Callable[[int], Any]:
-    """Decode every image once into one uint8 array (small images, e.g. the embedded benchmark)."""
-    from PIL import Image
+    """Decode every image once into (H, W, 3) uint8 arrays (small images, e.g. the embedded
+    benchmark), handed out as they are: the image transforms batch same-size arrays without a
+    PIL round trip (10 % of a demo training epoch when they were wrapped back into PIL images)."""
     from tqdm import tqdm
 
     from icr.training.data.karpathy import load_image
@@ -144,7 +146,7 @@ def _preloaded(paths: list[Path], progress: bool) -> Callable[[int], Any]:
     arrays: list[np.ndarray] = []
     for p in tqdm(paths, desc="decoding images", unit="img", leave=False, disable=not progress):
         arrays.append(np.asarray(load_image(p)))
-    return lambda i: Image.fromarray(arrays[i])
+    return lambda i: arrays[i]
 
 
 def _fingerprint(*parts: str) -> str:

@@ -33,6 +33,11 @@ _SCALE = (0.08, 1.0)
 _LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))
 
 
+def _is_pixels(image: Any, size: int) -> bool:
+    """Whether ``image`` is an (S, S, 3) uint8 array, S = ``size``."""
+    return isinstance(image, np.ndarray) and image.shape == (size, size, 3) and image.dtype == np.uint8
+
+
 def _as_rgb(image: Any) -> Image.Image:
     """A PIL RGB image from a PIL image of any mode or an (H, W, 3) uint8 array."""
     if isinstance(image, np.ndarray):
@@ -151,6 +156,8 @@ class ImageTransform:
         if plain and isinstance(images, np.ndarray) and images.shape[1:] == (size, size, 3):
             if images.dtype == np.uint8:
                 return self._normalised(images)  # (N, S, S, 3): a rendered batch, no PIL round trip
+        if plain and len(images) and all(_is_pixels(im, size) for im in images):
+            return self._normalised(np.stack(images))  # S x S uint8 arrays (preloaded): no PIL either
         rgb = [_as_rgb(image) for image in images]
         if not plain or any(im.size != (size, size) for im in rgb):
             return torch.stack([self(im) for im in rgb])
