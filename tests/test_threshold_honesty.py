@@ -161,5 +161,8 @@ def test_top_depth_reads_a_read_only_memory_map(tmp_path) -> None:
     top = TopDepth(gallery[:3], 5)
     top.add(np.load(tmp_path / "g.npy", mmap_mode="r"))
     assert top.ids[:, 0].tolist() == [0, 1, 2]  # each query's own vector scores highest
+    wide = TopDepth(gallery[:3], 5)
+    wide.add(gallery.astype(np.float64)[::1])  # another dtype: converted, not refused
+    assert wide.ids.tolist() == top.ids.tolist()
     with pytest.raises(ValueError, match="depth"):
         TopDepth(gallery[:3], 0)

@@ -96,10 +96,8 @@ class TopDepth:
         """(b, Q8) torch float32 scores of the next gallery ``vectors`` (b, D): what :meth:`offer` takes."""
         import torch
 
-        # np.array copies a read-only memory map's slice (torch cannot wrap one), else no copy
-        v = torch.from_numpy(
-            np.array(vectors, dtype=np.float32, copy=not np.asarray(vectors).flags.writeable)
-        )
+        # copies only a read-only array (a memory map's slice: torch cannot wrap one) or another dtype
+        v = torch.from_numpy(np.require(vectors, np.float32, ("C", "W")))  # (b, D)
         with torch.inference_mode():
             return torch.mm(v, self.queries.T)  # (b, Q8)
 
