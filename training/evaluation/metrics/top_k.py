@@ -40,6 +40,7 @@ class RunningTopK:
         self.threshold = np.full(q, -np.inf, np.float32)
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, scores, ids)
         self._count = 0
+        self._passed: torch.Tensor | None = None  # (b, Q8) bool, reused
 
     def offer(self, block: torch.Tensor, start: int) -> None:
         """Consider ``block`` (b, Q8), the scores of ids start .. start + b - 1 for the queries
@@ -58,9 +59,16 @@ class RunningTopK:
         if block.dtype == torch.bfloat16:
             # rounded to bf16 at most half a bf16 step (|t| 2^-8) up: lowered by a full step first
             cut = (cut - cut.abs() * 2.0**-7 - 1e-30).bfloat16()
-        passed = block >= cut if window else block > cut  # (b, Q8) bool
+        # one bool buffer for every block, as for the scores: a fresh one costs its page faults
+        if (
+            self._passed is None
+            or self._passed.shape[0] < len(block)
+            or self._passed.shape[1] != block.shape[1]
+        ):
+            self._passed = torch.empty(block.shape, dtype=torch.bool)
+        passed = (torch.ge if window else torch.gt)(block, cut, out=self._passed[: len(block)])  # (b, Q8)
         words = passed.view(torch.int64) if passed.shape[1] % 8 == 0 else passed  # 8 queries a word
-        rows = torch.nonzero(words.ne(0).any(dim=1)).flatten()
+        rows = torch.nonzero(words.any(dim=1)).flatten()
         if len(rows) == 0:
             return
         r, c = torch.nonzero(passed[rows], as_tuple=True)
