@@ -157,7 +157,7 @@ class ImageTransform:
             if images.dtype == np.uint8:
                 return self._normalised(images)  # (N, S, S, 3): a rendered batch, no PIL round trip
         if plain and len(images) and all(_is_pixels(im, size) for im in images):
-            return self._normalised(np.stack(images))  # S x S uint8 arrays (preloaded): no PIL either
+            return self._normalised(np.stack(list(images)))  # S x S uint8 arrays (preloaded): no PIL either
         rgb = [_as_rgb(image) for image in images]
         if not plain or any(im.size != (size, size) for im in rgb):
             return torch.stack([self(im) for im in rgb])
