@@ -36,11 +36,9 @@ def prepare_model(workdir: Path, quick: bool, checkpoint: Path | None, data: Pat
             raise ValueError("--checkpoint needs --data (the synthetic benchmark folder it was trained on)")
         return Model(data, checkpoint)
     if not quick:
-        from icr.demo import _demo_data, _demo_model
+        from icr.demo import demo_data_and_model
 
-        data = workdir / "data"
-        _demo_data(data, seed=0, force=False)
-        return Model(data, _demo_model(workdir / "model", data, retrain=False))
+        return Model(*demo_data_and_model(workdir, seed=0, force=False))
     from icr.training.config import load_config
     from icr.training.data.synthetic.generate import write_dataset
     from icr.training.train import train

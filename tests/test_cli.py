@@ -78,13 +78,14 @@ def test_check_and_stats_on_a_precomp_folder(tmp_path: Path) -> None:
 
 
 def test_demo_builds_every_artifact_then_reuses_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The demo's sizes are fixed (10k/1k/1k, 100k distractors, minutes); run it in-process with small
-    # ones, without serving (the server itself is exercised by api_tests/).
+    # The demo's sizes are fixed (10k/1k/1k, 50k training scenes, 100k distractors, minutes); run it
+    # in-process with small ones, without serving (the server itself is exercised by api_tests/).
     from typer.testing import CliRunner
 
     from icr import cli, demo
 
     monkeypatch.setattr(demo, "DEMO_COUNTS", {"train": 10, "val": 5, "test": 5})
+    monkeypatch.setattr(demo, "DEMO_TRAIN_COUNTS", {"train": 16, "val": 5, "test": 0})
     monkeypatch.setattr(
         demo,
         "DEMO_TRAIN",
@@ -103,6 +104,17 @@ def test_demo_builds_every_artifact_then_reuses_them(tmp_path: Path, monkeypatch
     first = runner.invoke(cli.app, args)
     assert first.exit_code == 0, first.output
     assert "generating 20 images" in first.output and "captions_true_of_own_image" in first.output
+    assert "the model's training scenes: generating 21 images" in first.output
+    # the model trains on its own scenes; the benchmark's validation images are the same ones
+    trained = json.loads((workdir / "model" / "best" / "config.json").read_text())
+    assert trained["train_config"]["data"]["path"] == str(workdir / "train-data")
+    for split in ("train", "val"):
+        extended = sorted(p.name for p in (workdir / "train-data" / "images").glob(f"synth_{split}_*"))
+        own = sorted(p.name for p in (workdir / "data" / "images").glob(f"synth_{split}_*"))
+        assert extended[: len(own)] == own and len(extended) == {"train": 16, "val": 5}[split]
+        for name in own:
+            same = (workdir / "train-data" / "images" / name).read_bytes()
+            assert same == (workdir / "data" / "images" / name).read_bytes(), name
     for step in ("image index", "caption index"):
         assert f"{step}" in first.output and "building into" in first.output
     assert "calibration: validation captions search the index" in first.output
@@ -117,6 +129,7 @@ def test_demo_builds_every_artifact_then_reuses_them(tmp_path: Path, monkeypatch
     assert second.exit_code == 0, second.output
     for what in (
         "benchmark: cached",
+        "training scenes: cached",
         "model: cached",
         "distractors): cached",
         "image->text search): cached",

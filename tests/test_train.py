@@ -378,3 +378,33 @@ def test_patience_stops_when_validation_stops_improving_and_resume_keeps_it(data
     assert [v["epoch"] for v in vals if v["event"] == "val"] == [1, 2, 3]
     again = train(cfg, resume=True, progress=False)  # resuming a stopped run trains nothing more
     assert again is not None and again["epochs_completed"] == 3 and again["steps"] == summary["steps"]
+
+
+def test_learning_rate_schedules_against_their_formulas():
+    import math
+
+    from icr.training.train import learning_rate
+
+    base = {"lr": 0.1, "gamma": 0.5, "lr_update": 2, "warmup_steps": 0}
+    epochs, per_epoch = 4, 10
+    total = epochs * per_epoch
+    for step in range(total):
+        epoch = step // per_epoch
+        expected = {
+            "constant": 0.1,
+            "step": 0.1 * 0.5 ** (epoch // 2),
+            "cosine": 0.1 * 0.5 * (1 + math.cos(math.pi * epoch / epochs)),
+            "cosine_step": 0.1 * 0.5 * (1 + math.cos(math.pi * step / total)),
+            "linear": 0.1 * (1 - step / total),
+        }
+        for schedule, want in expected.items():
+            got = learning_rate({**base, "schedule": schedule}, epochs, epoch, step, total)
+            assert got == pytest.approx(want, abs=1e-12), (schedule, step)
+    # cosine_step falls within every epoch, where cosine holds one value per epoch
+    cosine_step = {**base, "schedule": "cosine_step"}
+    cos_step = [learning_rate(cosine_step, epochs, s // per_epoch, s, total) for s in range(total)]
+    assert all(a > b for a, b in zip(cos_step, cos_step[1:], strict=False)) and cos_step[-1] < 0.001
+    # a linear warm-up scales the first steps of any schedule
+    warm = {**base, "schedule": "cosine_step", "warmup_steps": 4}
+    assert learning_rate(warm, epochs, 0, 0, total) == pytest.approx(0.25 * 0.1)
+    assert learning_rate(warm, epochs, 0, 4, total) == pytest.approx(cos_step[4])

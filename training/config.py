@@ -45,7 +45,9 @@ DEFAULTS: dict[str, Any] = {
         "optimizer": "adam",  # adam | adamw
         "lr": 2e-4,
         "weight_decay": 0.0,
-        "schedule": "step",  # step (x gamma every lr_update epochs) | cosine | linear (to 0) | constant
+        # step (x gamma every lr_update epochs) | cosine (one value per epoch) | cosine_step (per
+        # step, to 0 at the last) | linear (to 0) | constant
+        "schedule": "step",
         "lr_update": 15,
         "gamma": 0.1,
         "warmup_steps": 0,  # linear lr warm-up
@@ -169,7 +171,7 @@ class OptimSection(BaseModel):
     optimizer: Literal["adam", "adamw"]
     lr: float = Field(gt=0)
     weight_decay: float = Field(ge=0)
-    schedule: Literal["step", "cosine", "linear", "constant"]
+    schedule: Literal["step", "cosine", "cosine_step", "linear", "constant"]
     lr_update: int = Field(ge=1)
     gamma: float = Field(gt=0)
     warmup_steps: int = Field(ge=0)

@@ -75,8 +75,10 @@ def learning_rate(
     lr = float(optim["lr"])
     if optim["schedule"] == "step":
         lr *= float(optim["gamma"]) ** (epoch // max(1, int(optim["lr_update"])))
-    elif optim["schedule"] == "cosine":
+    elif optim["schedule"] == "cosine":  # one value per epoch
         lr *= 0.5 * (1.0 + math.cos(math.pi * epoch / max(1, epochs)))
+    elif optim["schedule"] == "cosine_step":  # per step, to 0 at the last: for runs of few epochs
+        lr *= 0.5 * (1.0 + math.cos(math.pi * global_step / max(1, total_steps)))
     elif optim["schedule"] == "linear":  # to 0 at train.max_steps (Cross-Example Softmax paper)
         lr *= max(0.0, 1.0 - global_step / max(1, total_steps))
     warmup = int(optim["warmup_steps"])
