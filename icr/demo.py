@@ -21,9 +21,9 @@ from icr.training.cli.support import fail_cleanly
 DEMO_COUNTS = {"train": 10000, "val": 1000, "test": 1000}
 # The demo model's own training scenes: the same generator and seed with 50,000 training images
 # (the benchmark's 10,000 are the first of them) and the same 1,000 validation images. Unseen
-# scenes teach composition better than repeated ones: at the same number of steps (4 epochs of
-# 50,000 against 20 of 10,000) held-out P@10 over the demo index rose from 0.785 to 0.80+ (README,
-# "The demo model"). A folder of its own, so that icr-demo/data stays the 10,000-image benchmark
+# scenes teach composition better than repeated ones: at about the same number of steps (4 epochs
+# of 50,000 against 20 of 10,000) held-out P@10 over the demo index rose from 0.785 to 0.814
+# (README, "The demo model"). A folder of its own, so that icr-demo/data stays the 10,000-image benchmark
 # other commands train on in minutes.
 DEMO_TRAIN_COUNTS = {"train": 50000, "val": 1000, "test": 0}
 # The demo model: trained for precision over the demo's gallery in a few minutes on 2 CPU cores
