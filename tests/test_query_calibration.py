@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from icr.training.data.synthetic.kinds import text_kind
-from icr.training.evaluation.metrics.calibration import ScoreHistogram, merged_from_top
+from icr.training.evaluation.metrics.calibration import (
+    ScoreHistogram,
+    fit_calibration,
+    merged_from_top,
+    wilson_lower_bound,
+)
 from icr.training.evaluation.metrics.query_calibration import (
     QueryCalibration,
     fit_query_calibration,
@@ -130,6 +135,44 @@ def test_bins_merged_from_the_top_match_a_naive_greedy_partition() -> None:
             assert min(merged.relevant + merged.other) >= least
     with pytest.raises(ValueError, match="min_count"):
         merged_from_top(ScoreHistogram(np.arange(3.0), np.ones(2, int), np.ones(2, int)), 0)
+
+
+def test_wilson_lower_bound_inverts_the_score_test() -> None:
+    """The bound L <= p solves (p - L)^2 = z^2 L (1 - L) / n: found here by bisection."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 500))
+        k = int(rng.integers(0, n + 1))
+        z = float(rng.choice([1.0, 1.645, 2.326]))
+        p = k / n
+        lo, hi = 0.0, p
+        for _ in range(100):  # the test statistic falls from > z at 0 (when p > 0) to 0 at p
+            mid = (lo + hi) / 2
+            if (p - mid) > z * np.sqrt(mid * (1 - mid) / n):
+                lo = mid
+            else:
+                hi = mid
+        got = float(wilson_lower_bound(np.array([k]), np.array([n]), z)[0])
+        assert got == pytest.approx(lo, abs=1e-9), (n, k, z)
+    assert wilson_lower_bound(np.array([0]), np.array([0]), 1.645)[0] == 0.0
+
+
+def test_lower_bound_isotonic_promises_less_on_few_pairs() -> None:
+    """``lower_z``: PAV over the bins' Wilson bounds; a bin of 10 pairs at 0.7 falls below 0.5,
+    one of 10,000 at 0.6 stays within 0.01 of it."""
+    edges = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
+    relevant, other = np.array([1, 50, 6000, 7]), np.array([99, 50, 4000, 3])
+    hist = ScoreHistogram(edges, relevant, other)
+    plain, bound = fit_calibration(hist), fit_calibration(hist, lower_z=1.645)
+    n = relevant + other
+    naive = wilson_lower_bound(relevant, n, 1.645)
+    # PAV by hand: the last bin's bound (~0.44) is below the third's (~0.59): the two pool
+    pooled = (naive[2] * n[2] + naive[3] * n[3]) / (n[2] + n[3])
+    np.testing.assert_allclose(bound(hist.centres), [naive[0], naive[1], pooled, pooled])
+    assert bound(0.875) < 0.6 < plain(0.875) and abs(bound(0.625) - 0.6) < 0.01
+    assert bound.fit["lower_z"] == 1.645
+    with pytest.raises(ValueError, match="isotonic"):
+        fit_calibration(hist, "platt", lower_z=1.0)
 
 
 ONE_OBJECT = ["there is a blue box", "a small red star", "there is a big green disc"]

@@ -215,8 +215,24 @@ def merged_from_top(histogram: ScoreHistogram, min_count: int) -> ScoreHistogram
     )
 
 
-def fit_calibration(histogram: ScoreHistogram, method: str = "isotonic") -> Calibration:
-    """Fit a :class:`Calibration` to a :func:`score_histogram`."""
+def wilson_lower_bound(relevant: np.ndarray, n: np.ndarray, z: float) -> np.ndarray:
+    """One-sided Wilson score lower bound of the fraction ``relevant / n`` at ``z`` standard
+    normal quantiles (1.645: 95 %); 0 where ``n`` is 0."""
+    n = np.asarray(n, dtype=np.float64)
+    safe = np.maximum(n, 1.0)
+    p = np.asarray(relevant, dtype=np.float64) / safe
+    centre = p + z * z / (2 * safe)
+    margin = z * np.sqrt(p * (1 - p) / safe + z * z / (4 * safe * safe))
+    return np.where(n > 0, np.maximum(0.0, (centre - margin) / (1 + z * z / safe)), 0.0)
+
+
+def fit_calibration(histogram: ScoreHistogram, method: str = "isotonic", lower_z: float = 0.0) -> Calibration:
+    """Fit a :class:`Calibration` to a :func:`score_histogram`.
+
+    ``lower_z`` > 0 (isotonic only): each bin's fraction is replaced by its Wilson lower bound at
+    that many standard normal quantiles before the isotonic fit, so a bin of few pairs promises
+    no more than it can back up (a threshold passes its hits only where the bound clears it).
+    """
     if method not in CALIBRATION_METHODS:
         raise ValueError(f"unknown calibration method {method!r}; expected one of {CALIBRATION_METHODS}")
     n = histogram.relevant + histogram.other
@@ -226,11 +242,17 @@ def fit_calibration(histogram: ScoreHistogram, method: str = "isotonic") -> Cali
     x = histogram.centres[used]
     pos = histogram.relevant[used].astype(np.float64)
     neg = histogram.other[used].astype(np.float64)
-    fit = {"pairs": int(n.sum()), "relevant_pairs": int(pos.sum()), "bins": int(len(n))}
+    fit: dict[str, Any] = {"pairs": int(n.sum()), "relevant_pairs": int(pos.sum()), "bins": int(len(n))}
     if method == "platt":
+        if lower_z:
+            raise ValueError("lower_z applies to the isotonic method only")
         a, b = _fit_platt(x, pos, neg)
         return Calibration("platt", a=a, b=b, fit=fit)
-    y = _pool_adjacent_violators(pos / (pos + neg), pos + neg)
+    fraction = pos / (pos + neg)
+    if lower_z:
+        fraction = wilson_lower_bound(pos, pos + neg, lower_z)
+        fit["lower_z"] = lower_z
+    y = _pool_adjacent_violators(fraction, pos + neg)
     # Keep only the knots where the step map changes (plus both ends): a few hundred numbers.
     change = np.ones(len(y), dtype=bool)
     change[1:-1] = (y[1:-1] != y[:-2]) | (y[1:-1] != y[2:])
