@@ -248,10 +248,9 @@ def fit_calibration(histogram: ScoreHistogram, method: str = "isotonic", lower_z
             raise ValueError("lower_z applies to the isotonic method only")
         a, b = _fit_platt(x, pos, neg)
         return Calibration("platt", a=a, b=b, fit=fit)
-    fraction = pos / (pos + neg)
     if lower_z:
-        fraction = wilson_lower_bound(pos, pos + neg, lower_z)
         fit["lower_z"] = lower_z
+    fraction = wilson_lower_bound(pos, pos + neg, lower_z) if lower_z else pos / (pos + neg)
     y = _pool_adjacent_violators(fraction, pos + neg)
     # Keep only the knots where the step map changes (plus both ends): a few hundred numbers.
     change = np.ones(len(y), dtype=bool)
