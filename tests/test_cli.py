@@ -83,6 +83,7 @@ def test_demo_builds_every_artifact_then_reuses_them(tmp_path: Path, monkeypatch
     from typer.testing import CliRunner
 
     from icr import cli, demo
+    from icr.training.data.synthetic.generate import load_scenes
 
     monkeypatch.setattr(demo, "DEMO_COUNTS", {"train": 10, "val": 5, "test": 5})
     monkeypatch.setattr(demo, "DEMO_TRAIN_COUNTS", {"train": 16, "val": 5, "test": 0})
@@ -108,6 +109,9 @@ def test_demo_builds_every_artifact_then_reuses_them(tmp_path: Path, monkeypatch
     # the model trains on its own scenes; the benchmark's validation images are the same ones
     trained = json.loads((workdir / "model" / "best" / "config.json").read_text())
     assert trained["train_config"]["data"]["path"] == str(workdir / "train-data")
+    # its captions name the background tone more often than the benchmark's; the images are the same
+    assert load_scenes(workdir / "train-data").generator["tone_captions"] == demo.DEMO_TRAIN_TONE
+    assert "tone_captions" not in load_scenes(workdir / "data").generator
     for split in ("train", "val"):
         extended = sorted(p.name for p in (workdir / "train-data" / "images").glob(f"synth_{split}_*"))
         own = sorted(p.name for p in (workdir / "data" / "images").glob(f"synth_{split}_*"))

@@ -141,6 +141,8 @@ def test_bad_arguments_are_rejected(tmp_path: Path) -> None:
         write_dataset(tmp_path / "x", train=-1)
     with pytest.raises(ValueError, match="--image-size"):
         write_dataset(tmp_path / "x", image_size=4)
+    with pytest.raises(ValueError, match="--tone-captions"):
+        write_dataset(tmp_path / "x", tone_captions=1.5)
     assert not (tmp_path / "x").exists()
 
 
@@ -234,3 +236,26 @@ def test_scene_file_errors_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "scenes.json").write_text('{"format_version": 99, "scenes": []}')
     with pytest.raises(DatasetError, match="--force"):
         load_scenes(tmp_path)
+
+
+def test_tone_captions_name_the_tone_in_train_captions_only(synth: Path, tmp_path: Path) -> None:
+    toned = tmp_path / "toned"
+    write_dataset(toned, **SMALL, seed=7, tone_captions=1.0)
+    assert "tone_captions" not in load_scenes(synth).generator  # the benchmark's bytes are unchanged
+    assert load_scenes(toned).generator["tone_captions"] == 1.0
+    before, after = (_digest(d) for d in (synth, toned))
+    assert {k for k in before if before[k] != after[k]} == {"dataset_synthetic.json", "scenes.json"}
+
+    old, new = (json.loads((d / "dataset_synthetic.json").read_text())["images"] for d in (synth, toned))
+    scenes = load_scenes(toned)
+    for a, b in zip(old, new, strict=True):
+        assert a["filename"] == b["filename"]
+        if b["split"] != "train":
+            assert a["sentences"] == b["sentences"]
+            continue
+        scene = scenes.for_imgids([b["imgid"]])[0]
+        for s in b["sentences"]:
+            query = parse_caption(s["raw"])
+            if len(query.objects) == 1:
+                assert query.background == scene.background.tone, s["raw"]
+            assert is_relevant(s["raw"], scene), s["raw"]

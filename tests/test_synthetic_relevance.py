@@ -130,16 +130,24 @@ def test_more_mentioned_objects_than_the_scene_has() -> None:
     assert relevance_mask(q, SceneTable.from_scenes([THREE, ONE])).tolist() == [False, False]
 
 
-def test_generated_captions_parse_back_and_are_true_of_their_scene() -> None:
+@pytest.mark.parametrize("tone_captions", [0.0, 0.5])
+def test_generated_captions_parse_back_and_are_true_of_their_scene(tone_captions: float) -> None:
+    naming_tone = {"one": [], "more": []}
     for i in range(400):
         rng = np.random.default_rng(i)
         s = sample_scene(rng)
-        captions = write_captions(s, rng)
+        captions = write_captions(s, rng, tone_captions=tone_captions)
         assert len(captions) == 5
         for text, query in captions:
             parsed = parse_caption(text)
             assert parsed == query, text
             assert satisfies(parsed, s), text
+            naming_tone["one" if len(query.objects) == 1 else "more"].append(query.background is not None)
+    # A few full descriptions of one-object scenes name the tone by themselves; at 0.5 half of
+    # the other one-object captions are given it. Captions of several objects are never changed.
+    one, more = (float(np.mean(naming_tone[k])) for k in ("one", "more"))
+    assert one < 0.08 if tone_captions == 0 else 0.45 < one < 0.6
+    assert 0.1 < more < 0.2
 
 
 def _naive_matrix(captions: list[str], scenes: list) -> np.ndarray:

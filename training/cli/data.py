@@ -31,6 +31,13 @@ def synth(
     seed: Annotated[int, typer.Option(help="Same seed, same bytes.")] = 0,
     force: Annotated[bool, typer.Option(help="Replace an existing non-empty --out.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    tone_captions: Annotated[
+        float,
+        typer.Option(
+            help="Training data: the probability that a one-object train caption is also given the "
+            "background tone (`icr demo` uses 0.3). 0 writes the benchmark."
+        ),
+    ] = 0.0,
 ) -> None:
     """Generate the embedded synthetic benchmark: Karpathy JSON + PNG folder + scene structures.
 
@@ -42,6 +49,8 @@ def synth(
       icr data synth --out data/synth
 
       icr data synth --out /tmp/s --train 2000 --val 200 --test 200 --seed 1
+
+      icr data synth --out data/train-scenes --train 50000 --test 0 --tone-captions 0.3
     """
     from icr.training.data.synthetic.generate import write_dataset
 
@@ -54,6 +63,7 @@ def synth(
         seed=seed,
         force=force,
         progress=not quiet,
+        tone_captions=tone_captions,
     )
     typer.echo(f"wrote {summary['images']} images to {out} in {summary['seconds']:.1f} s")
 

@@ -116,8 +116,12 @@ def write_dataset(
     seed: int = 0,
     force: bool = False,
     progress: bool = False,
+    tone_captions: float = 0.0,
 ) -> dict:
     """Generate the benchmark into `out` and return its summary.
+
+    ``tone_captions`` > 0 writes training data rather than the benchmark: that share of the train
+    split's one-object captions also name the background tone (:func:`write_captions`).
 
     The dataset is written to a hidden sibling folder and renamed into place when complete, so an
     interrupted run never leaves a half dataset at `out` (nor destroys the one already there).
@@ -129,6 +133,8 @@ def write_dataset(
             raise ValueError(f"--{split} must be >= 0, got {n}")
     if image_size < 16:
         raise ValueError(f"--image-size must be at least 16 pixels, got {image_size}")
+    if not 0.0 <= tone_captions <= 1.0:
+        raise ValueError(f"--tone-captions is a probability in [0, 1], got {tone_captions}")
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not force:
         raise FileExistsError(f"{out} already exists and is not empty; pass --force to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -140,14 +146,14 @@ def write_dataset(
         images, scenes = [], []
         imgid = 0
         chunks = [
-            (seed, split, lo, min(lo + SYNTH_CHUNK, counts[split]), image_size)
+            (seed, split, lo, min(lo + SYNTH_CHUNK, counts[split]), image_size, tone_captions)
             for split in SPLITS
             for lo in range(0, counts[split], SYNTH_CHUNK)
         ]
         workers = render_workers() if sum(counts.values()) >= 4 * SYNTH_CHUNK else 1
         with _progress(sum(counts.values()), progress, "synthesising") as bar:
             rendered = _ordered_map(_synth_items, chunks, workers)
-            for (_, split, lo, _, _), items in zip(chunks, rendered, strict=True):
+            for (_, split, lo, *_), items in zip(chunks, rendered, strict=True):
                 for i, (png, captions, scene) in enumerate(items, start=lo):
                     filename = f"synth_{split}_{i:06d}.png"
                     (tmp / IMAGE_DIR / filename).write_bytes(png)
@@ -174,6 +180,8 @@ def write_dataset(
             "seed": seed,
             "image_size": image_size,
             "counts": counts,
+            # recorded only when set, so the benchmark's scenes.json keeps its bytes
+            **({"tone_captions": tone_captions} if tone_captions else {}),
         }
         _write_json(tmp / JSON_NAME, {"dataset": "synthetic", "images": images})
         _write_json(
@@ -196,13 +204,14 @@ SYNTH_CHUNK = 500  # images per task when the benchmark is rendered in several p
 
 
 def _synth_items(
-    seed: int, split: str, lo: int, hi: int, image_size: int
+    seed: int, split: str, lo: int, hi: int, image_size: int, tone_captions: float = 0.0
 ) -> list[tuple[bytes, list[str], Scene]]:
-    """(PNG bytes, captions, scene) of images [lo, hi) of ``split``: a function of the seed alone."""
+    """(PNG bytes, captions, scene) of images [lo, hi) of ``split``: a function of the arguments alone."""
     scenes, images = make_images(seed, split, range(lo, hi), image_size)
+    tone = tone_captions if split == "train" else 0.0
     out = []
     for i, scene, image in zip(range(lo, hi), scenes, images, strict=True):
-        captions = write_captions(scene, _child_rng(seed, split, i, 2))
+        captions = write_captions(scene, _child_rng(seed, split, i, 2), tone_captions=tone)
         out.append((_png_bytes(image), [text for text, _ in captions], scene))
     return out
 
