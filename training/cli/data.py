@@ -35,7 +35,7 @@ def synth(
         float,
         typer.Option(
             help="Training data: the probability that a one-object train caption is also given the "
-            "background tone (`icr demo` uses 0.3). 0 writes the benchmark."
+            "background tone (`icr demo` uses 0.1). 0 writes the benchmark."
         ),
     ] = 0.0,
 ) -> None:
@@ -50,7 +50,7 @@ def synth(
 
       icr data synth --out /tmp/s --train 2000 --val 200 --test 200 --seed 1
 
-      icr data synth --out data/train-scenes --train 50000 --test 0 --tone-captions 0.3
+      icr data synth --out data/train-scenes --train 50000 --test 0 --tone-captions 0.1
     """
     from icr.training.data.synthetic.generate import write_dataset
 
