@@ -204,7 +204,7 @@ SYNTH_CHUNK = 500  # images per task when the benchmark is rendered in several p
 
 
 def _synth_items(
-    seed: int, split: str, lo: int, hi: int, image_size: int, tone_captions: float = 0.0
+    seed: int, split: str, lo: int, hi: int, image_size: int, tone_captions: float
 ) -> list[tuple[bytes, list[str], Scene]]:
     """(PNG bytes, captions, scene) of images [lo, hi) of ``split``: a function of the arguments alone."""
     scenes, images = make_images(seed, split, range(lo, hi), image_size)
