@@ -259,3 +259,27 @@ def test_tone_captions_name_the_tone_in_train_captions_only(synth: Path, tmp_pat
             if len(query.objects) == 1:
                 assert query.background == scene.background.tone, s["raw"]
             assert is_relevant(s["raw"], scene), s["raw"]
+
+
+def test_count_captions_change_train_captions_only(synth: Path, tmp_path: Path) -> None:
+    counted = tmp_path / "counted"
+    write_dataset(counted, **SMALL, seed=7, count_captions=1.0)
+    assert "count_captions" not in load_scenes(synth).generator  # the benchmark's bytes are unchanged
+    assert load_scenes(counted).generator["count_captions"] == 1.0
+    before, after = (_digest(d) for d in (synth, counted))
+    assert {k for k in before if before[k] != after[k]} == {"dataset_synthetic.json", "scenes.json"}
+    old, new = (json.loads((d / "dataset_synthetic.json").read_text())["images"] for d in (synth, counted))
+    scenes = load_scenes(counted)
+    bare = 0
+    for a, b in zip(old, new, strict=True):
+        if b["split"] != "train":
+            assert a["sentences"] == b["sentences"]
+            continue
+        scene = scenes.for_imgids([b["imgid"]])[0]
+        for s in b["sentences"]:
+            query = parse_caption(s["raw"])
+            assert is_relevant(s["raw"], scene), s["raw"]
+            bare += query.count is not None and not query.objects
+    assert bare > 0
+    with pytest.raises(ValueError, match="--count-captions"):
+        write_dataset(tmp_path / "bad", **SMALL, count_captions=1.5)

@@ -180,3 +180,46 @@ def test_scene_table_concat_pads_to_the_widest() -> None:
     assert relevance_mask(q, both).tolist() == [True, True, True]
     q = parse_caption("a red circle above a blue square")
     assert relevance_mask(q, both).tolist() == [False, True, False]
+
+
+def test_count_captions_replace_one_object_captions_by_the_bare_count() -> None:
+    """A share of the one-object captions of scenes with 2-3 objects become "two shapes" (true of the
+    scene, parsed back as a count and nothing else); other captions and one-object scenes never."""
+    bare, one_object_scenes = [], 0
+    for i in range(400):
+        rng = np.random.default_rng(i)
+        s = sample_scene(rng)
+        for text, query in write_captions(s, rng, count_captions=0.5):
+            parsed = parse_caption(text)
+            assert parsed == query and satisfies(parsed, s), text
+            if query.count is not None and not query.objects:
+                assert len(s.objects) >= 2 and query.count == len(s.objects)
+                bare.append(text)
+        one_object_scenes += len(s.objects) == 1
+    assert len(bare) > 100 and one_object_scenes > 50
+    assert {b.lower().rstrip(".").split()[-2] for b in bare} == {"two", "three"}
+
+
+def test_generated_queries_are_reproducible_and_judged_like_captions() -> None:
+    """Queries of the query stream: a function of (seed, index); each style in its share; captions and
+    bare counts are true of their own scene, impossible ones of no scene at all."""
+    from icr.training.data.synthetic.generate import make_scene
+    from icr.training.data.synthetic.queries import QUERY_STYLES, generated_queries, never_true
+
+    queries = generated_queries(0, 0, 600)
+    assert generated_queries(0, 100, 50) == queries[100:150]  # the same whatever the range
+    assert generated_queries(1, 0, 50) != queries[:50]
+    styles = [q.style for q in queries]
+    assert set(styles) == set(QUERY_STYLES)
+    assert 0.02 < styles.count("impossible") / 600 < 0.09 and 0.05 < styles.count("bare_count") / 600 < 0.15
+    rng = np.random.default_rng(0)
+    others = SceneTable.from_scenes([sample_scene(rng) for _ in range(300)] + [THREE, ONE, TWO_RED])
+    for i, q in enumerate(queries):
+        parsed = parse_caption(q.text)
+        assert never_true(parsed) == (q.style == "impossible"), q.text
+        if q.style == "impossible":
+            assert not relevance_mask(parsed, others).any(), q.text
+        else:
+            assert satisfies(parsed, make_scene(0, "query", i)), q.text
+    with pytest.raises(ValueError):
+        generated_queries(0, -1, 5)

@@ -38,6 +38,13 @@ def synth(
             "background tone (`icr demo` uses 0.1). 0 writes the benchmark."
         ),
     ] = 0.0,
+    count_captions: Annotated[
+        float,
+        typer.Option(
+            help="Training data: the probability that a one-object train caption of a scene of 2-3 "
+            "objects is replaced by its bare count ('two shapes'). 0 writes the benchmark."
+        ),
+    ] = 0.0,
 ) -> None:
     """Generate the embedded synthetic benchmark: Karpathy JSON + PNG folder + scene structures.
 
@@ -64,6 +71,7 @@ def synth(
         force=force,
         progress=not quiet,
         tone_captions=tone_captions,
+        count_captions=count_captions,
     )
     typer.echo(f"wrote {summary['images']} images to {out} in {summary['seconds']:.1f} s")
 

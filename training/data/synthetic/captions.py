@@ -206,8 +206,16 @@ def _surface(text: str, rng: np.random.Generator) -> str:
     return text + "." if rng.random() < 0.5 else text
 
 
+def bare_count(scene: Scene, rng: np.random.Generator) -> tuple[str, Query]:
+    """'two shapes' / 'an image with three objects': how many objects, nothing else (scenes of 2-3)."""
+    n = len(scene.objects)
+    noun = _pick(rng, world.GENERIC_PLURALS)
+    text = _pick(rng, (f"{_NUMBER[n]} {noun}", f"an image with {_NUMBER[n]} {noun}"))
+    return text, Query((), (), n, None)
+
+
 def write_captions(
-    scene: Scene, rng: np.random.Generator, *, tone_captions: float = 0.0
+    scene: Scene, rng: np.random.Generator, *, tone_captions: float = 0.0, count_captions: float = 0.0
 ) -> list[tuple[str, Query]]:
     """Five captions in shuffled style order; a repeated text is redrawn (a few tries).
 
@@ -215,7 +223,10 @@ def write_captions(
     ("a red shape on a dark background"). Training data only: the benchmark's captions name the
     tone in about 8 % of cases, too rarely for a model to learn reliably that it matters; one-object
     captions, because a model hardly ever gets them wrong and tone added to every kind cost
-    relations more (README, "The demo model"). At 0 no random number is drawn for it, so the
+    relations more (README, "The demo model"). ``count_captions``: the probability that a
+    one-object caption of a scene of 2-3 objects is replaced by its bare count ("two shapes",
+    :func:`bare_count`), which the benchmark's captions never are alone: without them a model ranks
+    three-object scenes first for "two shapes". At 0 no random number is drawn for either, so the
     benchmark's bytes do not change.
     """
     out: list[tuple[str, Query]] = []
@@ -227,7 +238,10 @@ def write_captions(
                 break
         seen.add(text)
         one_object = len(query.objects) == 1 and query.background is None
-        if tone_captions and one_object and rng.random() < tone_captions:
+        several = len(scene.objects) >= 2
+        if count_captions and one_object and several and rng.random() < count_captions:
+            text, query = bare_count(scene, rng)
+        elif tone_captions and one_object and rng.random() < tone_captions:
             text += background_phrase(scene.background.tone, rng)
             query = replace(query, background=scene.background.tone)
         out.append((_surface(text, rng), query))

@@ -42,8 +42,8 @@ JSON_NAME = "dataset_synthetic.json"
 SCENES_NAME = "scenes.json"
 IMAGE_DIR = "images"
 SPLITS = ("train", "val", "test")
-# Independent random streams per split; distractors have their own.
-STREAMS = {"train": 1, "val": 2, "test": 3, "distractor": 4}
+# Independent random streams per split; distractors and generated queries have their own.
+STREAMS = {"train": 1, "val": 2, "test": 3, "distractor": 4, "query": 5}
 
 
 def _child_rng(seed: int, stream: str, index: int, child: int) -> np.random.Generator:
@@ -117,11 +117,13 @@ def write_dataset(
     force: bool = False,
     progress: bool = False,
     tone_captions: float = 0.0,
+    count_captions: float = 0.0,
 ) -> dict:
     """Generate the benchmark into `out` and return its summary.
 
-    ``tone_captions`` > 0 writes training data rather than the benchmark: that share of the train
-    split's one-object captions also name the background tone (:func:`write_captions`).
+    ``tone_captions`` > 0 or ``count_captions`` > 0 write training data rather than the benchmark:
+    that share of the train split's one-object captions also name the background tone, or are
+    replaced by the scene's bare count (:func:`write_captions`).
 
     The dataset is written to a hidden sibling folder and renamed into place when complete, so an
     interrupted run never leaves a half dataset at `out` (nor destroys the one already there).
@@ -133,8 +135,9 @@ def write_dataset(
             raise ValueError(f"--{split} must be >= 0, got {n}")
     if image_size < 16:
         raise ValueError(f"--image-size must be at least 16 pixels, got {image_size}")
-    if not 0.0 <= tone_captions <= 1.0:
-        raise ValueError(f"--tone-captions is a probability in [0, 1], got {tone_captions}")
+    for name, p in (("tone", tone_captions), ("count", count_captions)):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"--{name}-captions is a probability in [0, 1], got {p}")
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not force:
         raise FileExistsError(f"{out} already exists and is not empty; pass --force to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -146,7 +149,7 @@ def write_dataset(
         images, scenes = [], []
         imgid = 0
         chunks = [
-            (seed, split, lo, min(lo + SYNTH_CHUNK, counts[split]), image_size, tone_captions)
+            (seed, split, lo, min(lo + SYNTH_CHUNK, counts[split]), image_size, tone_captions, count_captions)
             for split in SPLITS
             for lo in range(0, counts[split], SYNTH_CHUNK)
         ]
@@ -182,6 +185,7 @@ def write_dataset(
             "counts": counts,
             # recorded only when set, so the benchmark's scenes.json keeps its bytes
             **({"tone_captions": tone_captions} if tone_captions else {}),
+            **({"count_captions": count_captions} if count_captions else {}),
         }
         _write_json(tmp / JSON_NAME, {"dataset": "synthetic", "images": images})
         _write_json(
@@ -204,14 +208,15 @@ SYNTH_CHUNK = 500  # images per task when the benchmark is rendered in several p
 
 
 def _synth_items(
-    seed: int, split: str, lo: int, hi: int, image_size: int, tone_captions: float
+    seed: int, split: str, lo: int, hi: int, image_size: int, tone_captions: float, count_captions: float
 ) -> list[tuple[bytes, list[str], Scene]]:
     """(PNG bytes, captions, scene) of images [lo, hi) of ``split``: a function of the arguments alone."""
     scenes, images = make_images(seed, split, range(lo, hi), image_size)
-    tone = tone_captions if split == "train" else 0.0
+    tone, count = (tone_captions, count_captions) if split == "train" else (0.0, 0.0)
     out = []
     for i, scene, image in zip(range(lo, hi), scenes, images, strict=True):
-        captions = write_captions(scene, _child_rng(seed, split, i, 2), tone_captions=tone)
+        rng = _child_rng(seed, split, i, 2)
+        captions = write_captions(scene, rng, tone_captions=tone, count_captions=count)
         out.append((_png_bytes(image), [text for text, _ in captions], scene))
     return out
 
