@@ -54,7 +54,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
     images, captions = root / "index" / "images", root / "index" / "captions"
     build_image_index(checkpoint, data, distractors=N_DISTRACTORS, out=images, progress=False, gpu="off")
     build_caption_index(checkpoint, data, out=captions, progress=False, gpu="off")
-    calibrate_index(images, progress=False)
+    calibrate_index(images, progress=False, generated=200)
     return Artifacts(data, checkpoint, images, captions, root)
 
 

@@ -9,6 +9,7 @@ and prints their paths.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -102,7 +103,8 @@ def _hits(driver) -> list[dict[str, float | str]]:
         {
             "id": card.get_attribute("data-id"),
             "score": float(card.get_attribute("data-score")),
-            "relevance": float(card.get_attribute("data-relevance")),
+            # data-relevance is empty where a hit has none (a query outside the calibration's evidence)
+            "relevance": float(card.get_attribute("data-relevance") or "nan"),
         }
         for card in driver.find_elements(By.CSS_SELECTOR, "#results .hit")
     ]
@@ -125,6 +127,7 @@ return {
   level: box.dataset.level || "",
   kind: box.dataset.kind || "",
   expected_precision: box.dataset.expectedPrecision || "",
+  evidence: box.dataset.evidence || "",
   text: box.innerText,
   warnings: Array.from(box.querySelectorAll('.notice-warning'), (w) => w.textContent),
 };
@@ -172,7 +175,8 @@ def test_search_page(server, driver, tmp_path: Path) -> None:
     assert all(h["relevance"] >= 0.0 for h in hits)
     assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
     passed_low = _passed(driver)
-    assert driver.find_element(By.ID, "summary").text.startswith(f"{passed_low} passed the threshold")
+    # at 0 the slider asks for no threshold (relevance >= 0 holds for every hit with one)
+    assert driver.find_element(By.ID, "summary").text.startswith(f"{passed_low} results (no threshold)")
     assert "total" in driver.find_element(By.ID, "timings").text
     assert not driver.find_element(By.ID, "error").is_displayed()
     # The notice above the grid: this page's expected precision (the mean relevance shown), the
@@ -207,16 +211,23 @@ def test_search_page(server, driver, tmp_path: Path) -> None:
     assert summary.is_displayed() and summary.text.startswith("0 passed"), summary.text
     assert not driver.find_element(By.ID, "error").is_displayed()
 
-    # Back down; words outside the embedded benchmark's vocabulary: results still, and a warning.
+    # Back down; a word the model cannot read: the nearest images still, with no relevance, and the
+    # notice says first that no relevance is given and why.
     _set_slider(driver, wait, 0.0)
     box = driver.find_element(By.ID, "query")
     box.clear()
     box.send_keys("a purple unicorn", Keys.ENTER)
     wait.until(lambda d: d.execute_script(GRID_SETTLED) and "unicorn" in _notice(d)["text"])
     notice = _notice(driver)
-    assert notice["level"] == "warn" and notice["kind"] == ""
-    assert any("vocabulary" in w and "'unicorn'" in w for w in notice["warnings"]), notice
-    assert _hits(driver) and not driver.find_element(By.ID, "error").is_displayed()
+    assert notice["level"] == "warn" and notice["kind"] == "" and notice["evidence"] == "outside"
+    assert notice["text"].startswith("No relevance for this query"), notice
+    assert any("'unicorn'" in w for w in notice["warnings"]), notice
+    hits = _hits(driver)
+    assert hits and all(math.isnan(h["relevance"]) for h in hits)  # none shown
+    assert not driver.find_element(By.ID, "error").is_displayed()
+    _set_slider(driver, wait, 0.5)  # any relevance threshold: nothing passes, and the notice stays
+    assert _hits(driver) == [] and _notice(driver)["evidence"] == "outside"
+    _set_slider(driver, wait, 0.0)
 
     # Then (the slider back at 0 above) search by an uploaded image: caption hits and similar images.
     # Setting the slider to the value it has would rerun both searches after the debounce, racing

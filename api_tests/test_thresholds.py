@@ -1,6 +1,7 @@
 """Threshold semantics: applied before pagination, every hit meets it, results shrink as it rises;
 what the response says about its results (expected precision and relevant count, query kind,
-warnings), with the session's format-2 calibration, a modified per-kind table and a format-1 file."""
+warnings, the evidence a query has), with the session's calibration, a modified per-kind table, a
+format-2 file (no evidence) and a format-1 file."""
 
 from __future__ import annotations
 
@@ -164,7 +165,7 @@ def test_expected_precision_is_the_page_mean_and_expected_relevant_covers_every_
     assert body["quality"]["kind"] is None  # an image has no query kind
 
 
-@pytest.mark.parametrize("text", [*QUERIES, "three shapes: a red circle", "a purple unicorn"])
+@pytest.mark.parametrize("text", [*QUERIES, "three shapes: a red circle"])
 def test_few_likely_relevant_results_are_said_so(client: httpx.Client, text: str) -> None:
     """The warning is there exactly when the top 10's mean relevance (before threshold) is < 0.5."""
     top = _search(client, text, k=10)
@@ -181,13 +182,60 @@ def test_query_kinds_and_vocabulary_on_the_embedded_benchmark(client: httpx.Clie
     body = _search(client, "three shapes: a red circle", k=5)
     assert body["quality"]["kind"] == "count"
     assert body["quality"]["kind_p_at_10"] == kinds["count"]["p_at_10"]
-    # a query outside the grammar: still answered, with a warning naming the unknown word
+    # a word the model cannot read: still answered, with no relevance and one warning naming the word
     body = _search(client, "a purple unicorn", k=5)
     assert body["quality"]["kind"] is None and body["quality"]["kind_p_at_10"] is None and body["hits"]
-    vocabulary = [w for w in body["quality"]["warnings"] if "vocabulary" in w]
-    assert len(vocabulary) == 1 and "'unicorn'" in vocabulary[0] and "unreliable" in vocabulary[0]
-    body = _search(client, "a red", k=5, min_relevance=0.1)  # no noun: outside the grammar too
+    assert body["quality"]["warnings"] == [body["quality"]["evidence"]["reason"]]
+    assert "'unicorn'" in body["quality"]["warnings"][0]
+    body = _search(client, "a red", k=5, min_relevance=0.1)  # known words, but no noun: outside the grammar
+    assert body["quality"]["evidence"]["inside"]
     assert any("vocabulary" in w for w in body["quality"]["warnings"])
+
+
+NO_EVIDENCE = ["qwerty", "!!!", "\u200b", "the eiffel tower at night", "circle circle red red square"]
+
+
+@pytest.mark.parametrize("text", NO_EVIDENCE)
+def test_no_promise_without_evidence(client: httpx.Client, text: str) -> None:
+    """Nonsense, a zero-width space, another domain, word salad of known words: the calibration has
+    no evidence for them, so no relevance is shown, no min_relevance passes anything (not even 0),
+    and the response says why in plain words."""
+    body = _search(client, text, k=10)
+    evidence = body["quality"]["evidence"]
+    assert evidence["inside"] is False
+    assert evidence["reason"].startswith("no relevance is given for this query")
+    assert body["quality"]["warnings"][0] == evidence["reason"]
+    assert body["hits"] and all(h["relevance"] is None for h in body["hits"])  # still ranked by score
+    assert body["calibration"] is None and body["expected_precision"] is None
+    assert body["expected_relevant"] is None
+    for p in (0.0, 0.5, 0.9):
+        passed = _search(client, text, k=10, min_relevance=p)
+        assert (passed["passed"], passed["hits"], passed["passed_is_exact"]) == (0, [], True)
+        assert passed["threshold"] == {"kind": "min_relevance", "value": p, "score": None}
+    filtered = _search(client, text, k=10, min_relevance=0.0, filter={"is_distractor": True})
+    assert filtered["passed"] == 0 and filtered["quality"]["evidence"]["inside"] is False
+    by_score = _search(client, text, k=10, min_score=-1.0)  # a raw-score threshold still applies
+    assert by_score["passed"] > 0 and all(h["relevance"] is None for h in by_score["hits"])
+
+
+def test_queries_inside_the_evidence_are_promised(client: httpx.Client) -> None:
+    for text in QUERIES:
+        body = _search(client, text, k=10)
+        evidence = body["quality"]["evidence"]
+        assert evidence["inside"] and evidence["reason"] is None and evidence["unknown_words"] == []
+        assert 0 < evidence["p_value"] <= 1 and all(h["relevance"] is not None for h in body["hits"])
+
+
+def test_a_format_2_calibration_serves_without_the_check_and_says_so(artifacts, make_server, tmp_path):
+    calibration = json.loads((artifacts.images / "calibration.json").read_text())
+    calibration["format_version"] = 2
+    del calibration["evidence"]
+    server = make_server(index=index_with_calibration(artifacts, tmp_path, calibration)).start()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        body = _search(c, "qwerty", k=5)
+        assert body["quality"]["evidence"] is None and body["hits"][0]["relevance"] is not None
+        assert any("predates the evidence check" in w for w in body["quality"]["warnings"])
+    server.stop()
 
 
 def test_a_kind_the_model_handles_poorly_gets_a_warning(artifacts, make_server, tmp_path) -> None:

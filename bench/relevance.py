@@ -2,8 +2,9 @@
 
 The held-out test captions search the index as the service does (depth 1,000, the tuned nprobe)
 and are judged on the generated distractors with the generator's ground truth: what precision
-``min_relevance`` 0.5 / 0.8 / 0.9 delivers, pooled and per query kind, P@10 per kind, and the cost of
-applying the per-query map to one query's 1,000 hits (it runs on every request).
+``min_relevance`` 0.5 / 0.8 / 0.9 delivers, pooled and per query kind, P@10 per kind, per query what
+the top 20 promise against what they deliver, whether out-of-domain queries pass anything, and the
+cost of applying the per-query map to one query's 1,000 hits (it runs on every request).
 """
 
 from __future__ import annotations
@@ -65,7 +66,25 @@ def summarise(evaluation: dict[str, Any]) -> dict[str, Any]:
         },
         **{f"worst_kind_precision_at_{t}": _worst(kinds, t) for t in ("0.5", "0.8")},
         "recall_at_0.5": per_query["pooled"]["thresholds"]["0.5"]["recall"],
+        **_per_query_summary(per_query.get("queries"), evaluation.get("out_of_domain")),
     }
+
+
+def _per_query_summary(honesty: dict[str, Any] | None, ood: dict[str, Any] | None) -> dict[str, Any]:
+    """Per-query honesty (worst kind's MAE, shares over- and under-promised) and the out-of-domain
+    queries' share passing any hit; None where a calibration predates them."""
+    if not honesty:
+        return {}
+    kinds = [g for g in honesty["by_kind"].values() if g["queries"] >= MIN_KIND_QUERIES]
+    out = {
+        "query_mae": honesty["pooled"]["mae"],
+        "worst_kind_query_mae": max((g["mae"] for g in kinds), default=None),
+        "over_promised": honesty["pooled"]["over"],
+        "under_promised": honesty["pooled"]["under"],
+    }
+    if ood:
+        out.update({f"ood_passing_at_{t}": share for t, share in ood["all"]["passing_any"].items()})
+    return out
 
 
 def _worst(kinds: dict[str, Any], target: str) -> float | None:

@@ -301,6 +301,28 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 False,
             ),
         ]
+        if "worst_kind_query_mae" in relevance:
+            out += [
+                _target(
+                    "per query, top 20: mean |promised - delivered|, worst kind",
+                    relevance["worst_kind_query_mae"],
+                    0.05,
+                    True,
+                ),
+                _target(
+                    "per query, top 20: share over-promised by > 0.2", relevance["over_promised"], 0.02, True
+                ),
+            ]
+        for t in ("0.5", "0.9"):
+            if f"ood_passing_at_{t}" in relevance:
+                out.append(
+                    _target(
+                        f"out-of-domain queries passing any hit at {t}",
+                        relevance[f"ood_passing_at_{t}"],
+                        0.05,
+                        True,
+                    )
+                )
     rows = _get(s, "train", "rows") or []
     ntxent = next((row for row in rows if row["objective"] == "ntxent"), None)
     for row in rows:
@@ -587,6 +609,7 @@ def markdown(report: dict[str, Any]) -> str:
             ],
             rows,
         )
+        lines += _query_honesty_tables(ev)
     if "train" in s:
         t = s["train"]
         lines += [
@@ -654,3 +677,42 @@ def markdown(report: dict[str, Any]) -> str:
             )
             lines += _failed(g["train"])
     return "\n".join(lines)
+
+
+def _query_honesty_tables(ev: dict[str, Any]) -> list[str]:
+    """Per-query honesty of the served map and the out-of-domain queries (calibrations since format 3)."""
+    lines: list[str] = []
+    honesty = ev["maps"].get("per_query", {}).get("queries")
+    if honesty:
+        lines += [
+            f"Per query, top {honesty['k']}: promised (mean relevance shown; no promise = 0) against "
+            f"delivered (share truly relevant); over / under: promised - delivered beyond "
+            f"+/- {honesty['slack']:g}.",
+            "",
+        ]
+        rows = [
+            [
+                kind,
+                g["queries"],
+                g["mae"],
+                g["over"],
+                g["under"],
+                g["withheld"],
+                g["promised"],
+                g["delivered"],
+            ]
+            for kind, g in [("pooled", honesty["pooled"]), *sorted(honesty["by_kind"].items())]
+        ]
+        lines += _table(
+            ["queries", "n", "mean abs. gap", "over", "under", "no promise", "promised", "delivered"], rows
+        )
+    ood = ev.get("out_of_domain")
+    if ood:
+        targets = list(ood["all"]["passing_any"])
+        lines += ["Out-of-domain queries (held_out_kind: a kind left out of the calibration's fit):", ""]
+        rows = [
+            [group, g["queries"], g["withheld"], *(g["passing_any"][t] for t in targets)]
+            for group, g in ood.items()
+        ]
+        lines += _table(["group", "n", "no promise", *(f"passing any at {t}" for t in targets)], rows)
+    return lines

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,11 +41,14 @@ from icr.training.contracts import validated
 from icr.training.devices import resolve_device
 
 CALIBRATION_FILE = "calibration.json"
-CALIBRATION_FORMAT = 2
+CALIBRATION_FORMAT = 3  # 3: with the fitting queries' evidence (2: without it, served without the check)
 TARGETS: tuple[float, ...] = (0.5, 0.8, 0.9)
 DEFAULT_DEPTH = 1000  # the service's ICR_SEARCH_DEPTH
 # What a query kind must reach on held-out captions for the service to call it well handled.
 KIND_P10_WARNING = 0.6
+# Generated queries (scenes in no split, bare counts, impossible ones) added to the embedded
+# benchmark's fit, and as many others judged beside the evaluation.
+GENERATED_QUERIES = 2000
 
 
 def calibrate_index(
@@ -58,13 +62,15 @@ def calibrate_index(
     depth: int = DEFAULT_DEPTH,
     device: str = "auto",
     progress: bool = True,
+    generated: int = GENERATED_QUERIES,
 ) -> dict[str, Any]:
     """Fit, evaluate and write ``calibration.json`` into ``index_dir``; returns its content.
 
     ``checkpoint`` / ``data`` default to those recorded in the index manifest; the checkpoint must
     be the one the index was built from. ``split``: ``auto`` = val (precomp: dev). ``method``: the
     global map's form (isotonic or platt); ``depth``: how deep held-out captions search, as the
-    service does (``ICR_SEARCH_DEPTH``).
+    service does (``ICR_SEARCH_DEPTH``); ``generated``: on the embedded benchmark, generated queries
+    added to the fit (and as many others evaluated), :mod:`icr.training.data.synthetic.queries`.
     """
     from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
     from icr.training.evaluation.checkpoint import calibration_split_for
@@ -74,6 +80,8 @@ def calibrate_index(
         raise ValueError(f"--method must be one of {', '.join(CALIBRATION_METHODS)}, got {method!r}")
     if depth < 1:
         raise ValueError(f"--depth must be >= 1, got {depth}")
+    if generated < 0:
+        raise ValueError(f"--generated-queries must be >= 0, got {generated}")
     index_dir = Path(index_dir)
     manifest = Manifest.read(index_dir)
     checkpoint = Path(checkpoint or manifest.checkpoint_path)
@@ -98,6 +106,7 @@ def calibrate_index(
             device,
             progress,
             per_image,
+            generated,
         )
     else:
         out = _calibrate_on_split(
@@ -119,13 +128,14 @@ def _searchable_with_truth(manifest: Manifest, data: Path) -> bool:
     )
 
 
-def _maps_block(per_query: Any, global_map: Any, fit: dict[str, Any]) -> dict[str, Any]:
+def _maps_block(maps: Any, fit: dict[str, Any]) -> dict[str, Any]:
     return {
         "method": "per_query",
-        "per_query": per_query.to_dict(),
-        "global": global_map.to_dict(),
+        "per_query": maps.per_query.to_dict(),
+        "global": maps.global_map.to_dict(),
+        "evidence": maps.evidence.to_dict(),
         "fit": fit,
-        "score_for_relevance": {str(t): global_map.score_for(t) for t in TARGETS},
+        "score_for_relevance": {str(t): maps.global_map.score_for(t) for t in TARGETS},
     }
 
 
@@ -158,15 +168,26 @@ def _calibrate_in_index(
     device: str,
     progress: bool,
     per_image: int,  # captions per image, as the checkpoint was trained
+    n_generated: int,
 ) -> dict[str, Any]:
     from icr.index.build import load_index_dir
     from icr.index.vector_index import nprobe_of, set_nprobe
-    from icr.training.data.synthetic.generate import DistractorStream, split_scene_table
+    from icr.training.data.synthetic.generate import DistractorStream, load_scenes, split_scene_table
+    from icr.training.data.synthetic.queries import EVAL_OFFSET, generated_queries
     from icr.training.data.synthetic.scene import SceneTable
     from icr.training.data.training_data import open_split
     from icr.training.embedding import embed_captions
+    from icr.training.evaluation.metrics.query_honesty import query_honesty
     from icr.training.evaluation.metrics.threshold_honesty import HitLists
-    from icr.training.evaluation.relevance import fit_served_maps, honesty_report, synthetic_hits
+    from icr.training.evaluation.relevance import (
+        fit_served_maps,
+        held_out_kind_relevance,
+        honesty_report,
+        mapped,
+        ood_groups,
+        ood_report,
+        synthetic_hits,
+    )
 
     index, _, metadata = load_index_dir(index_dir)
     metadata.close()
@@ -192,11 +213,28 @@ def _calibrate_in_index(
         )
         return hits, emb, captions
 
+    def generated(start: int, n: int) -> tuple[HitLists, np.ndarray, list[str], list[str]]:
+        """Generated queries (:mod:`icr.training.data.synthetic.queries`): every hit judged."""
+        queries = generated_queries(load_scenes(data).seed, start, n)
+        texts = [q.text for q in queries]
+        emb = embed_captions(model, texts, device=device, progress=False)  # (n, D)
+        scores, ids = _search_hits(index, emb, depth)
+        hits = synthetic_hits(texts, scores, ids, table, g, judge_distractors=False)
+        return hits, emb, texts, [q.style for q in queries]
+
     fit_hits, fit_emb, fit_texts = hits_of(fit_split, judge_distractors=False)
-    per_query, global_map = fit_served_maps(fit_hits, fit_emb, fit_texts, method)
+    # with queries users ask that no caption was written for: some with no answer at all
+    extra_texts: list[str] = []
+    if n_generated:
+        extra_hits, extra_emb, extra_texts, _ = generated(0, n_generated)
+        fit_hits = HitLists.concat([fit_hits, extra_hits])
+        fit_emb, fit_texts = np.concatenate([fit_emb, extra_emb]), [*fit_texts, *extra_texts]
+    maps = fit_served_maps(fit_hits, fit_emb, fit_texts, method)
     fit = {
         "split": fit_split,
         "queries": len(fit_hits),
+        "generated_queries": len(extra_texts),
+        "no_answer": int((fit_hits.n_relevant == 0).sum()),
         "depth": depth,
         "gallery": "this index",
         "labels": "ground_truth",
@@ -204,12 +242,22 @@ def _calibrate_in_index(
     out: dict[str, Any] = {
         "labels": "ground_truth",
         "labels_note": None,
-        **_maps_block(per_query, global_map, fit),
+        **_maps_block(maps, fit),
     }
     if eval_split:
         test_hits, test_emb, test_texts = hits_of(eval_split, judge_distractors=manifest.distractor_count > 0)
-        report = honesty_report(
-            test_hits, test_emb, test_texts, {"per_query": per_query, "global": global_map}
+        unknown = [model.unknown_words(t) for t in test_texts]
+        served = {"per_query": maps.per_query, "global": maps.global_map}
+        report = honesty_report(test_hits, test_emb, test_texts, served, maps.evidence, unknown)
+        # queries no calibration query resembles, searched and served the same way
+        ood = {}
+        for group, texts in ood_groups(fit_texts).items():
+            emb = embed_captions(model, texts, device=device, progress=False)  # (Q, D)
+            scores, _ = _search_hits(index, emb, depth)
+            words = [model.unknown_words(t) for t in texts]
+            ood[group] = mapped(maps.per_query, scores, emb, texts, maps.evidence, words)
+        ood["held_out_kind"] = held_out_kind_relevance(
+            fit_hits, fit_emb, fit_texts, test_hits, test_emb, test_texts, unknown=unknown
         )
         out["evaluation"] = {
             "split": eval_split,
@@ -219,7 +267,17 @@ def _calibrate_in_index(
             if manifest.distractor_count
             else "every image but the caption's own",
             "maps": {name: _compact(r) for name, r in report.items()},
+            "out_of_domain": ood_report(ood),
         }
+        if n_generated:
+            gen_hits, gen_emb, gen_texts, styles = generated(EVAL_OFFSET, n_generated)
+            words = [model.unknown_words(t) for t in gen_texts]
+            gen = mapped(maps.per_query, gen_hits.scores, gen_emb, gen_texts, maps.evidence, words)
+            out["evaluation"]["generated"] = {
+                "queries": len(gen_texts),
+                "no_answer": int((gen_hits.n_relevant == 0).sum()),
+                "honesty": query_honesty(gen_hits.relevant, gen, styles),
+            }
         out["kinds"] = _kind_table(report["per_query"])
     return out
 
@@ -251,8 +309,8 @@ def _calibrate_on_split(
     hits = type(hits)(
         hits.scores, hits.relevant, np.ones_like(hits.judged), hits.n_relevant, hits.n_relevant, None
     )
-    per_query, _ = fit_served_maps(hits, held_out.cap_emb, held_out.data.captions)
-    global_map = fit_split_calibration(held_out, method)
+    maps = fit_served_maps(hits, held_out.cap_emb, held_out.data.captions)
+    maps = replace(maps, global_map=fit_split_calibration(held_out, method))
     fit = {
         "split": fit_split,
         "queries": len(hits),
@@ -263,23 +321,28 @@ def _calibrate_on_split(
     out: dict[str, Any] = {
         "labels": labels,
         "labels_note": ANNOTATION_NOTE if labels == "annotations" else None,
-        **_maps_block(per_query, global_map, fit),
+        **_maps_block(maps, fit),
     }
-    ece = {fit_split: calibration_error(held_out.sim, relevance, global_map)["ece"]}
+    ece = {fit_split: calibration_error(held_out.sim, relevance, maps.global_map)["ece"]}
     if eval_split and eval_split != fit_split:
         test = embed_split(model, data, eval_split, options)
-        ece[eval_split] = calibration_error(test.sim, test.labels()[1], global_map)["ece"]
+        ece[eval_split] = calibration_error(test.sim, test.labels()[1], maps.global_map)["ece"]
     out["global_ece_all_pairs"] = ece
     return out
 
 
 def _compact(report: dict[str, Any]) -> dict[str, Any]:
-    """A threshold-honesty report without the reliability bins (they go to plots, not the service)."""
+    """A threshold- and query-honesty report without the reliability bins (they go to plots, not the
+    service)."""
 
     def strip(group: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in group.items() if k != "reliability"}
 
-    return {"pooled": strip(report["pooled"]), "by_kind": {k: strip(v) for k, v in report["by_kind"].items()}}
+    return {
+        "pooled": strip(report["pooled"]),
+        "by_kind": {k: strip(v) for k, v in report["by_kind"].items()},
+        "queries": report["queries"],
+    }
 
 
 def _kind_table(report: dict[str, Any]) -> dict[str, Any]:
@@ -302,34 +365,41 @@ class CalibrationFile(BaseModel):
     checked by their own readers (``Calibration.from_dict``, ``QueryCalibration.from_dict``)."""
 
     model_config = ConfigDict(strict=True, extra="allow")
-    format_version: Literal[2]
+    format_version: Literal[2, 3]
     checkpoint_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     method: Literal["per_query"]
     labels: str
     labels_note: str | None = None
     global_: dict[str, Any] = Field(alias="global")
     per_query: dict[str, Any] | None
+    evidence: dict[str, Any] | None = None  # format 3 on
     kinds: dict[str, Any] = Field(default_factory=dict)
 
 
 class ServedCalibration:
-    """A ``calibration.json`` as the service applies it (format 2, or format 1's single map).
+    """A ``calibration.json`` as the service applies it (format 3 or 2, or format 1's single map).
 
     :meth:`relevance` maps one query's retrieved scores (best first) to probabilities: the
-    per-query map when the file has one, else the global map. ``kinds`` is the per-kind table of
-    the held-out evaluation (embedded benchmark), ``labels_note`` what the labels mean.
+    per-query map when the file has one, else the global map. :meth:`assess` says whether the
+    fit has evidence for a text query (format 3; older files have none: ``evidence`` is None).
+    ``kinds`` is the per-kind table of the held-out evaluation (embedded benchmark),
+    ``labels_note`` what the labels mean.
     """
 
     def __init__(self, info: dict[str, Any]) -> None:
         from icr.training.evaluation.metrics.calibration import Calibration
         from icr.training.evaluation.metrics.query_calibration import QueryCalibration
+        from icr.training.evaluation.metrics.query_evidence import QueryEvidence
 
         if not isinstance(info, dict):
             raise ValueError(f"a calibration is a JSON object, got {type(info).__name__}")
         self.info = info
-        if info.get("format_version") == CALIBRATION_FORMAT:
+        self.evidence: QueryEvidence | None = None
+        if info.get("format_version") in (2, CALIBRATION_FORMAT):
             self.global_map = Calibration.from_dict(info["global"])
             self.per_query = QueryCalibration.from_dict(info["per_query"]) if info.get("per_query") else None
+            if info["format_version"] == CALIBRATION_FORMAT:
+                self.evidence = QueryEvidence.from_dict(info.get("evidence"))
         else:  # format 1: the global isotonic / Platt map at the top level
             self.global_map = Calibration.from_dict(info)
             self.per_query = None
@@ -356,7 +426,7 @@ class ServedCalibration:
             info = json.loads(Path(path).read_text())
         except (OSError, ValueError) as err:
             raise ValueError(f"{path}: unreadable calibration ({err})") from None
-        if isinstance(info, dict) and info.get("format_version") == CALIBRATION_FORMAT:
+        if isinstance(info, dict) and info.get("format_version") in (2, CALIBRATION_FORMAT):
             validated(CalibrationFile, info, str(path), "calibration file", "")
         try:
             return cls(info)

@@ -317,6 +317,13 @@ def calibrate(
     device: Annotated[
         Device, typer.Option(help="Where the model embeds: auto (CUDA if present), cpu, cuda.")
     ] = "auto",
+    generated_queries: Annotated[
+        int,
+        typer.Option(
+            help="Embedded benchmark: generated queries (unseen scenes, bare counts, impossible ones) "
+            "added to the fit, and as many others judged beside the evaluation (0: none)."
+        ),
+    ] = 2000,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
     """Fit score -> probability of relevance where thresholds act; writes calibration.json.
@@ -325,7 +332,10 @@ def calibrate(
     labelled with the generator's ground truth; the fitted per-query map (score + what the query's
     own results and embedding show) is what the service applies, a global map is kept beside it.
     Test captions are then searched the same way and judged on the distractors: the table shows the
-    precision that min_relevance 0.5 / 0.8 delivers, pooled and per query kind. On Flickr30k/COCO
+    precision that min_relevance 0.5 / 0.8 delivers, pooled and per query kind, what each query's top
+    20 promise against what they deliver, and whether out-of-domain queries (nonsense, other
+    domains, a kind left out of the fit) are promised anything. A query unlike every fitted one is
+    given no relevance by the service (the file keeps the fitted queries' evidence). On Flickr30k/COCO
     the maps are fitted on the validation split's annotated pairs (relevance is then
     underestimated, and the file says so).
 
@@ -347,6 +357,7 @@ def calibrate(
         depth=depth,
         device=device,
         progress=not quiet,
+        generated=generated_queries,
     )
     print_summary({k: result.get(k) for k in ("method", "labels", "labels_note", "score_for_relevance")})
     if "evaluation" in result:
@@ -375,4 +386,16 @@ def format_evaluation(evaluation: dict[str, Any]) -> str:
                 f"  {'':<10} {kind:<16} {g['queries']:>5} {f(g['p_at_10']):>6} {f(t5['precision']):>9} "
                 f"{t5['passing']:>9,} {f(t5['recall']):>7} {f(t8['precision']):>9} {t8['passing']:>8,}"
             )
+    from icr.training.evaluation.metrics.query_honesty import format_out_of_domain, format_query_honesty
+
+    if "queries" in evaluation["maps"].get("per_query", {}):
+        lines.append(format_query_honesty(evaluation["maps"]["per_query"]["queries"]))
+    if "generated" in evaluation:
+        gen = evaluation["generated"]
+        lines.append(
+            f"  generated queries ({gen['queries']:,}, {gen['no_answer']:,} with no answer), by style:"
+        )
+        lines.append(format_query_honesty(gen["honesty"]))
+    if "out_of_domain" in evaluation:
+        lines.append(format_out_of_domain(evaluation["out_of_domain"]))
     return "\n".join(lines)

@@ -11,6 +11,10 @@ kind, and warnings when
   so neither its ranking nor the relevance can be trusted;
 * few of the top 10 are likely relevant (their mean relevance is below one half);
 * the calibration's labels are known to bias it (``labels_note``).
+
+First of all, a text query outside the calibration's evidence
+(:mod:`icr.training.evaluation.metrics.query_evidence`) is given no relevance at all, and the block
+says why (``evidence``); a calibration fitted before the check existed says it cannot tell.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 from icr.training.data.synthetic.generate import SCENES_NAME
 from icr.training.data.synthetic.kinds import text_kind
 from icr.training.data.synthetic.parse import CaptionParseError, parse_caption
+from icr.training.evaluation.metrics.query_evidence import Evidence
 
 # Below this mean relevance of the top 10 retrieved, the response says few results are likely relevant.
 LOW_TOP_RELEVANCE = 0.5
@@ -36,6 +41,10 @@ KIND_WORDS = {
     "several_objects": "they name two or more objects",
     "one_object": "they name one object",
 }
+DATED_CALIBRATION = (
+    "this index's calibration predates the evidence check, so it cannot tell whether it has seen "
+    "queries like this one; refit it with `icr index calibrate`"
+)
 _UNKNOWN_WORD = re.compile(r"unknown word '([^']*)'")
 
 
@@ -85,19 +94,28 @@ def query_quality(
     top_relevance: float | None,
     top_count: int = TOP_N,
     labels_note: str | None,
+    evidence: Evidence | None = None,
+    dated: bool = False,
 ) -> dict[str, Any]:
     """The response's ``quality`` block.
 
     ``text``: the text query (None for an image query); ``benchmark``: the index is over the
     embedded benchmark; ``kinds``: the calibration's per-kind table (may be empty);
     ``top_relevance``: the mean relevance of the top ``top_count`` retrieved (``TOP_N``, fewer only in
-    a tiny index; None without calibration).
+    a tiny index; None without calibration or outside its evidence); ``evidence``: what the
+    calibration has seen of the text query; ``dated``: the calibration has no evidence to check.
     """
     kind = p10 = None
     warnings: list[str] = []
+    outside = evidence is not None and not evidence.inside
+    if outside:
+        assert evidence is not None
+        warnings.append(str(evidence.reason()))
+    if dated:
+        warnings.append(DATED_CALIBRATION)
     if text is not None and benchmark:
         kind, problem = benchmark_kind(text)
-        if problem is not None:
+        if problem is not None and not outside:  # the evidence's reason already names the words
             warnings.append(problem)
         elif kind in kinds:
             row = kinds[kind]
@@ -112,4 +130,9 @@ def query_quality(
         )
     if labels_note:
         warnings.append(labels_note)
-    return {"kind": kind, "kind_p_at_10": p10, "warnings": warnings}
+    return {
+        "kind": kind,
+        "kind_p_at_10": p10,
+        "warnings": warnings,
+        "evidence": evidence.to_dict() if evidence is not None else None,
+    }

@@ -37,6 +37,7 @@ from icr.index.vector_index import Rescorer
 from icr.service.batcher import MicroBatcher
 from icr.service.quality import TOP_N, over_embedded_benchmark
 from icr.training.devices import resolve_device
+from icr.training.evaluation.metrics.query_evidence import Evidence
 from icr.training.models.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
 
 log = logging.getLogger("icr.service")
@@ -146,6 +147,7 @@ class Page:
     top_relevance: float | None = None  # mean relevance of the top TOP_N retrieved (before threshold/offset)
     top_count: int = 0  # how many retrieved hits top_relevance averages (TOP_N, or fewer in a tiny index)
     matched: int | None = None  # items the query's filter selects (None: no filter)
+    evidence: Evidence | None = None  # what the calibration has seen of a text query (None: not checked)
 
     @property
     def expected_precision(self) -> float | None:
@@ -377,6 +379,10 @@ class Retriever:
         global map, as the per-query map reads a text query's words, embedding and score list.
         """
         calibration = target.calibration if calibrated else None
+        evidence = None
+        if calibration is not None and calibration.evidence is not None and text is not None:
+            # no promise without evidence: outside it, no relevance and min_relevance passes nothing
+            evidence = calibration.evidence.assess(text, self.model.unknown_words(text))
         if min_relevance is not None and calibration is None:
             raise NotServable(
                 f"min_relevance needs a calibration: run `icr index calibrate` on the index folder "
@@ -395,7 +401,7 @@ class Retriever:
             matched = len(selection.ids)
             f_scores, f_ids = self._filtered(target, query, depth, selection)
         t1 = time.perf_counter()
-        if calibration is not None:
+        if calibration is not None and (evidence is None or evidence.inside):
             if filter_ is None:
                 relevance = calibration.relevance(scores, query, text)  # (n,)
             else:
@@ -407,8 +413,8 @@ class Retriever:
             keep = scores >= min_score
             threshold = {"kind": "min_score", "value": min_score, "score": min_score}
         elif min_relevance is not None:
-            assert relevance is not None  # min_relevance without a calibration was refused above
-            keep = relevance >= min_relevance
+            # without a calibration it was refused above; outside its evidence nothing passes
+            keep = relevance >= min_relevance if relevance is not None else np.zeros(len(scores), bool)
             # Relevance never rises down a best-first list, so the passing hits are a prefix and
             # their lowest score is this query's raw-score equivalent of the threshold.
             threshold = {
@@ -451,6 +457,7 @@ class Retriever:
             top_relevance=top_relevance,
             top_count=top_count,
             matched=matched,
+            evidence=evidence,
         )
 
     @staticmethod

@@ -177,6 +177,29 @@ class PageInfo(BaseModel):
     )
 
 
+class QueryEvidence(BaseModel):
+    """What the calibration has seen of a text query: outside its evidence no relevance is given."""
+
+    inside: bool = Field(
+        ...,
+        description="True: the calibration has evidence for queries like this one, and relevance is "
+        "given. False: relevance is null for every hit and min_relevance passes nothing.",
+    )
+    p_value: float = Field(
+        ...,
+        description="Conformal novelty p-value: the share of the calibration's own queries at least as "
+        "novel as this one (1: every word and word pair seen). Below the calibration's alpha: outside.",
+    )
+    novelty: float = Field(
+        ..., description="Share of the query's words and word pairs no calibration query has."
+    )
+    unseen: list[str] = Field(default_factory=list, description="Some of those words and word pairs.")
+    unknown_words: list[str] = Field(
+        default_factory=list, description="Words the model's tokenizer cannot read (always outside)."
+    )
+    reason: str | None = Field(None, description="Why no relevance is given, in plain words (null: inside).")
+
+
 class Quality(BaseModel):
     """What a user should know about this query's results, in plain sentences."""
 
@@ -195,6 +218,11 @@ class Quality(BaseModel):
         description="Plain sentences to show the user: a kind the model handles poorly, a query outside "
         "the embedded benchmark's vocabulary, few likely relevant results in the top 10, a known bias "
         "of the calibration's labels.",
+    )
+    evidence: QueryEvidence | None = Field(
+        None,
+        description="Text queries over a calibrated index: whether the calibration has evidence for "
+        "this query (null: image queries, no calibration, or a calibration fitted before the check).",
     )
 
 

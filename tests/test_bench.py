@@ -322,6 +322,36 @@ def test_relevance_targets_hold_every_kind_with_enough_queries() -> None:
     text = markdown(report)
     assert "## Threshold honesty (1,395 held-out test captions" in text
     assert "| per_query | count |" in text
+    assert "Per query, top" not in text  # a calibration from before the per-query figures
+
+    # with per-query honesty (the worst kind among those with >= 20 queries) and out-of-domain queries
+    def figures(queries: int, mae: float, over: float) -> dict:
+        return {"queries": queries, "mae": mae, "over": over, "under": 0.01, "withheld": 0.0}
+
+    evaluation["maps"]["per_query"]["queries"] = {
+        "k": 20,
+        "slack": 0.2,
+        "pooled": {**figures(1395, 0.04, 0.01), "promised": 0.8, "delivered": 0.79},
+        "by_kind": {
+            "one_object": {**figures(1000, 0.01, 0.0), "promised": 0.99, "delivered": 0.99},
+            "count": {**figures(390, 0.07, 0.03), "promised": 0.1, "delivered": 0.12},
+            "relation": {**figures(5, 0.3, 0.4), "promised": 0.5, "delivered": 0.3},
+        },
+    }
+    evaluation["out_of_domain"] = {
+        group: {"queries": n, "withheld": 1.0 - share, "passing_any": {"0.5": share, "0.9": share}}
+        for group, n, share in (("nonsense", 25, 0.0), ("held_out_kind", 100, 0.02), ("all", 125, 0.016))
+    }
+    report["sections"]["relevance"]["summary"] = summary = summarise(evaluation)
+    assert summary["worst_kind_query_mae"] == 0.07  # relation has too few queries to count
+    assert summary["over_promised"] == 0.01 and summary["ood_passing_at_0.5"] == 0.016
+    met = {t["target"]: t["met"] for t in targets(report)}
+    assert met["per query, top 20: mean |promised - delivered|, worst kind"] is False  # 0.07
+    assert met["per query, top 20: share over-promised by > 0.2"] is True
+    assert met["out-of-domain queries passing any hit at 0.5"] is True
+    text = markdown({**report, "targets": targets(report)})
+    assert "Per query, top 20" in text and "| count | 390 | 0.07" in text
+    assert "| held_out_kind | 100 |" in text
 
 
 @pytest.mark.slow

@@ -199,6 +199,18 @@ def test_relevance_section_judges_held_out_captions_on_the_distractors(report, t
     for kind, group in want["by_kind"].items():
         assert served["by_kind"][kind]["queries"] == group["queries"]
         assert served["by_kind"][kind]["p_at_10"] == pytest.approx(group["p_at_10"])
+    # per query: delivered is the share of each caption's top 20 the truth calls relevant
+    honesty = section["maps"]["per_query"]["queries"]
+    assert honesty["k"] == 20 and honesty["pooled"]["queries"] == 60
+    assert honesty["pooled"]["delivered"] == pytest.approx(relevant[:, :20].mean())
+    for kind, group in want["by_kind"].items():
+        assert honesty["by_kind"][kind]["queries"] == group["queries"]
+    # out-of-domain queries: words the tiny model never read get no promise at all
+    ood = section["out_of_domain"]
+    assert ood["nonsense"]["queries"] == 25 and ood["nonsense"]["withheld"] == 1.0
+    assert ood["nonsense"]["passing_any"] == {"0.5": 0.0, "0.9": 0.0}
+    assert ood["held_out_kind"]["queries"] == want["by_kind"]["relation"]["queries"]
+    assert ood["all"]["queries"] == sum(g["queries"] for name, g in ood.items() if name != "all")
 
 
 def test_distractor_embeddings_file(tiny, embedded, tmp_path):
@@ -236,6 +248,8 @@ def test_cli_evaluate_writes_json(tiny, tmp_path):
 
     data, ckpt = tiny
     out = tmp_path / "eval.json"
+    ood = tmp_path / "ood.txt"
+    ood.write_text("a purple giraffe\n\nthe moon\nqwerty\n")
     run = CliRunner().invoke(
         app,
         [
@@ -253,11 +267,15 @@ def test_cli_evaluate_writes_json(tiny, tmp_path):
             "0.25",
             "--calibration-method",
             "platt",
+            "--ood-queries",
+            str(ood),
         ],
     )
     assert run.exit_code == 0, run.output
+    assert "out-of-domain queries" in run.output and "per query, top 20" in run.output
     assert "rsum" in run.output and "PR-AUC" in run.output and "t2i with distractors" in run.output
     rep = json.loads(out.read_text())
+    assert rep["relevance"]["out_of_domain"]["given"]["queries"] == 3  # the file's, in place of the built-in
     assert rep["distractors"]["annotations"]["gallery_size"] == 15
     assert rep["ground_truth"]["calibration"]["method"] == "platt"
     assert 0.25 in [row["threshold"] for row in rep["annotations"]["thresholds"]]

@@ -537,7 +537,7 @@ def test_calibrate_fits_on_held_out_captions_searched_in_the_index(built, data, 
     result = calibrate_index(built, split="val", eval_split="test", depth=30, progress=False)
     stored = json.loads((built / CALIBRATION_FILE).read_text())
     assert stored == as_json(result)
-    assert stored["format_version"] == 2 and stored["method"] == "per_query"
+    assert stored["format_version"] == 3 and stored["method"] == "per_query"
     assert stored["labels"] == "ground_truth" and stored["labels_note"] is None
     assert stored["checkpoint_sha256"] == Manifest.read(built).checkpoint_sha256
     assert stored["fit"] == {
@@ -593,6 +593,23 @@ def test_calibrate_fits_on_held_out_captions_searched_in_the_index(built, data, 
     assert set(stored["kinds"]) == set(evaluation["maps"]["per_query"]["by_kind"])
     for row in stored["kinds"].values():
         assert row["handled_well"] == (row["p_at_10"] is not None and row["p_at_10"] >= 0.6)
+    # per query: what each test caption's top 20 promise against what they deliver
+    honesty = evaluation["maps"]["per_query"]["queries"]
+    assert honesty["k"] == 20 and honesty["pooled"]["queries"] == 60
+    assert set(honesty["by_kind"]) == set(evaluation["maps"]["per_query"]["by_kind"])
+    # the evidence: the fitting captions themselves are inside it; nonsense and other domains are
+    # not, and nothing of theirs passes a threshold
+    assert stored["evidence"]["queries"] == 60 and served.evidence is not None
+    assert served.evidence.assess(val.captions[0]).inside
+    ood = evaluation["out_of_domain"]
+    assert set(ood) == {"nonsense", "other_domain", "word_salad", "held_out_kind", "all"}
+    for group in ("nonsense", "other_domain"):
+        assert ood[group]["queries"] == 25 and ood[group]["withheld"] == 1.0
+        assert ood[group]["passing_any"] == {"0.5": 0.0, "0.9": 0.0}
+    relation = evaluation["maps"]["per_query"]["by_kind"]["relation"]["queries"]
+    assert (
+        ood["held_out_kind"]["queries"] == relation
+    )  # withheld or not: 52 fitting captions are little evidence
 
 
 def test_calibrate_refuses_another_checkpoint_and_bad_methods(built, data, tmp_path):

@@ -324,6 +324,18 @@ def test_transformer_mean_pooling_matches_per_caption_loop(minilm_model: DualEnc
     assert_unit_rows(fast, 2, 16)
 
 
+def test_unknown_words_are_the_words_the_tokenizer_cannot_read(vocab: Vocabulary, minilm_model) -> None:
+    """A word-vocabulary tower cannot read a word outside its vocabulary; WordPiece spells most words
+    from pieces and maps only what it has no piece for to [UNK]."""
+    gru = build_model(small_config(), vocab)
+    known = [w for w in vocab.itos if not w.startswith("<")][:2]
+    text = f"{known[0]} qwerty, {known[1]}! Zebra"
+    assert gru.unknown_words(text) == ["qwerty", "zebra"]
+    assert gru.unknown_words(" ".join(known)) == [] and gru.unknown_words("!!!") == []
+    assert minilm_model.unknown_words("a red circle qwerty") == []
+    assert minilm_model.unknown_words("a red \U00010330\U00010331 circle") == ["\U00010330\U00010331"]
+
+
 def test_transformer_frozen_trains_only_the_projection(minilm_model: DualEncoder) -> None:
     model = minilm_model
     model.train()

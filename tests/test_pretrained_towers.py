@@ -141,6 +141,13 @@ def test_embeddings_are_the_models_own_features_normalised(family: str, dim: int
     assert_close(cap, torch.nn.functional.normalize(ref_cap, dim=-1), atol=1e-5, rtol=1e-5)
 
 
+def test_a_byte_level_tokenizer_has_no_unknown_words(clip_dir: Path) -> None:
+    """CLIP's BPE spells any word: no query is outside the evidence for unknown words (the calibration's
+    n-gram evidence has to tell instead)."""
+    model = build_model(clip_config(clip_dir, CLIP_DIM))
+    assert model.unknown_words("qwerty the eiffel tower at night") == []
+
+
 def test_one_folder_can_serve_one_tower_beside_another_kind(clip_dir: Path) -> None:
     cfg = {
         "embed_dim": CLIP_DIM,

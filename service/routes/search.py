@@ -165,6 +165,8 @@ def _assessment(target: LoadedIndex, page: Page | None, text: str | None, benchm
         top_relevance=page.top_relevance if page is not None else None,
         top_count=page.top_count if page is not None else 0,
         labels_note=calibration.labels_note if calibration is not None else None,
+        evidence=page.evidence if page is not None else None,
+        dated=target.calibration is not None and target.calibration.evidence is None and text is not None,
     )
     return {
         "calibration": page.calibration if page is not None else None,

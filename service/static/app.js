@@ -132,8 +132,12 @@
     el.sliderValue.textContent = state.calibrated ? `${v.toFixed(2)} (${Math.round(v * 100)}%)` : v.toFixed(2);
   }
 
+  // At 0 a calibrated slider asks for no threshold: every hit passes relevance >= 0 anyway, and a
+  // query the calibration has no evidence for (which min_relevance never passes) still shows its
+  // nearest images, with no relevance and the notice saying why.
   function thresholdField() {
-    return state.calibrated ? { min_relevance: sliderNumber() } : { min_score: sliderNumber() };
+    if (!state.calibrated) return { min_score: sliderNumber() };
+    return sliderNumber() > 0 ? { min_relevance: sliderNumber() } : {};
   }
 
   function passedText(r) {
@@ -188,6 +192,12 @@
     box.dataset.warnings = String(warnings.length);
     box.dataset.kind = quality.kind || "";
     box.dataset.expectedPrecision = typeof r.expected_precision === "number" ? String(r.expected_precision) : "";
+    // outside the calibration's evidence: no relevance at all, said first (the reason is the first warning)
+    const evidence = quality.evidence;
+    box.dataset.evidence = evidence ? (evidence.inside ? "inside" : "outside") : "";
+    if (evidence && !evidence.inside) {
+      facts.unshift("No relevance for this query: the calibration has no evidence for queries like it");
+    }
     if (!facts.length && !warnings.length) {
       box.hidden = true;
       return;
@@ -381,6 +391,7 @@
     const controller = new AbortController();
     state.textController = controller;
     const threshold = thresholdField();
+    const asked = sliderNumber(); // the slider value this request answers (0: no threshold sent)
     const body = { text, k: Number(el.k.value), offset: state.offset, ...threshold };
     el.results.dataset.state = "loading";
     el.results.setAttribute("aria-busy", "true");
@@ -399,7 +410,7 @@
       renderNotice(el.notice, r);
       el.timings.textContent = timingsText(r.timings);
       updatePager(r);
-      el.results.dataset.threshold = String(Object.values(threshold)[0]);
+      el.results.dataset.threshold = String(asked);
       el.results.dataset.offset = String(r.offset);
       el.results.dataset.state = "done";
     } catch (err) {
@@ -442,8 +453,8 @@
     form.append("file", file, file.name);
     form.append("k", el.k.value);
     form.append("offset", "0");
-    const [field, value] = Object.entries(thresholdField())[0];
-    form.append(field, String(value));
+    const asked = sliderNumber(); // the slider value this request answers (0: no threshold sent)
+    for (const [field, value] of Object.entries(thresholdField())) form.append(field, String(value));
     form.append("include_images", "true");
     el.captions.dataset.state = "loading";
     el.captions.setAttribute("aria-busy", "true");
@@ -460,7 +471,7 @@
       el.similar.replaceChildren(...(similar ? similar.hits.map(card) : []));
       el.similarHeading.hidden = !similar;
       if (similar) el.similarHeading.textContent = `Similar images: ${passedText(similar)}`;
-      el.captions.dataset.threshold = String(value);
+      el.captions.dataset.threshold = String(asked);
       el.captions.dataset.state = "done";
     } catch (err) {
       if (err.name === "AbortError" || controller !== state.imageController) return;

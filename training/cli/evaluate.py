@@ -133,6 +133,13 @@ def format_relevance_table(section: dict[str, Any]) -> str:
                 f"    {kind:<16} {group['queries']:>5} {_fmt(group['p_at_10'], 3):>6} "
                 f"{_fmt(group['r_precision'], 3):>7} {group['ece']:>7.4f}{cells}"
             )
+    from icr.training.evaluation.metrics.query_honesty import format_out_of_domain, format_query_honesty
+
+    per_query = section["maps"].get("per_query", {}).get("queries")
+    if per_query:
+        lines.append(format_query_honesty(per_query))
+    if section.get("out_of_domain"):
+        lines.append(format_out_of_domain(section["out_of_domain"]))
     return "\n".join(lines)
 
 
@@ -219,6 +226,13 @@ def evaluate_command(
             help="Threshold honesty: search held-out captions this deep, as the service does (0: skip)."
         ),
     ] = 1000,
+    ood_queries: Annotated[
+        Path | None,
+        typer.Option(
+            help="Out-of-domain queries, one per line, for the per-query honesty figures (default on the "
+            "embedded benchmark: built-in nonsense and other-domain captions)."
+        ),
+    ] = None,
     device: Annotated[Device, typer.Option(help="auto (CUDA if present), cpu or cuda.")] = "auto",
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
@@ -232,7 +246,8 @@ def evaluate_command(
 
       icr evaluate -m runs/x/best -d icr-demo/data --distractors 100000 --threshold 0.5
 
-      # does min_relevance keep its promise per kind of query? (section "relevance", plots per kind)
+      # does min_relevance keep its promise per kind of query, and per query? Is anything promised
+      # to nonsense or other domains? (section "relevance", plots per kind)
       icr evaluate -m icr-demo/model/best -d icr-demo/data --distractors 100000 --json eval.json
 
       icr evaluate -m runs/coco/best -d ~/data/coco_precomp --split testall --cxc ~/data/cxc/data
@@ -265,6 +280,7 @@ def evaluate_command(
         cxc_karpathy=cxc_karpathy,
         cxc_intramodal=cxc_intramodal,
         relevance_depth=relevance_depth,
+        ood_queries=ood_queries,
     )
     if relevance_depth < 0:
         raise ValueError(f"--relevance-depth must be >= 0, got {relevance_depth}")

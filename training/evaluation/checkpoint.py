@@ -61,6 +61,9 @@ class EvalOptions:
     # Threshold honesty (section "relevance"): held-out captions searched to this depth, as the
     # service searches (0: skip the section).
     relevance_depth: int = 1000
+    # Out-of-domain queries for the per-query honesty figures, one per line, in place of the built-in
+    # nonsense and other-domain groups (which only make sense beside the embedded benchmark).
+    ood_queries: Path | None = None
     # Called as (stage, fraction of the work done) when each stage starts; the service's benchmark
     # jobs report it as progress.
     on_stage: Callable[[str, float], None] | None = None
@@ -271,6 +274,9 @@ def evaluate_model(
             )
             for name, s in (("test", test), ("fit", held_out))
         }
+        ood = _ood_side(model, test, held_out, options)
+        if ood is not None:
+            sides["ood"] = ood
     distractor_scenes: list[Any] = []
     if options.distractors or options.distractor_embeddings:
         t0 = time.perf_counter()
@@ -281,7 +287,7 @@ def evaluate_model(
         t0 = time.perf_counter()
         options.stage("threshold honesty", 0.85)
         report["relevance"], relevance_plots = _relevance_section(
-            test, held_out, sides, distractor_scenes, calibration, options
+            model, test, held_out, sides, distractor_scenes, calibration, options
         )
         if options.plots_dir is not None:
             report.setdefault("plots", []).extend(str(p) for p in relevance_plots)
@@ -369,7 +375,26 @@ def _distractor_section(
     }
 
 
+def _ood_side(model: DualEncoder, test: EmbeddedSplit, held_out: EmbeddedSplit, options: EvalOptions) -> Any:
+    """Out-of-domain queries (:func:`icr.training.evaluation.relevance.ood_groups`) searched over the
+    test gallery; None where there are none to ask (no ground truth and no --ood-queries file)."""
+    from icr.training.embedding import embed_captions
+    from icr.training.evaluation.ood_queries import read_ood_file
+    from icr.training.evaluation.relevance import QuerySide, ood_groups
+
+    if options.ood_queries is None and test.ground_truth is None:
+        return None
+    given = read_ood_file(options.ood_queries) if options.ood_queries is not None else None
+    groups = ood_groups(held_out.data.captions, given)
+    texts = [t for group in groups.values() for t in group]
+    emb = embed_captions(model, texts, device=options.device, progress=False)  # (Q, D)
+    side = QuerySide.start(texts, emb, np.full(len(texts), -1), test.img_emb, options.relevance_depth)
+    side.groups = {name: len(group) for name, group in groups.items()}
+    return side
+
+
 def _relevance_section(
+    model: DualEncoder,
     test: EmbeddedSplit,
     held_out: EmbeddedSplit,
     sides: dict[str, Any],
@@ -382,13 +407,16 @@ def _relevance_section(
         ANNOTATION_NOTE,
         annotation_hits,
         fit_served_maps,
+        held_out_kind_relevance,
         honesty_report,
+        mapped,
+        ood_report,
     )
 
     synthetic = test.ground_truth is not None and held_out.ground_truth is not None
     hits = {}
     for name, split in (("test", test), ("fit", held_out)):
-        side = sides[name]
+        side = sides[name]  # the "ood" side has no labels: only its relevance is read
         if synthetic:
             from icr.training.data.synthetic.generate import split_scene_table
             from icr.training.data.synthetic.scene import SceneTable
@@ -422,8 +450,13 @@ def _relevance_section(
             "this needs labels beyond the one annotated image per caption (the embedded benchmark's "
             "ground truth, or a dataset whose captions are annotated on several images)",
         }, []
-    per_query, served = fit_served_maps(fit, held_out.cap_emb, held_out.data.captions)
-    maps = {"per_query": per_query, "isotonic_served": served, "isotonic_all_pairs": all_pairs}
+    served = fit_served_maps(fit, held_out.cap_emb, held_out.data.captions)
+    maps = {
+        "per_query": served.per_query,
+        "isotonic_served": served.global_map,
+        "isotonic_all_pairs": all_pairs,
+    }
+    test_unknown = [model.unknown_words(t) for t in test.data.captions]
     section: dict[str, Any] = {
         "depth": options.relevance_depth,
         "labels": "ground_truth" if synthetic else "annotations",
@@ -442,11 +475,35 @@ def _relevance_section(
         "fit": {
             "split": held_out.data.name,
             "queries": len(hits["fit"]),
-            "per_query": per_query.fit,
-            "isotonic_served": served.fit,
+            "per_query": served.per_query.fit,
+            "isotonic_served": served.global_map.fit,
+            "evidence": {"queries": len(held_out.data.captions), "alpha": served.evidence.alpha},
         },
-        "maps": honesty_report(hits["test"], test.cap_emb, test.data.captions, maps),
+        "maps": honesty_report(
+            hits["test"], test.cap_emb, test.data.captions, maps, served.evidence, test_unknown
+        ),
     }
+    if "ood" in sides:
+        ood, relevance, start = sides["ood"], {}, 0
+        for group, n in ood.groups.items():
+            rows = slice(start, start + n)
+            texts = ood.captions[rows]
+            unknown = [model.unknown_words(t) for t in texts]
+            relevance[group] = mapped(
+                served.per_query, ood.top.scores[rows], ood.embeddings[rows], texts, served.evidence, unknown
+            )
+            start += n
+        if hits["test"].kinds is not None:
+            relevance["held_out_kind"] = held_out_kind_relevance(
+                fit,
+                held_out.cap_emb,
+                held_out.data.captions,
+                hits["test"],
+                test.cap_emb,
+                test.data.captions,
+                unknown=test_unknown,
+            )
+        section["out_of_domain"] = ood_report(relevance)
     plots: list[Path] = []
     if options.plots_dir is not None:
         from icr.training.evaluation.plots import plot_reliability_by_kind

@@ -39,6 +39,7 @@ from icr.training.models.hf_loading import (
     load_pretrained,
     load_tokenizer,
     model_from_config_dict,
+    unknown_words,
 )
 
 if TYPE_CHECKING:  # annotations only: transformers is imported inside hf_loading's functions
@@ -389,6 +390,10 @@ class ClipTextEncoder(_PretrainedTower):
     def save_tokenizer(self, directory: str | Path) -> None:
         """Write the tokenizer files so a checkpoint does not depend on the original folder."""
         self.tokenizer.save_pretrained(str(directory))
+
+    def unknown_words(self, text: str) -> list[str]:
+        """The words of ``text`` the tokenizer maps to its unknown token."""
+        return unknown_words(self.tokenizer, text)
 
     def tokenize(self, captions: Sequence[str]) -> dict[str, Tensor]:
         """``{"input_ids": (B, T) long, "attention_mask": (B, T) long}``; CLIP: T = the longest caption

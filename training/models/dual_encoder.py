@@ -99,6 +99,10 @@ class DualEncoder(nn.Module):
         input_ids + attention_mask)."""
         return self.text_encoder.tokenize(captions)
 
+    def unknown_words(self, text: str) -> list[str]:
+        """The words of ``text`` the text tower's tokenizer cannot read (mapped to its unknown token)."""
+        return list(self.text_encoder.unknown_words(text))
+
     def image_transform(self, train: bool) -> ImageTransform | FeatureTransform:
         """Picklable ``f(image, rng) -> Tensor``: PIL image -> (3, S, S) float32; for precomp and
         vsrn a feature array (R, F) or (F,) -> float32 tensor. Deterministic given ``rng``."""

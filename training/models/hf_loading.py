@@ -80,3 +80,14 @@ def load_tokenizer(path: str | Path) -> Any:
         return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"{path}: cannot load a tokenizer from this folder: {err}") from None
+
+
+def unknown_words(tokenizer: Any, text: str) -> list[str]:
+    """The words of ``text`` that ``tokenizer`` maps to its unknown token, in order (none for a
+    byte-level BPE such as CLIP's, which can spell any text)."""
+    from icr.training.data.vocab import tokenize
+
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return []
+    return [w for w in tokenize(text) if unk in tokenizer(w, add_special_tokens=False)["input_ids"]]

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from icr.training.data.vocab import Vocabulary
+from icr.training.data.vocab import Vocabulary, tokenize
 from icr.training.models.glove import load_glove
 from icr.training.models.gpo import GPO
 from icr.training.models.heads import l2norm, projection_head
@@ -53,6 +53,10 @@ class GRUTextEncoder(nn.Module):
         """Train the word embeddings (True) or freeze them (False, LTD's first 30 epochs)."""
         self.cfg["finetune_embeddings"] = bool(enabled)
         self.embed.weight.requires_grad_(bool(enabled))
+
+    def unknown_words(self, text: str) -> list[str]:
+        """The words of ``text`` outside the vocabulary (read as <unk>), in order."""
+        return [w for w in tokenize(text) if w not in self.vocab]
 
     def tokenize(self, captions: Sequence[str]) -> dict[str, Tensor]:
         """``{"input_ids": (B, T) long, "lengths": (B,) long}``: ``<start> ... <end>``, <= max_len ids."""

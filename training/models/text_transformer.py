@@ -23,6 +23,7 @@ from icr.training.models.hf_loading import (
     load_pretrained,
     load_tokenizer,
     model_from_config_dict,
+    unknown_words,
 )
 
 _WHAT = "the transformer text encoder"
@@ -88,6 +89,10 @@ class TransformerTextEncoder(nn.Module):
     def save_tokenizer(self, directory: str | Path) -> None:
         """Write the tokenizer files so a checkpoint does not depend on the original folder."""
         self.tokenizer.save_pretrained(str(directory))
+
+    def unknown_words(self, text: str) -> list[str]:
+        """The words of ``text`` the tokenizer maps to its unknown token."""
+        return unknown_words(self.tokenizer, text)
 
     def tokenize(self, captions: Sequence[str]) -> dict[str, Tensor]:
         """``{"input_ids": (B, T) long, "attention_mask": (B, T) long}``, at most max_len tokens."""

@@ -12,7 +12,8 @@ Per group of queries (all pooled, and per query kind where kinds are known):
 * ``p_at_10``: relevant hits in the top 10 divided by min(10, R), averaged over queries with R > 0;
   ``r_precision``: relevant hits in the top min(R, depth), divided by that number;
 * ``ece``: expected calibration error over the judged top-depth hits (15 equal-width bins of
-  predicted relevance), the reliability bins beside it;
+  predicted relevance), the reliability bins beside it; relevance NaN (a query outside the
+  calibration's evidence, shown no relevance) leaves its hits out of it and passes no target;
 * per target p: ``passing`` judged hits with relevance >= p, their ``precision`` (the fraction truly
   relevant) and ``expected_precision`` (their mean predicted relevance: what the service promises),
   ``recall`` (relevant passing hits over all relevant judged items of the gallery, so it is bounded
@@ -58,6 +59,23 @@ class HitLists:
 
     def __len__(self) -> int:
         return int(self.scores.shape[0])
+
+    @classmethod
+    def concat(cls, parts: Sequence[HitLists]) -> HitLists:
+        """Several queries' hit lists (of one depth) as one; kinds kept only where every part has them."""
+
+        def joined(name: str) -> np.ndarray:
+            return np.concatenate([getattr(p, name) for p in parts])
+
+        kinds = None if any(p.kinds is None for p in parts) else joined("kinds")
+        return cls(
+            joined("scores"),
+            joined("relevant"),
+            joined("judged"),
+            joined("n_relevant"),
+            joined("n_relevant_judged"),
+            kinds,
+        )
 
     def select(self, rows: np.ndarray) -> HitLists:
         return HitLists(
@@ -177,7 +195,8 @@ def group_figures(
     hits: HitLists, relevance: np.ndarray, targets: Sequence[float] = TARGETS
 ) -> dict[str, Any]:
     """Every figure of the module docstring for one group of queries."""
-    rel = reliability(relevance[hits.judged], hits.relevant[hits.judged])
+    promised = hits.judged & ~np.isnan(relevance)  # a query given no promise has no relevance to check
+    rel = reliability(relevance[promised], hits.relevant[promised])
     return {
         "queries": len(hits),
         **rank_figures(hits),
