@@ -534,19 +534,22 @@ def test_calibrate_fits_on_held_out_captions_searched_in_the_index(built, data, 
     from icr.training.data.synthetic.scene import SceneTable
     from icr.training.embedding import embed_captions
 
-    result = calibrate_index(built, split="val", eval_split="test", depth=30, progress=False)
+    result = calibrate_index(built, split="val", eval_split="test", depth=30, progress=False, generated=40)
     stored = json.loads((built / CALIBRATION_FILE).read_text())
     assert stored == as_json(result)
     assert stored["format_version"] == 3 and stored["method"] == "per_query"
     assert stored["labels"] == "ground_truth" and stored["labels_note"] is None
     assert stored["checkpoint_sha256"] == Manifest.read(built).checkpoint_sha256
+    # the 60 validation captions and 40 generated queries (some of which nothing in the index answers)
     assert stored["fit"] == {
         **stored["fit"],
         "split": "val",
-        "queries": 60,
+        "queries": 100,
+        "generated_queries": 40,
         "depth": 30,
         "gallery": "this index",
     }
+    assert 0 < stored["fit"]["no_answer"] < 100
     served = ServedCalibration.read(built / CALIBRATION_FILE)
     assert served.method == "per_query"
     broken = built.parent / "broken-calibration.json"
@@ -599,13 +602,16 @@ def test_calibrate_fits_on_held_out_captions_searched_in_the_index(built, data, 
     assert set(honesty["by_kind"]) == set(evaluation["maps"]["per_query"]["by_kind"])
     # the evidence: the fitting captions themselves are inside it; nonsense and other domains are
     # not, and nothing of theirs passes a threshold
-    assert stored["evidence"]["queries"] == 60 and served.evidence is not None
+    assert stored["evidence"]["queries"] == 100 and served.evidence is not None
     assert served.evidence.assess(val.captions[0]).inside
     ood = evaluation["out_of_domain"]
     assert set(ood) == {"nonsense", "other_domain", "word_salad", "held_out_kind", "all"}
     for group in ("nonsense", "other_domain"):
         assert ood[group]["queries"] == 25 and ood[group]["withheld"] == 1.0
         assert ood[group]["passing_any"] == {"0.5": 0.0, "0.9": 0.0}
+    generated = evaluation["generated"]  # 40 others, by style
+    assert generated["queries"] == 40 and generated["honesty"]["pooled"]["queries"] == 40
+    assert set(generated["honesty"]["by_kind"]) <= {"caption", "bare_count", "impossible"}
     relation = evaluation["maps"]["per_query"]["by_kind"]["relation"]["queries"]
     assert (
         ood["held_out_kind"]["queries"] == relation
@@ -689,7 +695,9 @@ def test_every_reader_uses_the_captions_per_image_of_training(data, tmp_path):
     assert report["data"]["captions"] == 12 * 3, report["data"]
     images = build_image_index(checkpoint, data, out=tmp_path / "imgs", progress=False, gpu="off")
     assert images.ntotal == 12
-    fitted = calibrate_index(tmp_path / "imgs", split="val", eval_split="test", depth=10, progress=False)
+    fitted = calibrate_index(
+        tmp_path / "imgs", split="val", eval_split="test", depth=10, progress=False, generated=0
+    )
     assert fitted["fit"]["queries"] == 12 * 3
 
 
