@@ -38,11 +38,12 @@ def test_health_readiness_and_info(client: httpx.Client, artifacts) -> None:
     assert info["caption_index"]["modality"] == "text" and info["caption_index"]["ntotal"] == 200
     calibration = info["calibration"]
     assert (calibration["format_version"], calibration["method"], calibration["global_method"]) == (
-        2,
+        3,
         "per_query",
         "isotonic",
     )
     assert calibration["labels"] == "ground_truth" and calibration["labels_note"] is None
+    assert calibration["evidence"] == {"alpha": 0.01, "queries": calibration["fit"]["queries"]}
     assert calibration["fit"]["split"] == "val" and calibration["fit"]["gallery"] == "this index"
     evaluation = calibration["evaluation"]
     assert evaluation["split"] == "test" and set(evaluation["maps"]) == {"per_query", "global"}
@@ -117,7 +118,9 @@ def test_the_schema_states_this_servers_bounds_and_error_body(client: httpx.Clie
 def test_text_search_response(client: httpx.Client) -> None:
     body = client.post("/v1/search/text", json={"text": "a red circle", "k": 5}).json()
     assert PAGE_KEYS | ASSESSMENT_KEYS | {"query", "hits", "timings"} == set(body)
-    assert body["calibration"] == "per_query" and set(body["quality"]) == {"kind", "kind_p_at_10", "warnings"}
+    assert body["calibration"] == "per_query"
+    assert set(body["quality"]) == {"kind", "kind_p_at_10", "warnings", "evidence"}
+    assert body["quality"]["evidence"]["inside"] is True  # the calibration has seen queries like it
     assert body["quality"]["kind"] == "one_object" and isinstance(body["quality"]["warnings"], list)
     assert 0.0 <= body["expected_precision"] <= 1.0 and 0.0 <= body["expected_relevant"] <= 440
     assert body["query"] == "a red circle" and body["threshold"] == {

@@ -623,6 +623,10 @@ def calibration_summary(calibration: ServedCalibration | None) -> dict[str, Any]
         "fit": info.get("fit"),
         "kinds": calibration.kinds,
         "score_for_relevance": info.get("score_for_relevance"),
+        # which text queries get a relevance at all (null: a file from before the check)
+        "evidence": None
+        if calibration.evidence is None
+        else {"alpha": calibration.evidence.alpha, "queries": len(calibration.evidence.reference)},
     }
     evaluation = info.get("evaluation")
     if isinstance(evaluation, dict):
