@@ -304,7 +304,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         if "worst_kind_query_mae" in relevance:
             out += [
                 _target(
-                    "per query, top 20: mean |promised - delivered|, worst kind",
+                    "per query, top 20: mean absolute gap promised - delivered, worst kind",
                     relevance["worst_kind_query_mae"],
                     0.05,
                     True,
@@ -705,6 +705,30 @@ def _query_honesty_tables(ev: dict[str, Any]) -> list[str]:
         ]
         lines += _table(
             ["queries", "n", "mean abs. gap", "over", "under", "no promise", "promised", "delivered"], rows
+        )
+    generated = ev.get("generated")
+    if generated:
+        lines += [
+            f"Generated queries ({generated['queries']:,}, {generated['no_answer']:,} with no answer in the "
+            "index), per query, top 20, by style:",
+            "",
+        ]
+        honesty = generated["honesty"]
+        rows = [
+            [
+                style,
+                g["queries"],
+                g["mae"],
+                g["over"],
+                g["under"],
+                g["withheld"],
+                g["promised"],
+                g["delivered"],
+            ]
+            for style, g in [("pooled", honesty["pooled"]), *sorted(honesty["by_kind"].items())]
+        ]
+        lines += _table(
+            ["style", "n", "mean abs. gap", "over", "under", "no promise", "promised", "delivered"], rows
         )
     ood = ev.get("out_of_domain")
     if ood:

@@ -346,7 +346,7 @@ def test_relevance_targets_hold_every_kind_with_enough_queries() -> None:
     assert summary["worst_kind_query_mae"] == 0.07  # relation has too few queries to count
     assert summary["over_promised"] == 0.01 and summary["ood_passing_at_0.5"] == 0.016
     met = {t["target"]: t["met"] for t in targets(report)}
-    assert met["per query, top 20: mean |promised - delivered|, worst kind"] is False  # 0.07
+    assert met["per query, top 20: mean absolute gap promised - delivered, worst kind"] is False  # 0.07
     assert met["per query, top 20: share over-promised by > 0.2"] is True
     assert met["out-of-domain queries passing any hit at 0.5"] is True
     text = markdown({**report, "targets": targets(report)})
