@@ -145,7 +145,10 @@
     if (t.kind === "none") return `${r.passed} results (no threshold)`;
     const what = t.kind === "min_relevance" ? `relevance >= ${Number(t.value).toFixed(2)}` : null;
     let text;
-    if (t.score === null || t.score === undefined) {
+    const evidence = (r.quality || {}).evidence;
+    if (t.kind === "min_relevance" && evidence && !evidence.inside) {
+      text = `${r.passed} passed the threshold (no relevance is given for this query: see below)`;
+    } else if (t.score === null || t.score === undefined) {
       text = `${r.passed} passed the threshold (no score reaches ${what || "it"})`;
     } else {
       text = `${r.passed} passed the threshold (score >= ${Number(t.score).toFixed(3)}${what ? `, ${what}` : ""})`;

@@ -9,7 +9,8 @@ Each query is written for a scene of the generator's own ``query`` stream (in no
 distractor set), one query per scene, in one of these styles:
 
 * ``caption``: one of the benchmark's five caption styles (:data:`captions.STYLES`);
-* ``bare_count``: the scene's object count alone ("two shapes", :func:`captions.bare_count`);
+* ``bare_count``: the scene's object count alone ("two shapes", :func:`captions.bare_count`), in
+  ``BARE_COUNT_TONE`` of them with its background tone ("three objects on a dark background");
 * ``impossible``: four objects (no scene holds more than three), or a stated count that contradicts
   the objects listed ("two shapes: a red circle, a blue square and a green star"): never true.
 
@@ -24,7 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from icr.training.data.synthetic import world
-from icr.training.data.synthetic.captions import STYLES, _join, _pick, bare_count, noun_phrase
+from icr.training.data.synthetic.captions import (
+    STYLES,
+    _join,
+    _pick,
+    background_phrase,
+    bare_count,
+    noun_phrase,
+)
 from icr.training.data.synthetic.query import Descriptor, Query
 from icr.training.data.synthetic.scene import Scene
 
@@ -33,6 +41,8 @@ QUERY_STYLES: tuple[str, ...] = ("caption", "bare_count", "impossible")
 # scene has 2-3 objects.
 BARE_COUNT_SHARE = 0.1
 IMPOSSIBLE_SHARE = 0.05
+# Bare counts that also name the background tone, as users combine them.
+BARE_COUNT_TONE = 0.3
 # The fit draws queries [0, FIT_QUERIES), an evaluation from EVAL_OFFSET on: never the same scenes.
 EVAL_OFFSET = 1_000_000
 
@@ -68,7 +78,10 @@ def generated_queries(seed: int, start: int, n: int) -> list[GeneratedQuery]:
         if u < IMPOSSIBLE_SHARE:
             out.append(GeneratedQuery(_impossible(scene, rng), "impossible"))
         elif u < IMPOSSIBLE_SHARE + BARE_COUNT_SHARE and len(scene.objects) >= 2:
-            out.append(GeneratedQuery(bare_count(scene, rng)[0], "bare_count"))
+            text, _ = bare_count(scene, rng)
+            if rng.random() < BARE_COUNT_TONE:  # "three objects on a dark background"
+                text += background_phrase(scene.background.tone, rng)
+            out.append(GeneratedQuery(text, "bare_count"))
         else:
             text, _ = STYLES[int(rng.integers(len(STYLES)))](scene, rng)
             out.append(GeneratedQuery(text, "caption"))

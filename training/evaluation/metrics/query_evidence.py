@@ -76,7 +76,10 @@ class Evidence:
                 f"the calibration never saw queries like it (no fitted query contains "
                 f"{_quoted(self.unseen)}; fewer than {self.p_value:.1%} of fitted queries are as novel)"
             )
-        return f"no relevance is given for this query: {why}, so its results are unranked guesses"
+        return (
+            f"no relevance is given for this query: {why}; its results are only the nearest images by "
+            "score, with no promise that any of them is relevant"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
