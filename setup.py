@@ -13,5 +13,9 @@ STAGES = ("training", "index", "service")
 setup(
     packages=["icr", *(f"icr.{name}" for name in find_packages(include=[f"{s}*" for s in STAGES]))],
     package_dir={"icr": "icr", **{f"icr.{stage}": stage for stage in STAGES}},
-    package_data={"icr.training": ["configs/*.toml"], "icr.service": ["static/*"]},  # the search page
+    package_data={
+        "icr": ["demo_weights/*"],  # the demo model `icr demo` serves (SHIPPED.json says how it was made)
+        "icr.training": ["configs/*.toml"],
+        "icr.service": ["static/*"],  # the search page
+    },
 )

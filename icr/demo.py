@@ -8,6 +8,8 @@ goes straight to serving; an interrupted training resumes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import time
 from pathlib import Path
@@ -31,6 +33,14 @@ DEMO_TRAIN_COUNTS = {"train": 50000, "val": 1000, "test": 0}
 # alone, whether a run learned that "on a dark background" matters was chance; at 30 %, 2 seeds
 # in 4 trained weakly on every kind (README, "The demo model"). The images are the same either way.
 DEMO_TRAIN_TONE = 0.1
+# 15 % of the one-object captions of scenes of 2-3 objects are replaced by the bare count ("two
+# shapes"): the benchmark never says a count alone, and a model trained without it ranked
+# three-object scenes first for "two shapes".
+DEMO_TRAIN_COUNT = 0.15
+# The demo model shipped with icr (`icr demo` without --train): the files, and SHIPPED.json with
+# the commands that made them, the commit, what it measured, and each file's sha256, verified on use.
+SHIPPED_WEIGHTS = Path(__file__).with_name("demo_weights")
+SHIPPED_RECORD = "SHIPPED.json"
 # The demo model: trained for precision over the demo's gallery in a few minutes on 2 CPU cores
 # (training/configs/synthetic-demo.toml says what it changes and why).
 DEMO_CONFIG = "synthetic-demo"
@@ -58,12 +68,21 @@ def demo_command(
         bool, typer.Option(help="Serve when the artifacts are ready (--no-serve: build only).")
     ] = True,
     force: Annotated[bool, typer.Option(help="Rebuild every artifact even if cached ones match.")] = False,
+    train: Annotated[
+        bool,
+        typer.Option(
+            "--train",
+            help="Train the demo model from scratch (50,000 scenes, about 6 minutes on 2 cores) instead "
+            "of using the weights shipped with icr (trained longer by the same command).",
+        ),
+    ] = False,
 ) -> None:
     """Run the embedded default end to end: data, model, indices, calibration, then the search service.
 
-    Generates the synthetic benchmark (10,000 / 1,000 / 1,000 images) and 50,000 training scenes,
-    trains the demo model on them (small CNN + GRU, multi-positive InfoNCE on the generator's
-    ground truth), indexes the 1,000 test images plus 100,000 generated distractors, indexes the
+    Generates the synthetic benchmark (10,000 / 1,000 / 1,000 images), takes the demo model shipped
+    with icr (its checksums verified; --train trains it from scratch on 50,000 generated scenes:
+    small CNN + GRU, multi-positive InfoNCE on the generator's ground truth), indexes the 1,000
+    test images plus 100,000 generated distractors, indexes the
     test captions for image->text search, fits the score -> relevance calibration on validation
     captions searched in that index, and serves it all at http://HOST:PORT/ (search page at /, API
     docs at /docs). Artifacts are cached in --workdir: the next run serves within seconds.
@@ -75,10 +94,12 @@ def demo_command(
       icr demo --workdir /tmp/icr-demo --port 8080
 
       icr demo --distractors 1000000 --no-serve
+
+      icr demo --train --workdir icr-demo-retrained
     """
     started = time.perf_counter()
     workdir = workdir.resolve()  # manifests record absolute paths: serving works from any directory
-    data, checkpoint = demo_data_and_model(workdir, seed, force)
+    data, checkpoint = demo_data_and_model(workdir, seed, force, train)
     images = _demo_index(
         3,
         f"image index (1,000 test images + {distractors:,} distractors)",
@@ -117,21 +138,60 @@ def demo_command(
     )
 
 
-def demo_data_and_model(workdir: Path, seed: int, force: bool) -> tuple[Path, Path]:
-    """Steps 1-2, each cached: the benchmark, the model's training scenes, the trained model.
+def demo_data_and_model(workdir: Path, seed: int, force: bool, train: bool = True) -> tuple[Path, Path]:
+    """Steps 1-2, each cached: the benchmark, then the shipped model (``train=False``) or the
+    model's training scenes and the model trained on them.
 
     Returns (benchmark folder, best checkpoint).
     """
     data = workdir / "data"
     fresh = _demo_data(data, seed, DEMO_COUNTS, "synthetic benchmark", force)
+    if not train:
+        checkpoint = shipped_checkpoint()
+        record = json.loads((checkpoint / SHIPPED_RECORD).read_text())
+        _step(2, f"model: shipped with icr, checksums verified ({record['summary']}); --train retrains it")
+        return data, checkpoint
     train_data = workdir / "train-data"
     what = "the model's training scenes"
-    fresh |= _demo_data(train_data, seed, DEMO_TRAIN_COUNTS, what, force, tone_captions=DEMO_TRAIN_TONE)
+    mix = {"tone_captions": DEMO_TRAIN_TONE, "count_captions": DEMO_TRAIN_COUNT}
+    fresh |= _demo_data(train_data, seed, DEMO_TRAIN_COUNTS, what, force, **mix)
     return data, _demo_model(workdir / "model", train_data, retrain=force or fresh)
 
 
+def shipped_checkpoint(folder: Path | None = None) -> Path:
+    """The shipped demo checkpoint folder, once every file's sha256 matches ``SHIPPED.json``;
+    ValueError naming the file that does not (or is missing) and how to get a model anyway."""
+    folder = SHIPPED_WEIGHTS if folder is None else folder
+    fix = "reinstall icr, or train the demo model yourself with `icr demo --train`"
+    try:
+        record = json.loads((folder / SHIPPED_RECORD).read_text())
+        expected = dict(record["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{folder / SHIPPED_RECORD}: unreadable record of the shipped weights ({err}); {fix}"
+        ) from None
+    for name, digest in expected.items():
+        path = folder / name
+        try:
+            actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError as err:
+            raise ValueError(f"{path}: cannot read the shipped weights ({err.strerror}); {fix}") from None
+        if actual != digest:
+            raise ValueError(
+                f"{path}: sha256 {actual[:16]}... differs from the {digest[:16]}... recorded in "
+                f"{SHIPPED_RECORD}: the shipped weights are damaged; {fix}"
+            )
+    return folder
+
+
 def _demo_data(
-    data: Path, seed: int, counts: dict[str, int], what: str, force: bool, tone_captions: float = 0.0
+    data: Path,
+    seed: int,
+    counts: dict[str, int],
+    what: str,
+    force: bool,
+    tone_captions: float = 0.0,
+    count_captions: float = 0.0,
 ) -> bool:
     """Generate ``counts`` scenes into ``data`` unless a matching copy is cached; True if it generated."""
     from icr.training.cli.data import dataset_statistics
@@ -150,12 +210,20 @@ def _demo_data(
         cached is not None
         and all(cached.get(k) == v for k, v in wanted.items())
         and cached.get("tone_captions", 0.0) == tone_captions
+        and cached.get("count_captions", 0.0) == count_captions
     ):
         _step(1, f"{what}: cached in {data}")
         return False
     _step(1, f"{what}: generating {sum(counts.values())} images into {data}")
     summary = write_dataset(
-        data, **counts, image_size=64, seed=seed, force=True, progress=True, tone_captions=tone_captions
+        data,
+        **counts,
+        image_size=64,
+        seed=seed,
+        force=True,
+        progress=True,
+        tone_captions=tone_captions,
+        count_captions=count_captions,
     )
     typer.echo(f"      done in {summary['seconds']:.1f} s")
     print_summary(dataset_statistics(data))
@@ -257,8 +325,6 @@ def _demo_index(
 
 
 def _demo_calibration(images: Path, force: bool) -> None:
-    import json
-
     from icr.index.calibration import CALIBRATION_FILE, CALIBRATION_FORMAT, calibrate_index
     from icr.index.manifest import MANIFEST_FILE, Manifest
 

@@ -101,7 +101,7 @@ def test_demo_builds_every_artifact_then_reuses_them(tmp_path: Path, monkeypatch
     )
     runner = CliRunner()
     workdir = tmp_path / "demo"
-    args = ["demo", "--workdir", str(workdir), "--distractors", "30", "--no-serve"]
+    args = ["demo", "--workdir", str(workdir), "--distractors", "30", "--no-serve", "--train"]
     first = runner.invoke(cli.app, args)
     assert first.exit_code == 0, first.output
     assert "generating 20 images" in first.output and "captions_true_of_own_image" in first.output
@@ -110,8 +110,11 @@ def test_demo_builds_every_artifact_then_reuses_them(tmp_path: Path, monkeypatch
     trained = json.loads((workdir / "model" / "best" / "config.json").read_text())
     assert trained["train_config"]["data"]["path"] == str(workdir / "train-data")
     # its captions name the background tone more often than the benchmark's; the images are the same
+    # and bare counts ("two shapes"), which the benchmark's never are
     assert load_scenes(workdir / "train-data").generator["tone_captions"] == demo.DEMO_TRAIN_TONE
+    assert load_scenes(workdir / "train-data").generator["count_captions"] == demo.DEMO_TRAIN_COUNT
     assert "tone_captions" not in load_scenes(workdir / "data").generator
+    assert "count_captions" not in load_scenes(workdir / "data").generator
     for split in ("train", "val"):
         extended = sorted(p.name for p in (workdir / "train-data" / "images").glob(f"synth_{split}_*"))
         own = sorted(p.name for p in (workdir / "data" / "images").glob(f"synth_{split}_*"))
@@ -140,11 +143,72 @@ def test_demo_builds_every_artifact_then_reuses_them(tmp_path: Path, monkeypatch
         "calibration: cached",
     ):
         assert what in second.output
-    more = runner.invoke(cli.app, [*args[:3], "--distractors", "40", "--no-serve"])
+    more = runner.invoke(cli.app, [*args[:3], "--distractors", "40", "--no-serve", "--train"])
     assert "40 distractors): building" in more.output
     assert "image->text search): cached" in more.output
     other_seed = runner.invoke(
-        cli.app, ["demo", "--workdir", str(workdir), "--seed", "1", "--no-serve", "--distractors", "30"]
+        cli.app,
+        ["demo", "--workdir", str(workdir), "--seed", "1", "--no-serve", "--distractors", "30", "--train"],
     )
     assert "generating" in other_seed.output and "model: training" in other_seed.output
     assert "image index (1,000 test images + 30 distractors): building" in other_seed.output
+
+
+def test_the_demo_serves_the_shipped_weights_verified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Without --train the demo takes the shipped checkpoint, after checking every file's sha256
+    against SHIPPED.json, and generates no training scenes; a damaged file is refused by name."""
+    import hashlib
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from icr import cli, demo
+    from icr.training.config import load_config
+    from icr.training.data.synthetic.generate import write_dataset
+    from icr.training.train import train
+    from tests.tiny_model import TINY_MODEL
+
+    write_dataset(tmp_path / "scenes", train=16, val=5, test=0, image_size=64, seed=0)
+    run = tmp_path / "run"
+    config = load_config(
+        None,
+        [f'data.path="{tmp_path / "scenes"}"', f'train.out="{run}"', "train.epochs=1", "train.batch_size=8"]
+        + [o for o in TINY_MODEL if not o.startswith("model.image.image_size")],
+    )
+    train(config, progress=False)
+    shipped = tmp_path / "demo_weights"
+    shutil.copytree(run / "best", shipped)
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(shipped.iterdir())}
+    (shipped / demo.SHIPPED_RECORD).write_text(json.dumps({"summary": "a test model", "sha256": digests}))
+    monkeypatch.setattr(demo, "SHIPPED_WEIGHTS", shipped)
+    monkeypatch.setattr(demo, "DEMO_COUNTS", {"train": 10, "val": 5, "test": 5})
+
+    runner = CliRunner()
+    workdir = tmp_path / "demo"
+    args = ["demo", "--workdir", str(workdir), "--distractors", "30", "--no-serve"]
+    first = runner.invoke(cli.app, args)
+    assert first.exit_code == 0, first.output
+    assert "model: shipped with icr, checksums verified (a test model)" in first.output
+    assert not (workdir / "train-data").exists() and not (workdir / "model").exists()
+    manifest = json.loads((workdir / "index" / "images" / "manifest.json").read_text())
+    assert manifest["checkpoint_path"] == str(shipped)
+    assert (workdir / "index" / "images" / "calibration.json").is_file()
+
+    weights = shipped / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")  # one byte changed
+    damaged = runner.invoke(cli.app, args)
+    assert damaged.exit_code != 0
+    assert f"{weights}: sha256" in damaged.output and "icr demo --train" in damaged.output
+    (shipped / demo.SHIPPED_RECORD).write_text("{")
+    assert "unreadable record of the shipped weights" in runner.invoke(cli.app, args).output
+
+
+def test_the_shipped_demo_weights_match_their_record() -> None:
+    """The committed weights are the ones SHIPPED.json describes (the loader checks the same)."""
+    from icr import demo
+
+    record = json.loads((demo.SHIPPED_WEIGHTS / demo.SHIPPED_RECORD).read_text())
+    assert demo.shipped_checkpoint() == demo.SHIPPED_WEIGHTS
+    assert set(record["sha256"]) == {"config.json", "model.safetensors"}
+    for key in ("commands", "commit", "summary", "training", "measured"):
+        assert record[key], key
