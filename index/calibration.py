@@ -16,12 +16,18 @@ not written for, and judged with the best labels there are.
   annotations as labels). That *underestimates* relevance (an unannotated relevant image counts as a
   negative); ``labels_note`` says so and the service repeats it.
 
+On the embedded benchmark the fit also holds generated queries (:mod:`icr.training.data.synthetic.queries`:
+scenes the index does not hold, bare counts, queries no scene satisfies), and the evaluation adds
+per-query honesty (top 20 promised vs delivered) and out-of-domain queries
+(:func:`icr.training.evaluation.relevance.ood_groups`, and one kind held out of a refit).
+
 Two maps are written: ``per_query`` (:mod:`icr.training.evaluation.metrics.query_calibration`:
 the score and what
 the query's own results and embedding show; what the service applies) and ``global`` (one isotonic
 score -> relevance map, the baseline, kept for clients that want a raw-score equivalent).
-``calibration.json`` also keeps the checkpoint sha256 it belongs to and the global map's score
-thresholds for precision 0.5 / 0.8 / 0.9.
+``calibration.json`` also keeps the checkpoint sha256 it belongs to, the global map's score
+thresholds for precision 0.5 / 0.8 / 0.9, and the fitting queries' evidence
+(:mod:`icr.training.evaluation.metrics.query_evidence`): outside it the service gives no relevance.
 """
 
 from __future__ import annotations
@@ -380,8 +386,8 @@ class ServedCalibration:
     """A ``calibration.json`` as the service applies it (format 3 or 2, or format 1's single map).
 
     :meth:`relevance` maps one query's retrieved scores (best first) to probabilities: the
-    per-query map when the file has one, else the global map. :meth:`assess` says whether the
-    fit has evidence for a text query (format 3; older files have none: ``evidence`` is None).
+    per-query map when the file has one, else the global map. ``evidence`` says whether the fit has
+    evidence for a text query (:meth:`QueryEvidence.assess`; None in format 2 and 1 files).
     ``kinds`` is the per-kind table of the held-out evaluation (embedded benchmark),
     ``labels_note`` what the labels mean.
     """

@@ -107,10 +107,10 @@ def query_quality(
     """
     kind = p10 = None
     warnings: list[str] = []
-    outside = evidence is not None and not evidence.inside
-    if outside:
-        assert evidence is not None
-        warnings.append(str(evidence.reason()))
+    reason = evidence.reason() if evidence is not None else None
+    outside = reason is not None
+    if reason is not None:
+        warnings.append(reason)
     if dated:
         warnings.append(DATED_CALIBRATION)
     if text is not None and benchmark:

@@ -121,7 +121,16 @@ def test_only_the_icr_namespace_is_installed(monkeypatch) -> None:
     assert not any(p.startswith(("icr.bench", "icr.tests", "icr.api_tests")) for p in packages)
     for package, folder in package_dir.items():
         assert (ROOT / folder / "__init__.py").is_file(), (package, folder)
-    assert given["package_data"] == {"icr.training": ["configs/*.toml"], "icr.service": ["static/*"]}
+    assert given["package_data"] == {
+        "icr": ["demo_weights/*"],
+        "icr.training": ["configs/*.toml"],
+        "icr.service": ["static/*"],
+    }
+    assert {p.name for p in (ROOT / "icr" / "demo_weights").iterdir()} == {
+        "SHIPPED.json",
+        "config.json",
+        "model.safetensors",
+    }
 
 
 def test_version_and_the_training_entry_point() -> None:

@@ -119,7 +119,9 @@ class QueryEvidence:
 
     def novelty(self, text: str) -> tuple[float, list[str]]:
         """(share of the text's n-grams no fitting query contains, those n-grams in order)."""
-        grams = query_grams(text)
+        return self._novelty(query_grams(text))
+
+    def _novelty(self, grams: list[str]) -> tuple[float, list[str]]:
         unseen = [g for g in grams if g not in self.counts]
         return (len(unseen) / len(grams) if grams else 1.0), unseen
 
@@ -130,9 +132,10 @@ class QueryEvidence:
         return (1 + at_least) / (n + 1)
 
     def assess(self, text: str, unknown_words: Sequence[str] = ()) -> Evidence:
-        novelty, unseen = self.novelty(text)
+        grams = query_grams(text)
+        novelty, unseen = self._novelty(grams)
         p = self.p_value(novelty)
-        no_words = not query_grams(text)
+        no_words = not grams
         inside = p > self.alpha and not unknown_words and not no_words
         return Evidence(
             inside=inside,
