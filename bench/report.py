@@ -679,6 +679,15 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _per_query_table(first: str, honesty: dict[str, Any]) -> list[str]:
+    """One per-query honesty report (query_honesty's) as a table: pooled, then each group."""
+    rows = [
+        [name, g["queries"], g["mae"], g["over"], g["under"], g["withheld"], g["promised"], g["delivered"]]
+        for name, g in [("pooled", honesty["pooled"]), *sorted(honesty["by_kind"].items())]
+    ]
+    return _table([first, "n", "mean abs. gap", "over", "under", "no promise", "promised", "delivered"], rows)
+
+
 def _query_honesty_tables(ev: dict[str, Any]) -> list[str]:
     """Per-query honesty of the served map and the out-of-domain queries (calibrations since format 3)."""
     lines: list[str] = []
@@ -689,47 +698,16 @@ def _query_honesty_tables(ev: dict[str, Any]) -> list[str]:
             f"delivered (share truly relevant); over / under: promised - delivered beyond "
             f"+/- {honesty['slack']:g}.",
             "",
+            *_per_query_table("queries", honesty),
         ]
-        rows = [
-            [
-                kind,
-                g["queries"],
-                g["mae"],
-                g["over"],
-                g["under"],
-                g["withheld"],
-                g["promised"],
-                g["delivered"],
-            ]
-            for kind, g in [("pooled", honesty["pooled"]), *sorted(honesty["by_kind"].items())]
-        ]
-        lines += _table(
-            ["queries", "n", "mean abs. gap", "over", "under", "no promise", "promised", "delivered"], rows
-        )
     generated = ev.get("generated")
     if generated:
         lines += [
             f"Generated queries ({generated['queries']:,}, {generated['no_answer']:,} with no answer in the "
             "index), per query, top 20, by style:",
             "",
+            *_per_query_table("style", generated["honesty"]),
         ]
-        honesty = generated["honesty"]
-        rows = [
-            [
-                style,
-                g["queries"],
-                g["mae"],
-                g["over"],
-                g["under"],
-                g["withheld"],
-                g["promised"],
-                g["delivered"],
-            ]
-            for style, g in [("pooled", honesty["pooled"]), *sorted(honesty["by_kind"].items())]
-        ]
-        lines += _table(
-            ["style", "n", "mean abs. gap", "over", "under", "no promise", "promised", "delivered"], rows
-        )
     ood = ev.get("out_of_domain")
     if ood:
         targets = list(ood["all"]["passing_any"])

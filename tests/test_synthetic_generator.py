@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -238,48 +239,43 @@ def test_scene_file_errors_name_the_file(tmp_path: Path) -> None:
         load_scenes(tmp_path)
 
 
-def test_tone_captions_name_the_tone_in_train_captions_only(synth: Path, tmp_path: Path) -> None:
-    toned = tmp_path / "toned"
-    write_dataset(toned, **SMALL, seed=7, tone_captions=1.0)
-    assert "tone_captions" not in load_scenes(synth).generator  # the benchmark's bytes are unchanged
-    assert load_scenes(toned).generator["tone_captions"] == 1.0
-    before, after = (_digest(d) for d in (synth, toned))
+def _train_captions_with(synth: Path, out: Path, **mix: float) -> list[tuple[str, Any]]:
+    """Write the benchmark again with a train-caption ``mix`` (tone_captions=..., count_captions=...):
+    it is recorded only there, only the JSON files differ, every image and every val/test caption is
+    the same. Returns each train caption with its image's scene."""
+    write_dataset(out, **SMALL, seed=7, **mix)
+    for name, value in mix.items():
+        assert name not in load_scenes(synth).generator  # the benchmark's bytes are unchanged
+        assert load_scenes(out).generator[name] == value
+    before, after = (_digest(d) for d in (synth, out))
     assert {k for k in before if before[k] != after[k]} == {"dataset_synthetic.json", "scenes.json"}
-
-    old, new = (json.loads((d / "dataset_synthetic.json").read_text())["images"] for d in (synth, toned))
-    scenes = load_scenes(toned)
+    old, new = (json.loads((d / "dataset_synthetic.json").read_text())["images"] for d in (synth, out))
+    scenes = load_scenes(out)
+    captions = []
     for a, b in zip(old, new, strict=True):
         assert a["filename"] == b["filename"]
         if b["split"] != "train":
             assert a["sentences"] == b["sentences"]
             continue
         scene = scenes.for_imgids([b["imgid"]])[0]
-        for s in b["sentences"]:
-            query = parse_caption(s["raw"])
-            if len(query.objects) == 1:
-                assert query.background == scene.background.tone, s["raw"]
-            assert is_relevant(s["raw"], scene), s["raw"]
+        captions += [(s["raw"], scene) for s in b["sentences"]]
+    return captions
+
+
+def test_tone_captions_name_the_tone_in_train_captions_only(synth: Path, tmp_path: Path) -> None:
+    for text, scene in _train_captions_with(synth, tmp_path / "toned", tone_captions=1.0):
+        query = parse_caption(text)
+        if len(query.objects) == 1:
+            assert query.background == scene.background.tone, text
+        assert is_relevant(text, scene), text
 
 
 def test_count_captions_change_train_captions_only(synth: Path, tmp_path: Path) -> None:
-    counted = tmp_path / "counted"
-    write_dataset(counted, **SMALL, seed=7, count_captions=1.0)
-    assert "count_captions" not in load_scenes(synth).generator  # the benchmark's bytes are unchanged
-    assert load_scenes(counted).generator["count_captions"] == 1.0
-    before, after = (_digest(d) for d in (synth, counted))
-    assert {k for k in before if before[k] != after[k]} == {"dataset_synthetic.json", "scenes.json"}
-    old, new = (json.loads((d / "dataset_synthetic.json").read_text())["images"] for d in (synth, counted))
-    scenes = load_scenes(counted)
     bare = 0
-    for a, b in zip(old, new, strict=True):
-        if b["split"] != "train":
-            assert a["sentences"] == b["sentences"]
-            continue
-        scene = scenes.for_imgids([b["imgid"]])[0]
-        for s in b["sentences"]:
-            query = parse_caption(s["raw"])
-            assert is_relevant(s["raw"], scene), s["raw"]
-            bare += query.count is not None and not query.objects
+    for text, scene in _train_captions_with(synth, tmp_path / "counted", count_captions=1.0):
+        query = parse_caption(text)
+        assert is_relevant(text, scene), text
+        bare += query.count is not None and not query.objects
     assert bare > 0
     with pytest.raises(ValueError, match="--count-captions"):
         write_dataset(tmp_path / "bad", **SMALL, count_captions=1.5)

@@ -33,7 +33,7 @@ from icr.training.data.synthetic.captions import (
     bare_count,
     noun_phrase,
 )
-from icr.training.data.synthetic.query import Descriptor, Query
+from icr.training.data.synthetic.query import Descriptor
 from icr.training.data.synthetic.scene import Scene
 
 QUERY_STYLES: tuple[str, ...] = ("caption", "bare_count", "impossible")
@@ -43,7 +43,7 @@ BARE_COUNT_SHARE = 0.1
 IMPOSSIBLE_SHARE = 0.05
 # Bare counts that also name the background tone, as users combine them.
 BARE_COUNT_TONE = 0.3
-# The fit draws queries [0, FIT_QUERIES), an evaluation from EVAL_OFFSET on: never the same scenes.
+# A fit draws queries from 0 on, an evaluation from EVAL_OFFSET on: never the same scenes.
 EVAL_OFFSET = 1_000_000
 
 
@@ -86,9 +86,3 @@ def generated_queries(seed: int, start: int, n: int) -> list[GeneratedQuery]:
             text, _ = STYLES[int(rng.integers(len(STYLES)))](scene, rng)
             out.append(GeneratedQuery(text, "caption"))
     return out
-
-
-def never_true(query: Query) -> bool:
-    """Whether no scene of the generator can satisfy ``query`` (more than three objects, or a count
-    below the objects it names)."""
-    return len(query.objects) > 3 or (query.count is not None and query.count < len(query.objects))
