@@ -23,7 +23,7 @@ def _png(color=(200, 30, 30), size=(32, 32)) -> bytes:
 
 def test_health_readiness_and_info(client: httpx.Client, artifacts) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready"}
+    assert client.get("/readyz").json() == {"status": "ready", "calibrated": True}
     info = client.get("/v1/info").json()
     assert info["checkpoint"]["objective"]["name"] == "ntxent"
     assert info["checkpoint"]["embed_dim"] == 32 and info["checkpoint"]["accepts_images"] is True

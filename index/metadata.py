@@ -82,6 +82,14 @@ def _decode(values: Sequence[Any]) -> dict[str, Any]:
     return row
 
 
+class MetadataUnreadable(KeyError):
+    """Rows the index names that the store cannot give: absent, or not decodable (a store rewritten
+    or damaged under an open handle). A KeyError, as an absent key is."""
+
+    def __str__(self) -> str:  # KeyError's would quote the message
+        return str(self.args[0]) if self.args else "metadata unreadable"
+
+
 class MetadataStore:
     """Rows ``{id, source, captions (list), is_distractor (bool), scene (dict | None), image_id,
     fields (dict | None)}``.
@@ -161,7 +169,8 @@ class MetadataStore:
         return len(batch)
 
     def get(self, ids: Sequence[int] | Iterable[int]) -> list[dict[str, Any]]:
-        """Rows for ``ids`` in the order given (repeats allowed); KeyError names absent ids."""
+        """Rows for ``ids`` in the order given (repeats allowed); MetadataUnreadable (a KeyError)
+        names absent ids, or a row that cannot be decoded."""
         wanted = [int(i) for i in ids]
         found: dict[int, dict[str, Any]] = {}
         unique = list(dict.fromkeys(wanted))
@@ -169,10 +178,14 @@ class MetadataStore:
             chunk = unique[start : start + _QUERY_CHUNK]
             marks = ",".join("?" * len(chunk))
             for values in self._db.execute(f"SELECT {self._select} FROM items WHERE id IN ({marks})", chunk):
-                found[values[0]] = _decode(values)
+                try:
+                    found[values[0]] = _decode(values)
+                except (ValueError, TypeError) as err:  # JSON columns that are not JSON any more
+                    message = f"{self.path}: row {values[0]} cannot be decoded ({err})"
+                    raise MetadataUnreadable(message) from None
         missing = [i for i in unique if i not in found]
         if missing:
-            raise KeyError(f"{self.path}: no metadata for ids {missing[:10]}")
+            raise MetadataUnreadable(f"{self.path}: no metadata for ids {missing[:10]}")
         return [dict(found[i]) for i in wanted]  # copies: a repeated id is not one shared dict
 
     def matching_ids(self, where: str, params: Sequence[Any]) -> np.ndarray:

@@ -3,7 +3,9 @@
 * **read** (search, images, info, listing jobs): open, or with ``ICR_API_KEY`` set, the
   ``X-API-Key`` header must carry it (or the admin key);
 * **admin** (submitting and cancelling benchmark jobs, reloading artifacts): with ``ICR_ADMIN_KEY``
-  set, that key; unset, clients on this machine only (a job costs minutes of CPU);
+  set, that key; unset, clients on this machine only (a job costs minutes of CPU), where the client
+  is the TCP peer, or the address a proxy in ``ICR_TRUSTED_PROXIES`` forwarded
+  (:mod:`service.client_address`);
 * **open**: the search page and its files, the API docs, liveness and readiness (unless
   ``ICR_HEALTH_NEED_KEY``) and ``/metrics`` (unless ``ICR_METRICS_NEED_KEY``): either setting makes
   those read routes.
@@ -20,7 +22,8 @@ from functools import lru_cache
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from icr.service.config import LOCAL_HOSTS, Settings
+from icr.service.client_address import client_of
+from icr.service.config import Settings
 from icr.service.errors import error_response
 
 _OPEN = re.compile(r"^/($|static/|docs|redoc|openapi\.json$)")
@@ -84,20 +87,27 @@ class AccessMiddleware:
             if settings.api_key is None or admin_ok or read_ok:
                 return None
         elif settings.admin_key is None:
-            client = scope.get("client")
-            host = client[0].removeprefix("::ffff:") if client else None
-            if host in LOCAL_HOSTS:
+            client = client_of(scope, tuple(settings.trusted_proxies))
+            if client.is_local:
                 return None
             return (
                 403,
                 "forbidden",
-                "benchmark jobs are accepted from this machine only; set ICR_ADMIN_KEY "
-                f"on the server to accept them from other hosts with an {KEY_HEADER} header",
+                f"{_admin_action(scope['path'])} is accepted from this machine only while the server has no "
+                f"ICR_ADMIN_KEY, and this request came from {client.address or 'an unknown client'} "
+                f"({client.how}); set ICR_ADMIN_KEY on the server and send it in the {KEY_HEADER} header",
             )
         elif admin_ok:
             return None
         setting = "ICR_API_KEY" if need == "read" else "ICR_ADMIN_KEY"
-        what = "this endpoint" if need == "read" else "submitting or cancelling benchmark jobs"
+        what = "this endpoint" if need == "read" else _admin_action(scope["path"])
         if given_text is None:
             return (401, "unauthorized", f"{what} needs the {KEY_HEADER} header (the server's {setting})")
         return (403, "forbidden", f"wrong {KEY_HEADER} for {what} (the server's {setting})")
+
+
+def _admin_action(path: str) -> str:
+    """What an admin request does, for its refusal."""
+    if path.startswith("/v1/admin/"):
+        return f"the admin request {path}"
+    return "submitting or cancelling benchmark jobs"

@@ -102,6 +102,9 @@ def serve(settings: Any, log_level: str = "info") -> None:
         http=bounded_protocol(settings.header_timeout_seconds, settings.max_connections_per_client),
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
         limit_concurrency=settings.max_connections,
+        # uvicorn would trust X-Forwarded-For from 127.0.0.1; only ICR_TRUSTED_PROXIES may name a
+        # client (service/client_address.py)
+        proxy_headers=False,
     )
 
 

@@ -16,7 +16,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from icr.training.devices import Device
 
 DATASET_NAMES = ("flickr30k", "coco", "synthetic")
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 class Settings(BaseSettings):
@@ -52,7 +51,14 @@ class Settings(BaseSettings):
         description="Neighbours retrieved per query before thresholding; offset is at most this minus max_k.",
     )
     max_text_chars: int = Field(1000, ge=1)
-    max_upload_bytes: int = Field(10 << 20, ge=1024)
+    max_upload_bytes: int = Field(10 << 20, ge=1024, description="Image uploads (search by image).")
+    max_json_bytes: int = Field(
+        64 << 10,
+        ge=1024,
+        le=16 << 20,
+        description="Every other request body (JSON: searches, jobs). Bodies are parsed and validated on "
+        "the event loop, so this bounds what one request can make every other client wait.",
+    )
     max_image_pixels: int = Field(
         40_000_000, ge=1, description="Larger uploads are refused (decompression bombs)."
     )
@@ -101,6 +107,19 @@ class Settings(BaseSettings):
         None,
         description="Submitting and cancelling benchmark jobs needs it (X-API-Key); when unset, only "
         "clients on this machine may.",
+    )
+    refusals_per_second: float = Field(
+        20.0,
+        ge=0.0,
+        description="Refused requests (4xx other than 429) one client may send per second, twice that at "
+        "once, at full speed; beyond, each refusal is answered after 1 s, so a client looping bad "
+        "requests cannot take the server from others (0: never slowed).",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description='Reverse proxies (addresses or CIDR blocks, a JSON list such as ["127.0.0.1"]) whose '
+        "X-Forwarded-For names the client; from any other peer the header is ignored. Decides which "
+        "client is local (admin without ICR_ADMIN_KEY) and whose refused requests are slowed.",
     )
     metrics_need_key: bool = Field(False, description="/metrics needs the API key too.")
     health_need_key: bool = Field(
@@ -174,6 +193,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"dataset names must be among {', '.join(DATASET_NAMES)}, got {', '.join(unknown)}"
             )
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        from icr.service.client_address import trusted_networks
+
+        trusted_networks(tuple(value))  # a bad entry stops the server at start-up, named
         return value
 
     @property

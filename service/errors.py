@@ -7,8 +7,10 @@ unexpected exception is logged with its traceback and answered with a 500 that s
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
+import re
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -17,6 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from icr.index.metadata import MetadataUnreadable
 
 log = logging.getLogger("icr.service")
 
@@ -43,11 +47,26 @@ class _AsciiJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
+# An absolute file path (two components at least; "file://" in front too), which the response
+# names by its last component. API paths (/v1/...) are routes, not files, and stay.
+_ABSOLUTE_PATH = re.compile(
+    r"(?:file://|(?<![\w./:~-]))/(?!v1/)(?:[^/\s'\"`,;()\[\]{}<>]+/)+([^/\s'\"`,;()\[\]{}<>]*)"
+)
+
+
+def without_absolute_paths(text: str) -> str:
+    """``text`` with every absolute path replaced by its last component: no response tells a client
+    where the server keeps its files (a manifest records where the build ran)."""
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "(a folder)", text)
+
+
 def error_response(
     status: int, code: str, message: str, detail: Any = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     return _AsciiJSONResponse(
-        {"error": code, "message": message, "detail": detail}, status_code=status, headers=headers
+        {"error": code, "message": without_absolute_paths(message), "detail": detail},
+        status_code=status,
+        headers=headers,
     )
 
 
@@ -56,16 +75,30 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "body"
 
 
-def _one(error: Mapping[str, Any]) -> str:
+def _one(error: Mapping[str, Any], known: Sequence[str]) -> str:
     if error.get("type") == "json_invalid":
         return 'the body is not valid JSON; send e.g. {"text": "a red circle", "k": 10}'
+    field = _field(tuple(error.get("loc", ())))
+    if error.get("type") == "extra_forbidden":  # a misspelt field must not be silently ignored
+        name = field.rsplit(".", 1)[-1]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(known)}"
+        return f"{field}: unknown field; {hint}"
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-    return f"{_field(tuple(error.get('loc', ())))}: {message}"
+    return f"{field}: {message}"
 
 
-def validation_message(errors: Sequence[Mapping[str, Any]]) -> str:
-    """``k: Input should be less than or equal to 100; text: Field required``."""
-    return "; ".join(_one(e) for e in errors)
+def validation_message(errors: Sequence[Mapping[str, Any]], known: Sequence[str] = ()) -> str:
+    """``k: Input should be less than or equal to 100; text: Field required``; ``known``: the
+    body's field names, which an unknown field's message suggests from."""
+    return "; ".join(_one(e, known) for e in errors)
+
+
+def _body_fields(request: Request) -> list[str]:
+    """The field names of the JSON body the request's route takes (none for other routes)."""
+    body = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(getattr(body, "field_info", None), "annotation", None)
+    return list(getattr(model, "model_fields", {}))
 
 
 _STATUS_CODES = {
@@ -77,19 +110,21 @@ _STATUS_CODES = {
     408: "request_timeout",
     413: "payload_too_large",
     415: "unsupported_media_type",
+    422: "invalid_request",
 }
+
+
+def leaf_routes(items: list[Any]) -> Iterator[Any]:
+    """Every route of ``items``, included routers walked (FastAPI wraps each in an object of its own)."""
+    for route in items:
+        inner = getattr(route, "original_router", None)
+        yield from leaf_routes(inner.routes) if inner is not None else (route,)
 
 
 def _allowed_methods(request: Request) -> list[str]:
     """The methods of every route whose path matches the request's (routers included, walked)."""
-
-    def routes(items: list[Any]) -> Iterator[Any]:
-        for route in items:
-            inner = getattr(route, "original_router", None)  # FastAPI's wrapper of an included router
-            yield from routes(inner.routes) if inner is not None else (route,)
-
     methods: set[str] = set()
-    for route in routes(request.app.router.routes):
+    for route in leaf_routes(request.app.router.routes):
         pattern = getattr(route, "path_regex", None)
         if pattern is not None and pattern.match(request.url.path):
             methods |= getattr(route, "methods", None) or set()
@@ -102,9 +137,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(err.status, err.code, err.message, err.detail, err.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in err.errors()]
-        return error_response(422, "invalid_request", validation_message(errors) + " (see /docs)", errors)
+        message = validation_message(errors, _body_fields(request))
+        return error_response(422, "invalid_request", message + " (see /docs)", errors)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, err: StarletteHTTPException) -> JSONResponse:
@@ -137,16 +173,19 @@ def install_error_handlers(app: FastAPI) -> None:
             err.status_code, _STATUS_CODES.get(err.status_code, "http_error"), message, headers=headers
         )
 
-    @app.exception_handler(sqlite3.DatabaseError)
-    async def _metadata_changed(request: Request, err: sqlite3.DatabaseError) -> JSONResponse:
-        # the served metadata.sqlite was rewritten under its open handle (the watcher refuses it next)
+    async def _metadata_changed(request: Request, err: Exception) -> JSONResponse:
+        # the served metadata.sqlite was rewritten or damaged under its open handle: the file check
+        # (service.routes.deps) or the watcher refuses it next
         log.error("metadata unreadable on %s %s: %s", request.method, request.url.path, err)
         return error_response(
             503,
             "artifacts_changed",
-            f"the index's metadata could not be read ({err}): a served file changed on disk; retry in a few "
-            "seconds (the server reloads whole artifacts by itself)",
+            f"the index's metadata could not be read ({err}): a served file changed on disk or is damaged; "
+            "GET /readyz says what to do (the server reloads whole artifacts by itself when watching)",
         )
+
+    app.add_exception_handler(sqlite3.DatabaseError, _metadata_changed)
+    app.add_exception_handler(MetadataUnreadable, _metadata_changed)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:

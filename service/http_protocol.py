@@ -85,6 +85,7 @@ class BoundedHttpTools(HttpToolsProtocol):
     _linger: asyncio.TimerHandle | None = None  # closes a refused connection
     _awaiting_headers = True  # the next bytes belong to a request line or headers
     _header_bytes = 0  # received while awaiting headers
+    _header_tail = b""  # the last bytes counted: the blank line may be split across reads
     _headers_due: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -105,24 +106,27 @@ class BoundedHttpTools(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:  # read only so that closing sends no reset over the refusal
             return
-        # httptools reports no offsets, so whole reads are counted, and only those that begin
-        # while headers are awaited: no false 431, and a read that ends one request and begins
-        # a pipelined next goes uncounted (the bound grows by at most one read, 256 KiB)
+        # Counted before httptools sees the bytes, up to the blank line that ends the headers: a read
+        # that holds a whole request with 200 KB of headers was let through when whole reads were
+        # counted after parsing (httptools reports no offsets, so the end is found here). A read that
+        # ends one request and begins a pipelined next counts only the first one's headers.
         if self._awaiting_headers:
-            self._header_bytes += len(data)
+            seen = self._header_tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._header_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._header_tail))
+            self._header_tail = seen[-3:]
+            if self._header_bytes > MAX_HEADER_BYTES:
+                if not self.transport.is_closing():
+                    self.logger.warning("Request line and headers over %d bytes: 431.", MAX_HEADER_BYTES)
+                    self.transport.write(_TOO_LARGE_RESPONSE)
+                    self.transport.close()
+                return
         super().data_received(data)
-        if (
-            self._awaiting_headers
-            and self._header_bytes > MAX_HEADER_BYTES
-            and not self.transport.is_closing()  # not after its own 400 for a malformed request
-        ):
-            self.logger.warning("Request line and headers over %d bytes: 431.", MAX_HEADER_BYTES)
-            self.transport.write(_TOO_LARGE_RESPONSE)
-            self.transport.close()
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
         self._header_bytes = 0
+        self._header_tail = b""
         self._stop_waiting()
         super().on_headers_complete()
 

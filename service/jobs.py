@@ -11,8 +11,13 @@ Several servers may share one database (replicas). A claimed job carries a *leas
 (host, pid, a per-runner id) and an expiry that the owner renews while the worker runs. A server
 marks a running job ``interrupted`` only when its lease has expired, or when its owner ran on this
 host and that process is gone (a restart on the same machine need not wait for the expiry); claims
-are atomic, so every job runs once. ``DELETE`` cancels a queued or running job (the owner sees its
-renewal refused and stops the worker); finished jobs older than the retention are deleted.
+are atomic, so every job runs once. When that is noticed: every GET of a job or of the list checks
+first, as does each server's runner every ``poll_s`` when idle and every third of the lease while it
+runs a job. So a job whose server on this host was killed shows ``interrupted`` at the next read; one
+whose server on another host was, once its lease (ICR_JOB_LEASE_SECONDS) has expired.
+
+``DELETE`` cancels a queued or running job (the owner sees its renewal refused and stops the
+worker); finished jobs older than the retention are deleted.
 """
 
 from __future__ import annotations
@@ -428,10 +433,13 @@ class JobRunner:
 
     def _housekeeping(self) -> None:
         """Interrupt the jobs whose server is gone; delete finished jobs past the retention."""
+        self._reap()
+        self.store.purge(self.retention_days)
+
+    def _reap(self) -> None:
         cut_off = self.store.reap(owner_alive)
         if cut_off:
             log.warning("%d benchmark job(s) lost their server; marked interrupted", cut_off)
-        self.store.purge(self.retention_days)
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -512,6 +520,8 @@ class JobRunner:
                     cancelled = True  # cancelled by a client (or interrupted by a server that saw it expire)
                     log.info("benchmark job %s is no longer ours; stopping its worker", job_id)
                     process.terminate()
+                else:  # busy with a job, this server still notices other servers' lost jobs
+                    self._reap()
         code = process.returncode
         errors.seek(0)
         stderr = errors.read()

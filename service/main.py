@@ -20,12 +20,14 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
+from icr.index.calibration import CALIBRATION_FILE
 from icr.index.filters import filter_schema
 from icr.service.access import KEY_HEADER, AccessMiddleware, access_of
 from icr.service.body_limit import BodyLimitMiddleware
 from icr.service.config import Settings, get_settings
 from icr.service.errors import install_error_handlers
 from icr.service.headers import SecurityHeadersMiddleware
+from icr.service.refusal_penalty import RefusalPenaltyMiddleware
 from icr.service.retriever import Retriever, preflight
 from icr.service.routes import admin, benchmarks, health, images, page, search
 from icr.service.routes.deps import DecodeSlots
@@ -37,6 +39,9 @@ log = logging.getLogger("icr.service")
 VERSION = "1"
 # multipart framing around an upload of max_upload_bytes
 _MULTIPART_SLACK = 64 << 10
+# The routes whose bodies are image uploads (ICR_MAX_UPLOAD_BYTES); every other body is a small
+# JSON object (ICR_MAX_JSON_BYTES).
+UPLOAD_PATHS = frozenset({"/v1/search/image"})
 
 
 # Loading that fails (a file being replaced, a disk not yet mounted) is retried after 1x, 2x, 4x...
@@ -69,7 +74,16 @@ def load_retriever(settings: Settings) -> Retriever:
 
 def install_retriever(app: FastAPI, fresh: Retriever) -> None:
     """Serve ``fresh`` (at start-up, on POST /v1/admin/reload, when the watcher reloads)."""
+    old: Retriever | None = app.state.retriever
+    if old is not None and old.images.calibration is not None and fresh.images.calibration is None:
+        log.warning(
+            "%s is gone from %s: relevance is no longer given and min_relevance answers 409; "
+            "run `icr index calibrate` on the index folder to restore it",
+            CALIBRATION_FILE,
+            fresh.images.directory.name,
+        )
     app.state.retriever = fresh  # one assignment: each request sees the old or the new one
+    app.state.integrity_warned = None
     app.openapi_schema = None  # the filter schema names the index's fields
     app.state.load_error = None
 
@@ -109,6 +123,10 @@ def _watcher(app: FastAPI, settings: Settings) -> ArtifactWatcher:
         return watched_files(folders, retriever.checkpoint if retriever is not None else None)
 
     def refuse(reason: str | None) -> None:
+        if reason is not None and reason != app.state.refused:
+            log.warning("searches and /readyz answer 503 until the artifacts are whole: %s", reason)
+        elif reason is None and app.state.refused is not None:
+            log.warning("the artifacts are whole again: serving")
         app.state.refused = reason
 
     return ArtifactWatcher(
@@ -231,6 +249,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.retriever = None
     app.state.load_error = None
     app.state.refused = None  # why the served artifacts may not be used (changed in place on disk)
+    app.state.integrity_warned = None  # the last served-file problem logged (service.routes.deps)
     app.state.watcher = None
     app.state.telemetry = Telemetry()
     app.state.decode_slots = DecodeSlots(settings.max_concurrent_decodes, settings.decode_wait_seconds)
@@ -239,14 +258,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=page.STATIC_DIR), name="static")
     app.openapi = lambda: _openapi_with_limits(app, settings)  # type: ignore[method-assign]
-    app.add_middleware(MetricsMiddleware, telemetry=app.state.telemetry)
+    # Innermost first: the body bound and the keys see a request before anything reads its body; the
+    # refusal penalty and the metrics sit outside them, so 401, 403 and 413 are slowed and counted too.
     app.add_middleware(
         BodyLimitMiddleware,
-        max_bytes=settings.max_upload_bytes + _MULTIPART_SLACK,
+        json_max_bytes=settings.max_json_bytes,
+        upload_max_bytes=settings.max_upload_bytes + _MULTIPART_SLACK,
+        upload_paths=UPLOAD_PATHS,
         read_timeout_s=settings.body_timeout_seconds,
     )
     app.add_middleware(AccessMiddleware)  # before any body is read
     app.add_middleware(SecurityHeadersMiddleware)
+    rate = settings.refusals_per_second
+    app.add_middleware(RefusalPenaltyMiddleware, rate=rate, burst=2 * rate)
+    app.add_middleware(MetricsMiddleware, telemetry=app.state.telemetry)
     if settings.cors_origins:  # outermost: a browser's preflight carries no key
         app.add_middleware(
             CORSMiddleware,

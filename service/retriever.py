@@ -36,6 +36,7 @@ from icr.index.metadata import MetadataStore
 from icr.index.vector_index import Rescorer
 from icr.service.batcher import MicroBatcher
 from icr.service.quality import TOP_N, over_embedded_benchmark
+from icr.service.watcher import Stat, changed_in_place, snapshot
 from icr.training.devices import resolve_device
 from icr.training.evaluation.metrics.query_evidence import Evidence
 from icr.training.models.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
@@ -80,6 +81,11 @@ class NotServable(ValueError):
     """The artifacts cannot be served together; the message says which command fixes it."""
 
 
+# Files whose bytes are read while serving (SQLite pages, on-disk inverted lists, a memory-mapped
+# index), not only at load: rewritten in place, what is served changes under the server.
+READ_WHILE_SERVING = ("metadata.sqlite", "index.ivfdata", "index.faiss")
+
+
 @dataclass
 class LoadedIndex:
     directory: Path
@@ -92,6 +98,14 @@ class LoadedIndex:
     rescore: Rescorer | None = None  # exact, batch-independent scores (None: FAISS's as they are)
     on_gpu: bool = False
     gpu_resources: Any = None  # faiss.StandardGpuResources: must outlive the GPU index
+    # the files read while serving (not only at load), as they were when loaded: see changed_in_place
+    served_stats: dict[Path, Stat] = field(default_factory=dict)
+
+    def changed_in_place(self) -> list[Path]:
+        """Served files rewritten on disk since they were loaded (same inode, other size or mtime):
+        their open handles may now read bytes of another build. A file replaced by a rename is not
+        listed: the handles keep reading the old one, which is still whole."""
+        return changed_in_place(self.served_stats, snapshot(list(self.served_stats)))
 
     @property
     def source_root(self) -> str | None:
@@ -256,6 +270,7 @@ def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -
 
         resources = faiss.StandardGpuResources()
         index = faiss.index_cpu_to_gpu(resources, 0, index)
+    served = snapshot([directory / name for name in READ_WHILE_SERVING if (directory / name).is_file()])
     rescore = batch_independent_rescorer(index)
     batcher = _batcher(index, rescore, max_batch, faiss_threads)
     filters = FilterCache(metadata, manifest.ntotal)
@@ -270,6 +285,7 @@ def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -
         rescore,
         resources is not None,
         resources,
+        served,
     )
 
 
@@ -329,6 +345,21 @@ class Retriever:
         )
         log.info("loaded %s and %s in %.1f s", checkpoint, index, time.perf_counter() - t0)
         return cls(model, config, checkpoint, images, captions, device)
+
+    def integrity_problem(self) -> str | None:
+        """Why the served artifacts can no longer be trusted (None: they can): a file read while
+        serving was rewritten in place since it was loaded. A few stat calls: cheap per request."""
+        loaded = [self.images, *([self.captions] if self.captions is not None else [])]
+        changed = [
+            f"{index.directory.name}/{path.name}" for index in loaded for path in index.changed_in_place()
+        ]
+        if not changed:
+            return None
+        return (
+            f"{', '.join(changed)} changed on disk while being served (same file, other size or modification "
+            "time), so results could mix two builds; restore the file, or rebuild the index folder (icr "
+            "index build renames a complete one into place), then POST /v1/admin/reload or restart"
+        )
 
     # --- encoding ---------------------------------------------------------------------------------
     @property

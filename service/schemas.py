@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import unicodedata
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
+    ConfigDict,
     Field,
     StrictFloat,
     WithJsonSchema,
@@ -23,23 +24,31 @@ K_MAX = 1000
 OFFSET_MAX = 100_000
 
 
-# Whitespace controls a pasted caption may carry; every other control character is refused.
-_ALLOWED_CONTROLS = frozenset("\t\n\r")
+# Whitespace controls a pasted caption may carry; every other control character (Unicode category
+# Cc: U+0000-U+001F and U+007F-U+009F) and every lone surrogate is refused. One compiled class, so
+# the check is a single linear scan in C, not a Python loop per character.
+_REFUSED_CHARACTER = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+# What counts as blank: Python's whitespace and U+FEFF, which is JSON Schema's (ECMA-262) \s too,
+# so a text the schema's pattern calls blank is blank here.
+BLANK = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+    "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
 
 
 def check_text(value: str) -> str:
     """``value`` when it is text the encoder and a JSON response can carry; ValueError saying
     what to send instead (the message names the character by code point, never repeats it)."""
-    for i, ch in enumerate(value):
-        code = ord(ch)
-        if 0xD800 <= code <= 0xDFFF:
-            raise ValueError(
-                f"character {i} is a lone surrogate (U+{code:04X}), not Unicode text; send UTF-8 text "
-                "(a JSON \\u escape of a character beyond U+FFFF must be a high + low surrogate pair)"
-            )
-        if unicodedata.category(ch) == "Cc" and ch not in _ALLOWED_CONTROLS:
-            raise ValueError(f"character {i} is the control character U+{code:04X}; remove it")
-    return value
+    found = _REFUSED_CHARACTER.search(value)
+    if found is None:
+        return value
+    i, code = found.start(), ord(found.group())
+    if 0xD800 <= code <= 0xDFFF:
+        raise ValueError(
+            f"character {i} is a lone surrogate (U+{code:04X}), not Unicode text; send UTF-8 text "
+            "(a JSON \\u escape of a character beyond U+FFFF must be a high + low surrogate pair)"
+        )
+    raise ValueError(f"character {i} is the control character U+{code:04X}; remove it")
 
 
 # What check_text accepts, for the OpenAPI schema only (pydantic's regex engine has no surrogates).
@@ -77,6 +86,9 @@ class Threshold(BaseModel):
 
 
 class ThresholdFields(BaseModel):
+    # a misspelt field (min_relevence) is refused, not ignored: ignored, it searched without a threshold
+    model_config = ConfigDict(extra="forbid")
+
     # Strict: "10" and true are not numbers (a JSON client that sends them has a bug to hear about).
     k: JsonInt = Field(10, ge=1, le=K_MAX, description="Results per page (at most ICR_MAX_K).")
     offset: JsonInt = Field(
@@ -285,6 +297,8 @@ DatasetName = Annotated[
 
 
 class BenchmarkRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     dataset: DatasetName = Field(
         ...,
         description="One of the names a server may configure; GET /v1/info lists the ones this server "

@@ -11,7 +11,10 @@ import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from icr.service.errors import leaf_routes
 
 # Milliseconds to seconds: search stages take 0.1-100 ms, benchmark submissions a few ms.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -62,6 +65,16 @@ class Telemetry:
         self._child(self.latency, route, method).observe(seconds)
 
 
+def _template(scope: Scope) -> str:
+    """The route template of a request answered before routing (a 401, 403 or 413 from a middleware),
+    so refusals are counted under the route they were for; ``unmatched`` for no route."""
+    for route in leaf_routes(scope["app"].router.routes):
+        match, _ = route.matches(scope)
+        if match != Match.NONE:
+            return str(getattr(route, "path", "unmatched"))
+    return "unmatched"
+
+
 class MetricsMiddleware:
     """Counts and times every HTTP request (pure ASGI: sees the final status, even of errors)."""
 
@@ -85,6 +98,5 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route = scope.get("route")
-            label = getattr(route, "path", None) or "unmatched"
+            label = getattr(scope.get("route"), "path", None) or _template(scope)
             self.telemetry.observe_request(label, scope["method"], status, time.perf_counter() - start)

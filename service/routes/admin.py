@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -12,6 +13,7 @@ from icr.service.errors import ApiError
 from icr.service.routes.deps import settings_of
 from icr.service.schemas import error_responses
 
+log = logging.getLogger("icr.service")
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 _reloading = threading.Lock()
 
@@ -40,10 +42,11 @@ def reload(request: Request) -> dict[str, Any]:
             fresh = load_retriever(settings)
         except Exception as err:  # anything the new artifacts do: the served ones stay
             reason = without_paths(f"{type(err).__name__}: {err}", settings)
+            log.warning("reload refused: the new artifacts did not load (%s)", reason)
             raise ApiError(
                 409,
                 "reload_failed",
-                f"the new artifacts did not load ({reason}); still serving the previous ones",
+                f"the new artifacts did not load ({reason}); {_served_now(request)}",
             ) from None
         install_retriever(request.app, fresh)
         if request.app.state.watcher is not None:
@@ -56,3 +59,15 @@ def reload(request: Request) -> dict[str, Any]:
         }
     finally:
         _reloading.release()
+
+
+def _served_now(request: Request) -> str:
+    """What the server serves after a failed reload, truthfully."""
+    state = request.app.state
+    retriever = state.retriever
+    if retriever is None:
+        return "nothing is served: the artifacts have not loaded since the server started"
+    problem = state.refused or retriever.integrity_problem()
+    if problem is not None:
+        return f"nothing is served meanwhile (searches answer 503): {problem}"
+    return "still serving the previous ones"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
@@ -9,11 +10,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from icr.service.errors import ApiError
-from icr.service.jobs import QueueFull
+from icr.service.jobs import QueueFull, owner_alive
 from icr.service.routes.deps import settings_of
 from icr.service.schemas import BenchmarkJob, BenchmarkList, BenchmarkRequest, error_responses
+from icr.service.strict_json import StrictJSONRoute
 
-router = APIRouter(prefix="/v1/benchmarks", tags=["benchmarks"])
+log = logging.getLogger("icr.service")
+router = APIRouter(prefix="/v1/benchmarks", tags=["benchmarks"], route_class=StrictJSONRoute)
 
 
 def _splits(data: Path) -> dict[str, int]:
@@ -153,7 +156,15 @@ def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
 def list_jobs(
     request: Request, limit: Annotated[int, Query(ge=1, le=500, description="How many jobs.")] = 50
 ) -> BenchmarkList:
+    _reap(request)
     return BenchmarkList(jobs=[BenchmarkJob(**j) for j in request.app.state.jobs.list(limit)])
+
+
+def _reap(request: Request) -> None:
+    """Before a job is shown: a running job whose server process on this host is gone is marked
+    interrupted now, not when its lease expires (a server on another host: when it expires)."""
+    if request.app.state.jobs.reap(owner_alive):
+        log.warning("benchmark job(s) whose server is gone marked interrupted")
 
 
 @router.get(
@@ -163,6 +174,7 @@ def list_jobs(
     responses=error_responses(404),
 )
 def get_job(job_id: str, request: Request) -> BenchmarkJob:
+    _reap(request)
     job = request.app.state.jobs.get(job_id)
     if job is None:
         raise ApiError(404, "not_found", f"no benchmark job {job_id!r}; GET /v1/benchmarks lists them")

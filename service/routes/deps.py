@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,8 @@ from icr.service.config import Settings
 from icr.service.errors import ApiError
 from icr.service.retriever import Retriever
 
+log = logging.getLogger("icr.service")
+
 
 def settings_of(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
@@ -21,7 +24,8 @@ def settings_of(request: Request) -> Settings:
 
 
 def retriever_of(request: Request) -> Retriever:
-    """The loaded retriever, or 503 while the model and index are still loading (or failed to)."""
+    """The loaded retriever; 503 while the model and index are still loading (or failed to), and
+    while a served file is changed on disk (logged once at warning level)."""
     retriever: Retriever | None = request.app.state.retriever
     refused = request.app.state.refused
     if refused is not None:
@@ -36,6 +40,12 @@ def retriever_of(request: Request) -> Retriever:
             "the model and index are still loading; retry in a few seconds "
             "(GET /readyz turns 200 when ready)",
         )
+    problem = retriever.integrity_problem()
+    if problem is not None:
+        if request.app.state.integrity_warned != problem:  # once per problem, not per request
+            request.app.state.integrity_warned = problem
+            log.warning("searches and /readyz answer 503: %s", problem)
+        raise ApiError(503, "artifacts_changed", problem)
     return retriever
 
 

@@ -20,9 +20,12 @@ def healthz() -> dict[str, str]:
 @router.get(
     "/readyz", summary="Readiness: model and index loaded (503 until then)", responses=error_responses(503)
 )
-def readyz(request: Request) -> dict[str, str]:
-    retriever_of(request)
-    return {"status": "ready"}
+def readyz(request: Request) -> dict[str, Any]:
+    """200 while search can run. 503 with the reason while loading, after a failed load, and while a
+    served file is changed on disk. ``calibrated``: whether relevance is given (false: min_relevance
+    answers 409)."""
+    retriever = retriever_of(request)
+    return {"status": "ready", "calibrated": retriever.images.calibration is not None}
 
 
 @router.get(

@@ -9,6 +9,7 @@ import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from icr.service.config import Settings
 from icr.service.errors import ApiError, validation_message
@@ -16,6 +17,7 @@ from icr.service.quality import query_quality
 from icr.service.retriever import LoadedIndex, NotServable, Page, Retriever, public_source
 from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
 from icr.service.schemas import (
+    BLANK,
     ImageResults,
     ImageSearchResponse,
     TextSearchRequest,
@@ -24,8 +26,9 @@ from icr.service.schemas import (
     Timings,
     error_responses,
 )
+from icr.service.strict_json import StrictJSONRoute
 
-router = APIRouter(prefix="/v1/search", tags=["search"])
+router = APIRouter(prefix="/v1/search", tags=["search"], route_class=StrictJSONRoute)
 
 
 def _json(response: TextSearchResponse | ImageSearchResponse) -> Response:
@@ -193,7 +196,7 @@ def _timings(timings: dict[str, float], start: float) -> Timings:
     summary="Text -> images, thresholded, paginated",
     responses=error_responses(408, 413, 422, 503),
 )
-def search_text(body: TextSearchRequest, request: Request) -> Response:
+async def search_text(body: TextSearchRequest, request: Request) -> Response:
     """Images for a caption. With ``min_relevance`` (calibrated probability) or ``min_score`` (cosine),
     only hits meeting it are counted and paginated; the response says how many passed.
 
@@ -204,7 +207,7 @@ def search_text(body: TextSearchRequest, request: Request) -> Response:
     handles poorly, words outside the benchmark's vocabulary, few likely relevant results)."""
     start = time.perf_counter()
     settings = settings_of(request)
-    text = body.text.strip()
+    text = body.text.strip(BLANK)  # as the schema's pattern reads blank (U+FEFF too)
     if not text:
         raise ApiError(422, "invalid_request", "text: empty; send the caption to search for")
     if len(body.text) > settings.max_text_chars:  # as sent: the limit the schema states (maxLength)
@@ -216,6 +219,19 @@ def search_text(body: TextSearchRequest, request: Request) -> Response:
         )
     _check_paging(settings, body.k, body.offset)
     retriever = retriever_of(request)
+    # The checks above are answered on the event loop (microseconds, no thread hop: a client looping
+    # refused requests costs others little); the search itself runs in the thread pool.
+    return await run_in_threadpool(_text_results, retriever, body, text, settings, request, start)
+
+
+def _text_results(
+    retriever: Retriever,
+    body: TextSearchRequest,
+    text: str,
+    settings: Settings,
+    request: Request,
+    start: float,
+) -> Response:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     query = retriever.encode_text(text)  # (1, D)

@@ -1,0 +1,175 @@
+"""Strict request parsing, the text check, client addresses, path scrubbing and the refusal penalty,
+each against a naive implementation written here."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+import unicodedata
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from icr.index.metadata import MetadataStore, MetadataUnreadable
+from icr.service.client_address import client_of, trusted_networks
+from icr.service.errors import without_absolute_paths
+from icr.service.refusal_penalty import RefusalPenaltyMiddleware
+from icr.service.schemas import BLANK, check_text
+from icr.service.strict_json import MAX_INTEGER_DIGITS, parse_strict
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(JSON_VALUES)
+def test_strict_parsing_reads_valid_json_as_json_loads_does(value) -> None:
+    body = json.dumps(value).encode()
+    assert parse_strict(body) == json.loads(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ('{"k": 5, "k": 50}', "k: given twice"),
+        ('{"filter": {"year": 1, "year": 2}}', "year: given twice"),
+        ('{"k": ' + "9" * 5000 + "}", "k: a number of 5000 digits"),
+        ('{"k": -' + "9" * (MAX_INTEGER_DIGITS + 1) + "}", f"k: a number of {MAX_INTEGER_DIGITS + 1} digits"),
+        ('{"filter": {"year": {"in": [1, ' + "9" * 40 + "]}}}", "in: a number of 40 digits"),
+        ('{"min_score": NaN}', "min_score: NaN is not a JSON number"),
+        ('{"min_score": -Infinity}', "min_score: -Infinity is not a JSON number"),
+        ("9" * 5000, "a number of 5000 digits"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ],
+)
+def test_strict_parsing_refuses_what_json_loads_reads_otherwise(body: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        parse_strict(body.encode())
+
+
+def test_the_longest_integer_taken_is_read_exactly() -> None:
+    longest = "9" * MAX_INTEGER_DIGITS
+    assert parse_strict(f'{{"k": {longest}, "o": -{longest}}}'.encode()) == {
+        "k": int(longest),
+        "o": -int(longest),
+    }
+
+
+def _naive_check(value: str) -> str | None:
+    """The first refused character's message, by a loop over every character."""
+    for i, ch in enumerate(value):
+        if 0xD800 <= ord(ch) <= 0xDFFF:
+            return f"character {i} is a lone surrogate (U+{ord(ch):04X})"
+        if unicodedata.category(ch) == "Cc" and ch not in "\t\n\r":
+            return f"character {i} is the control character U+{ord(ch):04X}"
+    return None
+
+
+@given(st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0xE000), max_size=30))
+def test_the_text_check_refuses_what_a_loop_over_characters_refuses(value: str) -> None:
+    expected = _naive_check(value)
+    if expected is None:
+        assert check_text(value) == value
+    else:
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            check_text(value)
+
+
+def test_blank_is_pythons_whitespace_and_the_byte_order_mark() -> None:
+    every = {chr(c) for c in range(0x110000) if chr(c).isspace()} | {"\ufeff"}
+    assert set(BLANK) == every
+
+
+def _scope(peer: str | None, forwarded: list[str] = ()) -> dict:
+    return {
+        "client": (peer, 50000) if peer else None,
+        "headers": [(b"x-forwarded-for", value.encode()) for value in forwarded],
+    }
+
+
+@pytest.mark.parametrize(
+    ("peer", "forwarded", "proxies", "address", "local"),
+    [
+        ("127.0.0.1", ["8.8.8.8"], (), "127.0.0.1", True),  # not a trusted proxy: the header is ignored
+        ("::ffff:127.0.0.1", [], (), "127.0.0.1", True),
+        ("10.0.0.9", ["127.0.0.1"], (), "10.0.0.9", False),  # a remote client cannot claim to be local
+        ("127.0.0.1", ["8.8.8.8"], ("127.0.0.1",), "8.8.8.8", False),
+        ("127.0.0.1", ["6.6.6.6, 8.8.8.8"], ("127.0.0.1",), "8.8.8.8", False),  # right-most untrusted
+        ("10.0.0.2", ["8.8.8.8, 10.0.0.3"], ("10.0.0.0/8",), "8.8.8.8", False),  # a chain of proxies
+        ("127.0.0.1", ["1.1.1.1", "8.8.8.8"], ("127.0.0.1",), "8.8.8.8", False),  # two header lines
+        ("127.0.0.1", [], ("127.0.0.1",), None, False),  # the proxy forwarded nothing: unknown
+        ("127.0.0.1", ["::1"], ("127.0.0.1",), "::1", True),
+        ("192.168.1.1", ["8.8.8.8"], ("127.0.0.1",), "192.168.1.1", False),
+        (None, [], (), None, False),
+    ],
+)
+def test_the_client_is_the_peer_or_what_a_trusted_proxy_forwarded(
+    peer, forwarded, proxies, address, local
+) -> None:
+    client = client_of(_scope(peer, forwarded), proxies)
+    assert (client.address, client.is_local) == (address, local)
+
+
+def test_a_bad_trusted_proxy_is_named() -> None:
+    with pytest.raises(ValueError, match="'10.0.0.300'"):
+        trusted_networks(("127.0.0.1", "10.0.0.300"))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/srv/icr/run/best/model.safetensors: bad header", "model.safetensors: bad header"),
+        (
+            "rebuild with `icr index build --checkpoint /home/u/run/best --out /srv/idx`",
+            "rebuild with `icr index build --checkpoint best --out idx`",
+        ),
+        ("(file:///tmp/x/metadata.sqlite)", "(metadata.sqlite)"),
+        ("POST /v1/admin/reload, then GET /readyz", "POST /v1/admin/reload, then GET /readyz"),
+        ("images/metadata.sqlite changed", "images/metadata.sqlite changed"),
+        ("see https://example.org/a/b", "see https://example.org/a/b"),
+        ("the folder /data/coco/", "the folder (a folder)"),
+    ],
+)
+def test_absolute_paths_become_their_last_component(text: str, expected: str) -> None:
+    assert without_absolute_paths(text) == expected
+
+
+def test_the_refusal_bucket_allows_the_burst_then_the_rate() -> None:
+    penalty = RefusalPenaltyMiddleware(app=None, rate=2.0, burst=4.0)  # type: ignore[arg-type]
+    assert [penalty._overdrawn("a") for _ in range(5)] == [False] * 4 + [True]
+    assert penalty._overdrawn("b") is False  # per client
+    time.sleep(0.6)  # 1.2 refills
+    assert [penalty._overdrawn("a") for _ in range(2)] == [False, True]
+
+
+def test_a_row_that_cannot_be_decoded_is_metadata_unreadable(tmp_path) -> None:
+    path = tmp_path / "metadata.sqlite"
+    with MetadataStore.create(path) as store:
+        store.add(
+            {
+                "id": i,
+                "source": f"{i}.png",
+                "captions": ["a"],
+                "is_distractor": False,
+                "scene": None,
+                "image_id": i,
+            }
+            for i in range(3)
+        )
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE items SET captions = 'not json' WHERE id = 1")
+    with MetadataStore.open(path) as store:
+        assert store.get([0, 2])[1]["source"] == "2.png"
+        with pytest.raises(MetadataUnreadable, match="row 1 cannot be decoded"):
+            store.get([0, 1])
+        with pytest.raises(MetadataUnreadable, match=r"no metadata for ids \[7\]"):
+            store.get([7])
