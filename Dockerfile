@@ -17,15 +17,16 @@ WORKDIR /app
 # Dependencies first, in their own layer: editing the code does not reinstall torch. The package
 # folders are empty placeholders here so pip can resolve the project's dependencies.
 COPY pyproject.toml setup.py README.md ./
-RUN mkdir -p icr training index service \
- && touch icr/__init__.py training/__init__.py index/__init__.py service/__init__.py \
+RUN mkdir -p icr core training index service \
+ && touch icr/__init__.py core/__init__.py training/__init__.py index/__init__.py service/__init__.py \
  && pip install --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
  && pip install . \
  && pip uninstall -y icr \
- && rm -rf icr training index service build *.egg-info
+ && rm -rf icr core training index service build *.egg-info
 
 # The code.
 COPY icr icr
+COPY core core
 COPY training training
 COPY index index
 COPY service service

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
-from icr.training.cli.support import fail_cleanly
+from icr.core.cli_support import fail_cleanly
 
 SECTIONS = ("build", "search", "http", "peers", "filters", "scale", "relevance", "train", "eval", "gpu")
 

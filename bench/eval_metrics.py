@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from icr.core.memory import peak_rss_mb
 from icr.training.evaluation.metrics.calibration import fit_calibration, score_histogram
 from icr.training.evaluation.metrics.relevance import Relevance
 from icr.training.evaluation.metrics.report import full_metrics
-from icr.training.memory import peak_rss_mb
 
 
 def structured_similarity(n_img: int, per_image: int, dim: int, noise: float, seed: int = 0) -> np.ndarray:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.markdown import table
 from bench.stats import latency
 
 SELECT_FILTERS: dict[str, dict[str, Any]] = {
@@ -106,11 +107,9 @@ def search(checkpoint: Path, index_dir: Path, captions: list[str], depth: int, l
 
 
 def markdown(section: dict[str, Any]) -> list[str]:
-    from bench.report import _table
-
     select, found = section["select"], section["search"]
     lines = [f"## Query filters: selecting ids in a metadata store of {select['rows']:,} rows", ""]
-    lines += _table(
+    lines += table(
         ["filter", "ids selected", "cold ms (SQL + bitmap)", "cached ms"],
         [[name, r["selected"], r["cold_ms"], r["cached_ms"]] for name, r in select["filters"].items()],
     )
@@ -125,4 +124,4 @@ def markdown(section: dict[str, Any]) -> list[str]:
         for name, r in found.items()
         if isinstance(r, dict)
     ]
-    return lines + _table(["filter", "matched", "p50 ms", "p99 ms"], rows)
+    return lines + table(["filter", "matched", "p50 ms", "p99 ms"], rows)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from icr.training.memory import peak_rss_mb
+from icr.core.memory import peak_rss_mb
 
 CHUNK = 20_000
 SOURCE_ROWS = 50_000

@@ -1,8 +1,11 @@
-"""The Markdown view of an ``icr bench`` report, and its targets checked (issue 8's list)."""
+"""The Markdown view of an ``icr bench`` report, and its targets checked."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from bench.markdown import fmt as _fmt
+from bench.markdown import table as _table
 
 
 def _get(d: Any, *keys: str) -> Any:
@@ -160,7 +163,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         _target("ANN recall@10 of exact", _get(search, "ann", "recall_at_10_vs_exact"), 0.95, False),
     ]
     depth = _get(search, "ann", "depth")
-    if depth is not None:  # issue 20 item 3: the ANN index at the service's depth
+    if depth is not None:  # the ANN index at the service's depth (1,000), where it is used
         out += [
             _target(
                 f"ANN at depth {depth}: recall@10 of exact",
@@ -243,7 +246,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         )
     )
     build = _get(s, "build")
-    if build and not build["cached"] and build["distractors"] >= 1_000_000:  # issue 21
+    if build and not build["cached"] and build["distractors"] >= 1_000_000:  # a 1M build from nothing
         out.append(
             _target(
                 f"index build from nothing, {build['distractors']:,} generated distractors",
@@ -354,28 +357,9 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _fmt(x: Any, digits: int = 2) -> str:
-    if x is None:
-        return "n/a"
-    if isinstance(x, float):
-        return f"{x:,.{digits}f}"
-    if isinstance(x, int):
-        return f"{x:,}"
-    return str(x)
-
-
 def _failed(section: dict[str, Any]) -> list[str]:
     failed = section.get("failed") or {}
     return [f"Failed to train: {', '.join(f'{k} ({v})' for k, v in failed.items())}.", ""] if failed else []
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|",
-    ]
-    lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
-    return lines + [""]
 
 
 def _evaluation(e: dict[str, Any]) -> list[str]:

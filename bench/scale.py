@@ -1,4 +1,4 @@
-"""Beyond one machine, measured on this one (issue 21): `icr embed` single-process vs Ray, an index
+"""Beyond one machine, measured on this one: `icr embed` single-process vs Ray, an index
 larger than its memory budget built from shards and searched memory-mapped, and scatter-gather over
 index shards in separate processes.
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from icr.training.memory import peak_rss_mb
+from icr.core.memory import peak_rss_mb
 
 VARIANTS = {
     "naive": "seed-style: full (Q, m, m) difference tensors, clamped sigmoid",

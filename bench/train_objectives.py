@@ -21,30 +21,9 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from icr.training.memory import peak_rss_mb
-
-OBJECTIVES = [
-    ("ntxent", []),
-    ("triplet", []),
-    ("triplet_hardest", []),
-    ("smoothap", []),
-    ("goal", []),
-    ("goal", ['loss.goal.triplet_weight="cir"', 'loss.goal.pair_weight="sig_ms"']),
-    ("sampled_softmax", []),
-    ("snm", []),
-    ("cross_example_softmax", []),
-    ("cross_example_mining", []),
-    ("ntxent", ['decoding.kind="ltd"', 'decoding.mode="constraint"']),
-    ("ntxent", ['decoding.kind="itd"', 'decoding.mode="constraint"']),
-]
-
-
-def label(name: str, extra: list[str]) -> str:
-    parts = [name] + [e.split("=", 1)[1].strip('"') for e in extra if e.startswith(f"loss.{name}.")]
-    if any(e.startswith("decoding.kind") for e in extra):
-        kind = next(e.split("=", 1)[1].strip('"') for e in extra if e.startswith("decoding.kind"))
-        parts.append("+" + kind)
-    return "/".join(parts)
+from bench.objectives import label
+from bench.training import run
+from icr.core.memory import peak_rss_mb
 
 
 def _towers_ms(trainer: Any, batches: list[dict[str, Any]]) -> float:
@@ -162,8 +141,6 @@ def main() -> None:
         name, extra = json.loads(args.child)
         print(json.dumps(run_one(args, name, extra)))
         return
-    from bench.training import run
-
     only = [x for x in args.only.split(",") if x] or None
     result = run(
         Path(args.data),

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.train_objectives import OBJECTIVES, label
+from bench.objectives import OBJECTIVES, label
 
 QUICK_OBJECTIVES = ("ntxent", "smoothap", "goal", "cross_example_softmax", "ntxent/+ltd")
 

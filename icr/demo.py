@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from icr.training.cli.support import fail_cleanly
+from icr.core.cli_support import fail_cleanly
 
 # The embedded default's sizes: big enough for a meaningful 1K test protocol, ~6 s to generate.
 DEMO_COUNTS = {"train": 10000, "val": 1000, "test": 1000}
@@ -194,8 +194,8 @@ def _demo_data(
     count_captions: float = 0.0,
 ) -> bool:
     """Generate ``counts`` scenes into ``data`` unless a matching copy is cached; True if it generated."""
+    from icr.core.cli_support import print_summary
     from icr.training.cli.data import dataset_statistics
-    from icr.training.cli.support import print_summary
     from icr.training.data.synthetic.generate import GENERATOR_VERSION, load_scenes, write_dataset
 
     cached = None

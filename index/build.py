@@ -28,6 +28,9 @@ from typing import Any
 import faiss
 import numpy as np
 
+from icr.core.atomic import replace_dir, sha256_file
+from icr.core.devices import resolve_device
+from icr.core.memory import peak_rss_mb
 from icr.index.factory_choice import Targets, choose_by_measurement
 from icr.index.galleries import image_sources
 from icr.index.manifest import MANIFEST_FILE, Manifest, Modality
@@ -45,10 +48,7 @@ from icr.index.vector_index import (
     tune_nprobe,
     use_gpu,
 )
-from icr.training.atomic import replace_dir, sha256_file
 from icr.training.data.training_data import SplitData
-from icr.training.devices import resolve_device
-from icr.training.memory import peak_rss_mb
 
 INDEX_FILE = "index.faiss"
 # Default memory budget for the index's codes: raw float32 vectors up to 2 GiB (1M x 512), PQ above.

@@ -41,10 +41,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from icr.core.atomic import atomic_write_text
+from icr.core.contracts import validated
+from icr.core.devices import resolve_device
 from icr.index.manifest import Manifest, check_compatible
-from icr.training.atomic import atomic_write_text
-from icr.training.contracts import validated
-from icr.training.devices import resolve_device
 
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_FORMAT = 3  # 3: with the fitting queries' evidence (2: without it, served without the check)

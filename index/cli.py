@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from icr.training.cli.support import fail_cleanly, print_summary
-from icr.training.devices import Device
+from icr.core.cli_support import fail_cleanly, print_summary
+from icr.core.devices import Device
 
 index_app = typer.Typer(
     help="FAISS indices over a checkpoint's embeddings: gallery images (+ distractors) or captions.",

@@ -1,7 +1,7 @@
 """``icr embed --engine ray``: the local engine's shards, computed by Ray Data workers.
 
 For the images of the shards not yet recorded (the listing, manifest and bookkeeping are
-:class:`index.embed.ShardRun`'s, shared with the local engine)::
+:class:`index.embed_shards.ShardRun`'s, shared with the local engine)::
 
     from_items(position, file, byte range, first caption)     the driver's listing of the gallery
       -> map_batches(_decode)       tasks (1 CPU each): decode + the model's eval transform
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from icr.index.embed import ShardRun
+from icr.index.embed_shards import ShardRun
 from icr.index.galleries import FileGallery
 from icr.index.photo_folder import ImageRef, decode_image
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from icr.training.atomic import atomic_write, atomic_write_text
+from icr.core.atomic import atomic_write, atomic_write_text
 
 MANIFEST = "embeddings_manifest.json"
 FORMAT = "icr-embeddings"

@@ -33,7 +33,7 @@ import faiss
 import numpy as np
 import torch
 
-from icr.training.evaluation.metrics.top_k import RunningTopK, best_columns, padded_queries
+from icr.core.top_k import RunningTopK, best_columns, padded_queries
 
 BLOCK = 65_536  # gallery rows per multiply: 32 MiB at dim 128 in fp32
 BF16_UNIT = 2.0**-8  # bfloat16 keeps 8 significant bits: relative rounding error <= 2^-8

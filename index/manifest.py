@@ -13,7 +13,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from icr.training.contracts import field_errors, validated
+from icr.core.contracts import field_errors, validated
 
 FORMAT: Final = "icr-index"
 FORMAT_VERSION: Final = 1

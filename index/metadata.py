@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from icr.training.contracts import field_errors
+from icr.core.contracts import field_errors
 
 METADATA_FILE = "metadata.sqlite"
 # Bumped when the table layout changes; stored as SQLite's user_version. Version 1 (no ``fields``

@@ -18,8 +18,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from icr.core.devices import DEVICES
 from icr.service.jobs import JobStore
-from icr.training.devices import DEVICES
 
 HEADLINE = ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "i2t_map10", "t2i_rprec")
 GLOBAL = ("pr_auc", "best_f1", "best_f1_threshold")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from icr.training.cli.support import fail_cleanly
+from icr.core.cli_support import fail_cleanly
 
 if TYPE_CHECKING:
     from icr.service.config import Settings

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from icr.training.devices import Device
+from icr.core.devices import Device
 
 DATASET_NAMES = ("flickr30k", "coco", "synthetic")
 

@@ -20,7 +20,6 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
-from icr.index.calibration import CALIBRATION_FILE
 from icr.index.filters import filter_schema
 from icr.service.access import KEY_HEADER, AccessMiddleware, access_of
 from icr.service.body_limit import BodyLimitMiddleware
@@ -28,10 +27,11 @@ from icr.service.config import Settings, get_settings
 from icr.service.errors import install_error_handlers
 from icr.service.headers import SecurityHeadersMiddleware
 from icr.service.refusal_penalty import RefusalPenaltyMiddleware
-from icr.service.retriever import Retriever, preflight
+from icr.service.retriever import preflight
 from icr.service.routes import admin, benchmarks, health, images, page, search
 from icr.service.routes.deps import DecodeSlots
 from icr.service.schemas import NONBLANK_TEXT_PATTERN
+from icr.service.serving import install_retriever, load_retriever, without_paths
 from icr.service.telemetry import MetricsMiddleware, Telemetry
 from icr.service.watcher import ArtifactWatcher, watched_files
 
@@ -47,45 +47,6 @@ UPLOAD_PATHS = frozenset({"/v1/search/image"})
 # Loading that fails (a file being replaced, a disk not yet mounted) is retried after 1x, 2x, 4x...
 # ICR_LOAD_RETRY_SECONDS, at most this long apart.
 _MAX_RETRY_SECONDS = 60.0
-
-
-def without_paths(text: str, settings: Settings) -> str:
-    """``text`` with the server's artifact folders named, not spelled out (clients see /readyz)."""
-    given = (settings.index, settings.caption_index, settings.checkpoint)
-    folders = [Path(p) for p in given if p is not None]
-    spelled = {str(f.resolve()): f.name for f in folders} | {str(f): f.name for f in folders}
-    for path in sorted(spelled, key=len, reverse=True):
-        text = text.replace(path, spelled[path])
-    return text
-
-
-def load_retriever(settings: Settings) -> Retriever:
-    """The model and indices at the configured paths (at start-up, and on POST /v1/admin/reload)."""
-    return Retriever.load(
-        settings.index,
-        settings.checkpoint,
-        settings.caption_index,
-        device=settings.device,
-        gpu=settings.gpu,
-        faiss_threads=settings.faiss_threads,
-        micro_batch=settings.micro_batch,
-    )
-
-
-def install_retriever(app: FastAPI, fresh: Retriever) -> None:
-    """Serve ``fresh`` (at start-up, on POST /v1/admin/reload, when the watcher reloads)."""
-    old: Retriever | None = app.state.retriever
-    if old is not None and old.images.calibration is not None and fresh.images.calibration is None:
-        log.warning(
-            "%s is gone from %s: relevance is no longer given and min_relevance answers 409; "
-            "run `icr index calibrate` on the index folder to restore it",
-            CALIBRATION_FILE,
-            fresh.images.directory.name,
-        )
-    app.state.retriever = fresh  # one assignment: each request sees the old or the new one
-    app.state.integrity_warned = None
-    app.openapi_schema = None  # the filter schema names the index's fields
-    app.state.load_error = None
 
 
 def _load(app: FastAPI, settings: Settings, stop: threading.Event) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from icr.core.devices import resolve_device
 from icr.index.build import load_index_dir
 from icr.index.calibration import CALIBRATION_FILE, ServedCalibration
 from icr.index.filters import Filter, FilterCache
@@ -37,7 +38,6 @@ from icr.index.vector_index import Rescorer
 from icr.service.batcher import MicroBatcher
 from icr.service.quality import TOP_N, over_embedded_benchmark
 from icr.service.watcher import Stat, changed_in_place, snapshot
-from icr.training.devices import resolve_device
 from icr.training.evaluation.metrics.query_evidence import Evidence
 from icr.training.models.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from icr.training.atomic import atomic_write, atomic_write_text
+from icr.core.atomic import atomic_write, atomic_write_text
 
 
 def test_writes_creates_the_folder_and_replaces(tmp_path):

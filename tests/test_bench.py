@@ -148,7 +148,7 @@ def test_targets_are_checked_against_their_limits() -> None:
     slow = {t["target"]: t["met"] for t in targets(_report(inproc_p50=2.0, http_p50=4.0, qps16=200.0))}
     assert slow["service overhead: HTTP p50 / in-process p50"] is False
     assert slow["exact search QPS, 16 clients / 1 client (micro-batching)"] is False  # 8x
-    # issue 21: the 1M build from nothing in 6 minutes (a cached build is not a measurement), and
+    # the 1M build from nothing in 6 minutes (a cached build is not a measurement), and
     # the 10M on-disk build's peak RSS under its budget
     build = {"cached": False, "distractors": 1_000_000, "build_seconds": 325.0}
     on_disk = {"vectors": 10_000_000, "factory": "IVF12649,PQ64", "budget_mb": 4096}

@@ -17,7 +17,7 @@ import icr
 from icr.training.losses import load_all
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("training", "index", "service")
+STAGES = ("core", "training", "index", "service")
 # What the server must never import: the training loop and its entry points, the objectives, target
 # decoding (LTD/ITD), the analysis tools, the CLI and the benchmarks.
 NOT_FOR_THE_SERVER = (
@@ -48,9 +48,20 @@ def _source(module: str) -> Path | None:
 
 
 def _imports(path: Path) -> set[str]:
-    """Every module an ``import`` anywhere in ``path`` names, at module level or inside a function."""
+    """Every module an ``import`` anywhere in ``path`` names, at module level or inside a function;
+    not those under ``if TYPE_CHECKING:``, which never run."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -76,6 +87,117 @@ def _reachable(start: list[str]) -> dict[str, str]:
                     seen[target] = module
                     todo.append(target)
     return seen
+
+
+# Which package may import which, lazily or not: an allow-list. The core is what every stage may use;
+# training reaches nothing above it, the index no server code. ``icr`` is the CLI, the demo and the
+# client (which reads the service's schemas); bench and the tests may import anything.
+ALLOWED = {
+    "icr.core": set(),
+    "icr.training": {"icr.core"},
+    "icr.index": {"icr.core", "icr.training"},
+    "icr.service": {"icr.core", "icr.training", "icr.index"},
+    "icr.client": {"icr.service"},
+    "icr": {"icr.core", "icr.training", "icr.index", "icr.service", "bench"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the project (installed namespace and bench) -> its file."""
+    out = {}
+    for folder, prefix in [*((s, f"icr.{s}") for s in STAGES), ("icr", "icr"), ("bench", "bench")]:
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            name = ".".join((prefix, *parts)).removesuffix(".__init__")
+            out[name] = path
+    return out
+
+
+def _package(module: str) -> str:
+    """The package an import belongs to for the allow-list: a stage, the client, the rest of icr."""
+    parts = module.split(".")
+    if parts[0] == "bench":
+        return "bench"
+    if len(parts) > 1 and parts[1] in (*STAGES, "client"):
+        return f"icr.{parts[1]}"
+    return "icr"
+
+
+def test_every_import_between_packages_is_on_the_allow_list() -> None:
+    bad = []
+    for module, path in _modules().items():
+        if module.startswith("bench"):
+            continue
+        source = _package(module)
+        for name in _imports(path):
+            if name.split(".")[0] not in ("icr", "bench"):
+                continue
+            target = _package(name)
+            if target != source and target not in ALLOWED[source]:
+                bad.append(f"{module} imports {name}")
+    assert not bad, "imports off the allow-list:\n" + "\n".join(sorted(bad))
+
+
+def _graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports (at module level or inside a function)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets = set()
+        for name in _imports(path):
+            # ``from a.b import c``: the module a.b.c if it exists, else a.b
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles_even_through_lazy_imports() -> None:
+    """Not even a package's ``__init__`` and one of its modules; imports under ``TYPE_CHECKING``
+    (annotations only) are not edges."""
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_the_server_reaches_no_training_loop_objective_or_analysis_even_lazily() -> None:

@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from icr.training.memory import peak_rss_mb
+from icr.core.memory import peak_rss_mb
 
 CHILD = (
-    "import json, resource; from icr.training.memory import peak_rss_mb; "
+    "import json, resource; from icr.core.memory import peak_rss_mb; "
     "print(json.dumps([peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]))"
 )
 

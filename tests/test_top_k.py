@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from icr.training.evaluation.metrics.top_k import RunningTopK, grouped_by_row, padded_queries
+from icr.core.top_k import RunningTopK, grouped_by_row, padded_queries
 
 
 @pytest.mark.parametrize("q", [3, 70_000])  # up to 65,536 queries the sort key is 16 bits wide

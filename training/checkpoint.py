@@ -27,8 +27,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save_file
 
-from icr.training.atomic import replace_dir, sha256_file
-from icr.training.contracts import validated
+from icr.core.atomic import replace_dir, sha256_file
+from icr.core.contracts import validated
 from icr.training.data.vocab import Vocabulary
 from icr.training.models import DualEncoder, build_model
 

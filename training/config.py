@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from icr.training.contracts import validated
-from icr.training.devices import Device
+from icr.core.contracts import validated
+from icr.core.devices import Device
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "configs"
 _FREE_FORM = ("loss",)  # [loss.<objective>] tables: checked against the registry in _check

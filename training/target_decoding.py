@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from icr.training.atomic import atomic_write, atomic_write_text
+from icr.core.atomic import atomic_write, atomic_write_text
 from icr.training.data.vocab import Vocabulary
 
 LATENT_TARGET_MODEL = "sentence-transformers/all-MiniLM-L6-v2"

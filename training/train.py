@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from icr.core.atomic import atomic_write
+from icr.core.devices import resolve_device
+from icr.core.memory import peak_rss_mb
 from icr.training import distributed as dist
-from icr.training.atomic import atomic_write
 from icr.training.data.training_data import PlannedBatch, SplitData, open_split, plan_epoch
-from icr.training.devices import resolve_device
-from icr.training.memory import peak_rss_mb
 
 if TYPE_CHECKING:  # annotations only: target decoding is imported when the config asks for it
     from icr.training.target_decoding import TargetDecoding

@@ -10,8 +10,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from icr.service.errors import ApiError
+from icr.service.retriever import preflight
 from icr.service.routes.deps import settings_of
 from icr.service.schemas import error_responses
+from icr.service.serving import install_retriever, load_retriever, without_paths
 
 log = logging.getLogger("icr.service")
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -29,9 +31,6 @@ def reload(request: Request) -> dict[str, Any]:
     them in one step; requests already running finish on the previous ones, so none fails. If the
     new artifacts do not load, nothing changes: 409 with the reason. Needs the admin key
     (ICR_ADMIN_KEY; unset: clients on this machine only)."""
-    from icr.service.main import install_retriever, load_retriever, without_paths
-    from icr.service.retriever import preflight
-
     settings = settings_of(request)
     if not _reloading.acquire(blocking=False):
         raise ApiError(409, "reload_in_progress", "a reload is already running; retry when it has finished")

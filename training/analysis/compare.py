@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from icr.training.atomic import atomic_write_text
+from icr.core.atomic import atomic_write_text
 
 RESULT_FILE = "result.json"
 DEFAULT_VARIANTS: tuple[str, ...] = (

@@ -48,9 +48,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from icr.core.atomic import atomic_write_text
 from icr.training.analysis.compare import Variant
 from icr.training.analysis.paper_numbers import NUMBERS, PAPERS
-from icr.training.atomic import atomic_write_text
 
 ENCODERS = ("vsepp", "gpo")
 STD_FLOOR = 1e-9

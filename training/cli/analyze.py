@@ -10,9 +10,9 @@ from typing import Annotated
 
 import typer
 
+from icr.core.cli_support import fail_cleanly
 from icr.training.analysis.compare import DEFAULT_VARIANTS
 from icr.training.cli.cocos import cocos
-from icr.training.cli.support import fail_cleanly
 
 analyze_app = typer.Typer(
     help="Analyse trained checkpoints: COCOS (how many candidates contribute to each query's gradient).",

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from icr.training.cli.support import fail_cleanly
-from icr.training.devices import Device
+from icr.core.cli_support import fail_cleanly
+from icr.core.devices import Device
 
 COUNTER_CHOICES = ("auto", "generic")
 
@@ -79,10 +79,10 @@ def cocos(
     """
     import torch
 
+    from icr.core.atomic import atomic_write_text
+    from icr.core.devices import resolve_device
     from icr.training.analysis.cocos import run_cocos
-    from icr.training.atomic import atomic_write_text
     from icr.training.config import parse_override
-    from icr.training.devices import resolve_device
 
     if counter not in COUNTER_CHOICES:
         raise ValueError(f"--counter must be one of {', '.join(COUNTER_CHOICES)}, got {counter!r}")

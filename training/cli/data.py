@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from icr.training.cli.support import fail_cleanly, print_summary
+from icr.core.cli_support import fail_cleanly, print_summary
 from icr.training.data.training_data import is_precomp
 
 data_app = typer.Typer(

@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from icr.training.cli.support import fail_cleanly
-from icr.training.devices import Device
+from icr.core.cli_support import fail_cleanly
+from icr.core.devices import Device
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -252,7 +252,7 @@ def evaluate_command(
 
       icr evaluate -m runs/coco/best -d ~/data/coco_precomp --split testall --cxc ~/data/cxc/data
     """
-    from icr.training.atomic import atomic_write_text
+    from icr.core.atomic import atomic_write_text
     from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
     from icr.training.evaluation.metrics.calibration import CALIBRATION_METHODS
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from icr.training.cli.support import fail_cleanly, print_summary
+from icr.core.cli_support import fail_cleanly, print_summary
 
 
 @fail_cleanly

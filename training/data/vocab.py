@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from icr.training.atomic import atomic_write_text
+from icr.core.atomic import atomic_write_text
 from icr.training.data.errors import DatasetError, parse_json, read_text
 
 if TYPE_CHECKING:  # imported for annotations only: karpathy imports tokenize from here

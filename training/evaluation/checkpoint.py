@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from icr.core.devices import resolve_device
 from icr.training.checkpoint import checkpoint_sha256, load_checkpoint, trained_captions_per_image
 from icr.training.data.training_data import SplitData, open_split, synthetic_source
-from icr.training.devices import resolve_device
 from icr.training.embedding import (
     embed_captions,
     embed_image_batch,
@@ -318,7 +318,7 @@ def _distractor_section(
     side alike (the validation captions of the "fit" side take a second)."""
     import torch
 
-    from icr.training.evaluation.metrics.top_k import padded_queries
+    from icr.core.top_k import padded_queries
 
     n_cap = len(test.cap_emb)
     queries = torch.from_numpy(padded_queries(test.cap_emb))  # (Q8, D)

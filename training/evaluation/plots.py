@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from icr.training.atomic import atomic_write
+from icr.core.atomic import atomic_write
 
 # Lines drawn per direction in the score-distribution plot: enough to see the spread, few enough
 # to stay readable (the percentile curves summarise all sampled queries).

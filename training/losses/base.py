@@ -161,21 +161,3 @@ class ContrastiveLoss(nn.Module):
     def params(self) -> dict[str, Any]:
         """This instance's parameters (same keys as :meth:`defaults`)."""
         return {key: getattr(self, key) for key in self.defaults()}
-
-
-def build_loss(name: str, **params: Any) -> ContrastiveLoss:
-    """The loss registered as ``name``; unknown names or parameters: ValueError listing the valid ones."""
-    from icr.training.losses import load_all
-
-    load_all()
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; choose one of: {', '.join(sorted(LOSSES))}")
-    cls = LOSSES[name]
-    allowed = cls.defaults()
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"loss {name!r} has no parameter(s) {', '.join(unknown)}; "
-            f"its parameters are: {', '.join(f'{k}={v!r}' for k, v in allowed.items())}"
-        )
-    return cls(**params)

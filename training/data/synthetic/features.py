@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from icr.training.atomic import replace_dir, sha256_file
+from icr.core.atomic import replace_dir, sha256_file
 from icr.training.data.errors import DatasetError, parse_json, read_text
 from icr.training.data.synthetic.generate import JSON_NAME, SCENES_NAME
 

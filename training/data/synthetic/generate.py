@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from icr.training.atomic import replace_dir
+from icr.core.atomic import replace_dir
 from icr.training.data.errors import DatasetError, parse_json, read_text
 from icr.training.data.synthetic.captions import write_captions
 from icr.training.data.synthetic.render import noise_words, render_batch, words_to_bits

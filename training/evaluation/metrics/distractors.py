@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from icr.training.evaluation.metrics.top_k import RunningTopK
+from icr.core.top_k import RunningTopK
 
 DISTRACTOR_RECALL_AT: tuple[int, ...] = (1, 5, 10, 100)
 
@@ -24,7 +24,7 @@ class DistractorRecall:
 
     Blocks come gallery-major, (b, Q) image x caption, as a matrix multiply of the gallery rows
     with the queries gives them; the top-K keeps a running threshold per query
-    (:class:`~icr.training.evaluation.metrics.top_k.RunningTopK`), so a block costs about one read
+    (:class:`~icr.core.top_k.RunningTopK`), so a block costs about one read
     of its scores.
     """
 

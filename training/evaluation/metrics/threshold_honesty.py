@@ -93,14 +93,14 @@ class TopDepth:
 
     Keeps (Q, depth) scores and ids, never the gallery: millions of distractors pass batch by
     batch, each scored in one matrix multiply and selected against each query's running threshold
-    (:class:`~icr.training.evaluation.metrics.top_k.RunningTopK`), so selecting costs about one
+    (:class:`~icr.core.top_k.RunningTopK`), so selecting costs about one
     read of the scores. Exact; best first, ties by lower id.
     """
 
     def __init__(self, queries: np.ndarray, depth: int) -> None:
         import torch
 
-        from icr.training.evaluation.metrics.top_k import RunningTopK, padded_queries
+        from icr.core.top_k import RunningTopK, padded_queries
 
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")

@@ -35,7 +35,7 @@ def fail_cleanly(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def print_summary(result: dict, indent: int = 0) -> None:
+def print_summary(result: dict[str, Any], indent: int = 0) -> None:
     """Nested dict as an indented, aligned listing (readable in a terminal and in CI logs)."""
     width = max((len(str(k)) for k in result), default=0)
     for key, value in result.items():
