@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader sees the old file or the complete new one, never a partial write.
+"""Atomic file and folder writes: a reader sees the old one or the complete new one, never a partial
+write.
 
 The data go to a temporary file in the target's folder (same filesystem, so the rename is atomic),
 are flushed and fsynced, and the temporary file is then renamed over the target. On any exception,
@@ -13,7 +14,8 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -64,6 +66,30 @@ def replace_dir(new: str | os.PathLike[str], target: str | os.PathLike[str]) -> 
         raise
     shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+@contextmanager
+def staged_dir(target: str | os.PathLike[str], marker: str = ".partial-") -> Iterator[Path]:
+    """A new empty folder beside ``target`` to write a whole artifact folder into: when the block
+    ends normally it replaces ``target`` (:func:`replace_dir`); on any exception, KeyboardInterrupt
+    included, it is removed and ``target`` is left as it was. Its name is ``.<target><marker><pid>-<hex>``,
+    so a clean-up can tell whose process left one behind."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}{marker}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a written file's data to the disk (before the folder holding it is renamed into place)."""
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

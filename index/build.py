@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -28,7 +27,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from icr.core.atomic import replace_dir, sha256_file
+from icr.core.atomic import fsync_file, sha256_file, staged_dir
 from icr.core.devices import resolve_device
 from icr.core.memory import peak_rss_mb
 from icr.index.factory_choice import Targets, choose_by_measurement
@@ -444,10 +443,7 @@ def _write_index(
         )
 
     _remove_stale_builds(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}{_BUILDING}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with staged_dir(out, _BUILDING) as tmp:
         exact = ExactTopK(queries, max(exact_depth(RECALL_K), exact_depth(SEARCH_DEPTH)))
         built: dict[str, str] = {}
         on_disk_build = None
@@ -502,7 +498,7 @@ def _write_index(
         if not on_disk:  # an on-disk index was written by its build (index.faiss names index.ivfdata)
             save_index(index, tmp / INDEX_FILE)
         for name in written:
-            _fsync(tmp / name)
+            fsync_file(tmp / name)
         timings = {**gallery.timings, **(extra.timings if extra is not None else {})}
         throughput = _throughput(gallery.count, n_distractors, timings)
         manifest = Manifest(
@@ -546,11 +542,7 @@ def _write_index(
             },
         )
         (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
-        _fsync(tmp / MANIFEST_FILE)
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        fsync_file(tmp / MANIFEST_FILE)
     return manifest
 
 
@@ -845,11 +837,6 @@ def _layout_distractors(root: Path, dim: int, progress: bool) -> _Stream:
 
 
 # --- directory handling ---------------------------------------------------------------------------
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
 def _remove_stale_builds(out: Path) -> None:
     """Delete temporary folders of builds of ``out`` whose process is gone (killed, power loss)."""
     for tmp in out.parent.glob(f".{out.name}{_BUILDING}*"):

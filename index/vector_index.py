@@ -22,6 +22,9 @@ from typing import Any
 
 import faiss
 import numpy as np
+import torch
+
+from icr.core.top_k import RunningTopK, padded_queries
 
 # Exact search below this many vectors: a flat scan of 100k x 256 is a few ms per query.
 FLAT_LIMIT = 100_000
@@ -34,8 +37,6 @@ PQ_SIZES = (1, 2, 3, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 96)
 # Identical dot products can differ in the last bits depending on BLAS blocking; cosine scores
 # closer than this count as tied.
 TIE_TOL = 1e-6
-# ExactTopK cuts its buffer back to its depth every this many streamed vectors (or 4 x its depth).
-EXACT_FLUSH = 16_384
 ADD_ROWS = 16_384  # vectors per add call (see _coalesced)
 # Tuning stops at the first setting whose mean recall over the held-out queries is above the target
 # by this many standard errors (one-sided 95 %): a mean just at the target (0.9507 for 0.95 on 200
@@ -420,50 +421,30 @@ class ExactTopK:
     """Exact top-``depth`` of fixed queries over vectors streamed in order (ids 0, 1, ...).
 
     Lets a build measure ANN recall against exact search without keeping the vectors: each chunk
-    is scored against the queries while it streams past. Scores are buffered and cut back to the
-    ``depth`` best with a partition every :data:`EXACT_FLUSH` columns (a full sort per chunk made a
-    depth of 1,000 cost minutes at 1M vectors); ``scores`` / ``ids`` are sorted best first, ties by
-    id. ``depth`` should exceed the recall ``k`` so that vectors tied with the k-th are known too.
+    is scored against the queries while it streams past and offered to the same running top-k the
+    exact search kernel selects with (:class:`icr.core.top_k.RunningTopK`: one comparison with each
+    query's k-th best so far, only what beats it kept). ``scores`` / ``ids`` are sorted best first,
+    ties by id. ``depth`` should exceed the recall ``k`` so that vectors tied with the k-th are known
+    too.
     """
 
     def __init__(self, queries: np.ndarray, depth: int):
         self.queries = np.ascontiguousarray(queries, dtype=np.float32)  # (Q, D)
         self.depth = depth
         self.ntotal = 0
-        q = len(self.queries)
-        self._kept = (np.zeros((q, 0), np.float32), np.zeros((q, 0), np.int64))  # (Q, <=depth) unsorted
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
-        self._pending_columns = 0
+        self._padded_t = np.ascontiguousarray(padded_queries(self.queries).T)  # (D, Q8)
+        self._top = RunningTopK(len(self.queries), depth, None)
         self._sorted: tuple[np.ndarray, np.ndarray] | None = None
 
     def add(self, vectors: np.ndarray) -> None:
         vectors = _as_matrix(vectors, self.queries.shape[1], "vectors")  # (b, D)
-        scores = self.queries @ vectors.T  # (Q, b)
-        ids = np.broadcast_to(np.arange(self.ntotal, self.ntotal + len(vectors)), scores.shape)
+        self._top.offer(torch.from_numpy(vectors @ self._padded_t), self.ntotal)  # (b, Q8) scores
         self.ntotal += len(vectors)
-        self._pending.append((scores, ids))
-        self._pending_columns += len(vectors)
         self._sorted = None
-        if self._pending_columns >= max(EXACT_FLUSH, 4 * self.depth):
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        scores = np.concatenate([self._kept[0], *(s for s, _ in self._pending)], axis=1)  # (Q, m)
-        ids = np.concatenate([self._kept[1], *(i for _, i in self._pending)], axis=1)
-        self._pending, self._pending_columns = [], 0
-        if scores.shape[1] > self.depth:
-            part = np.argpartition(-scores, self.depth - 1, axis=1)[:, : self.depth]  # (Q, depth)
-            scores, ids = np.take_along_axis(scores, part, 1), np.take_along_axis(ids, part, 1)
-        self._kept = (scores, ids)
 
     def _best_first(self) -> tuple[np.ndarray, np.ndarray]:
         if self._sorted is None:
-            self._flush()
-            scores, ids = self._kept
-            order = np.lexsort((ids, -scores), axis=1) if scores.size else np.zeros(scores.shape, np.int64)
-            self._sorted = (np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1))
+            self._sorted = self._top.result()
         return self._sorted
 
     @property

@@ -255,10 +255,7 @@ def test_recall_at_k_known_cases():
 
 
 @pytest.mark.parametrize("depth", [20, 700])
-def test_exact_top_k_streaming_equals_one_pass(base, queries, depth, monkeypatch):
-    import icr.index.vector_index as vi
-
-    monkeypatch.setattr(vi, "EXACT_FLUSH", 500)  # several partitions while streaming
+def test_exact_top_k_streaming_equals_one_pass(base, queries, depth):
     acc = ExactTopK(queries, depth)
     for block in chunks(base, 333):
         acc.add(block)

@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save_file
 
-from icr.core.atomic import replace_dir, sha256_file
+from icr.core.atomic import fsync_file, sha256_file, staged_dir
 from icr.core.contracts import validated
 from icr.training.data.vocab import Vocabulary
 from icr.training.models import DualEncoder, build_model
@@ -71,11 +69,6 @@ def _weights_to_save(model: DualEncoder) -> tuple[dict[str, torch.Tensor], dict[
     return kept, aliases
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
 def _check_replaceable(directory: Path) -> None:
     """Refuse to replace a non-empty directory that is not a checkpoint (it may hold user data)."""
     if not directory.exists():
@@ -108,13 +101,11 @@ def save_checkpoint(directory: str | os.PathLike[str], model: DualEncoder, meta:
     except (TypeError, ValueError) as err:
         raise ValueError(f"checkpoint meta must be JSON-serialisable: {err}") from None
     _check_replaceable(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
-    try:
+    with staged_dir(directory) as tmp:
         weights, aliases = _weights_to_save(model)
         weights_path = tmp / WEIGHTS_FILE
         save_file(weights, str(weights_path), metadata={"format": "pt", "aliases": json.dumps(aliases)})
-        _fsync_file(weights_path)
+        fsync_file(weights_path)
         tokenizer = None
         if model.tokenizer_saver is not None:
             model.tokenizer_saver(tmp / TOKENIZER_DIR)
@@ -133,11 +124,7 @@ def save_checkpoint(directory: str | os.PathLike[str], model: DualEncoder, meta:
         }
         config_path = tmp / CONFIG_FILE
         config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        _fsync_file(config_path)
-        replace_dir(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        fsync_file(config_path)
     return directory
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from icr.core.atomic import replace_dir, sha256_file
+from icr.core.atomic import sha256_file, staged_dir
 from icr.training.data.errors import DatasetError, parse_json, read_text
 from icr.training.data.synthetic.generate import JSON_NAME, SCENES_NAME
 
@@ -253,16 +252,8 @@ def build_features(
         raise ValueError(f"--epochs must be >= 1, got {epochs}")
     if threads < 0:
         raise ValueError(f"--threads must be >= 0, got {threads}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with staged_dir(out) as tmp:
         manifest = _build(directory, data, out, tmp, grid, dim, epochs, seed, wanted, threads, progress)
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {"cached": False, "manifest": manifest}
 
 

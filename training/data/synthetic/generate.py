@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from icr.core.atomic import replace_dir
+from icr.core.atomic import staged_dir
 from icr.training.data.errors import DatasetError, parse_json, read_text
 from icr.training.data.synthetic.captions import write_captions
 from icr.training.data.synthetic.render import noise_words, render_batch, words_to_bits
@@ -140,12 +139,9 @@ def write_dataset(
             raise ValueError(f"--{name}-captions is a probability in [0, 1], got {p}")
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not force:
         raise FileExistsError(f"{out} already exists and is not empty; pass --force to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / IMAGE_DIR).mkdir(parents=True)
     start = time.perf_counter()
-    try:
+    with staged_dir(out) as tmp:
+        (tmp / IMAGE_DIR).mkdir()
         images, scenes = [], []
         imgid = 0
         chunks = [
@@ -192,10 +188,6 @@ def write_dataset(
             tmp / SCENES_NAME,
             {"format_version": SCENES_FORMAT_VERSION, "generator": generator, "scenes": scenes},
         )
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {
         "out": str(out),
         "images": sum(counts.values()),
