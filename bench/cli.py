@@ -72,7 +72,7 @@ def bench_command(
 
       icr bench --checkpoint runs/mine/best --data data/synth --workdir bench-mine
     """
-    from bench import evaluation, gallery, relevance, search_http, search_inprocess, training
+    from bench import evaluation, gallery, search_http, search_inprocess, threshold_honesty, training
     from bench import floors as floor_mod
     from bench import gpu as gpu_mod
 
@@ -160,7 +160,7 @@ def bench_command(
             )
         )
     if "relevance" in chosen:
-        sections["relevance"] = relevance.run(ann_dirs[largest], _log)
+        sections["relevance"] = threshold_honesty.run(ann_dirs[largest], _log)
     if "train" in chosen:
         assert model is not None
         sections["train"] = training.run(

@@ -26,7 +26,7 @@ import numpy as np
 
 from icr.core.memory import peak_rss_mb
 from icr.training.evaluation.metrics.calibration import fit_calibration, score_histogram
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 from icr.training.evaluation.metrics.report import full_metrics
 
 

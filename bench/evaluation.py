@@ -13,7 +13,7 @@ from bench.stats import repeat, summary
 
 
 def run(images: int, repeats: int, log) -> dict[str, Any]:
-    from icr.training.evaluation.metrics.relevance import Relevance
+    from icr.training.evaluation.metrics.relevant_pairs import Relevance
     from icr.training.evaluation.metrics.report import full_metrics
 
     sim = structured_similarity(images, 5, 256, 6.0)  # (images, 5 * images)

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from icr.training.data.synthetic.generate import DistractorStream, write_dataset
+from icr.training.data.synthetic.ground_truth import relevance_mask
 from icr.training.data.synthetic.parse import parse_caption
-from icr.training.data.synthetic.relevance import relevance_mask
 
 
 def _timed(fn: Callable[[], object], repeats: int) -> list[float]:

@@ -19,7 +19,7 @@ not written for, and judged with the best labels there are.
 On the embedded benchmark the fit also holds generated queries (:mod:`icr.training.data.synthetic.queries`:
 scenes the index does not hold, bare counts, queries no scene satisfies), and the evaluation adds
 per-query honesty (top 20 promised vs delivered) and out-of-domain queries
-(:func:`icr.training.evaluation.relevance.ood_groups`, and one kind held out of a refit).
+(:func:`icr.training.evaluation.calibration_check.ood_groups`, and one kind held out of a refit).
 
 Two maps are written: ``per_query`` (:mod:`icr.training.evaluation.metrics.query_calibration`:
 the score and what
@@ -79,7 +79,7 @@ def calibrate_index(
     added to the fit (and as many others evaluated), :mod:`icr.training.data.synthetic.queries`.
     """
     from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
-    from icr.training.evaluation.checkpoint import calibration_split_for
+    from icr.training.evaluation.full_report import calibration_split_for
     from icr.training.evaluation.metrics.calibration import CALIBRATION_METHODS
 
     if method not in CALIBRATION_METHODS:
@@ -183,9 +183,7 @@ def _calibrate_in_index(
     from icr.training.data.synthetic.scene import SceneTable
     from icr.training.data.training_data import open_split
     from icr.training.embedding import embed_captions
-    from icr.training.evaluation.metrics.query_honesty import query_honesty
-    from icr.training.evaluation.metrics.threshold_honesty import HitLists
-    from icr.training.evaluation.relevance import (
+    from icr.training.evaluation.calibration_check import (
         fit_served_maps,
         held_out_kind_relevance,
         honesty_report,
@@ -194,6 +192,8 @@ def _calibrate_in_index(
         ood_report,
         synthetic_hits,
     )
+    from icr.training.evaluation.metrics.query_honesty import query_honesty
+    from icr.training.evaluation.metrics.threshold_honesty import HitLists
 
     index, _, metadata = load_index_dir(index_dir)
     metadata.close()
@@ -299,9 +299,14 @@ def _calibrate_on_split(
     progress: bool,
     per_image: int,  # captions per image, as the checkpoint was trained
 ) -> dict[str, Any]:
-    from icr.training.evaluation.checkpoint import EvalOptions, embed_split, fit_split_calibration
+    from icr.training.evaluation.calibration_check import (
+        ANNOTATION_NOTE,
+        QuerySide,
+        annotation_hits,
+        fit_served_maps,
+    )
+    from icr.training.evaluation.full_report import EvalOptions, embed_split, fit_split_calibration
     from icr.training.evaluation.metrics.calibration import calibration_error
-    from icr.training.evaluation.relevance import ANNOTATION_NOTE, QuerySide, annotation_hits, fit_served_maps
 
     options = EvalOptions(device=device, progress=progress, captions_per_image=per_image)
     held_out = embed_split(model, data, fit_split, options)

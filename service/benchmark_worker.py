@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         progress("loading checkpoint", 0.0)
-        from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
+        from icr.training.evaluation.full_report import EvalOptions, evaluate_checkpoint
 
         options = EvalOptions(
             split=job["split"],

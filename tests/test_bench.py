@@ -290,7 +290,7 @@ def _honesty(p10: float, p05: float | None, p08: float | None, queries: int) -> 
 
 
 def test_relevance_targets_hold_every_kind_with_enough_queries() -> None:
-    from bench.relevance import summarise
+    from bench.threshold_honesty import summarise
 
     by_kind = {
         "one_object": _honesty(0.99, 0.9, 0.96, 1000),

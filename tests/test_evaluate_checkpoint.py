@@ -20,18 +20,18 @@ from typer.testing import CliRunner
 
 from icr.training.checkpoint import load_checkpoint
 from icr.training.data.synthetic.generate import DistractorStream, load_scenes
-from icr.training.data.synthetic.relevance import relevance_matrix
+from icr.training.data.synthetic.ground_truth import relevance_matrix
 from icr.training.data.synthetic.scene import SceneTable
 from icr.training.data.training_data import open_split
 from icr.training.embedding import embed_captions, embed_image_batch, embed_images
-from icr.training.evaluation.checkpoint import (
+from icr.training.evaluation.full_report import (
     FILE_DISTRACTORS_NOTE,
     EvalOptions,
     evaluate_checkpoint,
     ground_truth_relevance,
 )
 from icr.training.evaluation.metrics.ranking import ranking_metrics
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 from icr.training.evaluation.retrieval import evaluate_embeddings
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

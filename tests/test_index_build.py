@@ -529,8 +529,8 @@ def test_cli_build(data, checkpoint, tmp_path):
 
 def test_calibrate_fits_on_held_out_captions_searched_in_the_index(built, data, checkpoint):
     from icr.index.calibration import CALIBRATION_FILE, ServedCalibration, calibrate_index
+    from icr.training.data.synthetic.ground_truth import relevance_mask
     from icr.training.data.synthetic.parse import parse_caption
-    from icr.training.data.synthetic.relevance import relevance_mask
     from icr.training.data.synthetic.scene import SceneTable
     from icr.training.embedding import embed_captions
 
@@ -685,7 +685,7 @@ def test_every_reader_uses_the_captions_per_image_of_training(data, tmp_path):
     """A model trained on 3 captions per image: its caption index, evaluation and calibration read 3
     per image too (the first 3 in file order), not the default 5."""
     from icr.index.calibration import calibrate_index
-    from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
+    from icr.training.evaluation.full_report import EvalOptions, evaluate_checkpoint
 
     checkpoint = _train(data, tmp_path / "run", 0, "data.captions_per_image=3")
     captions = build_caption_index(checkpoint, data, out=tmp_path / "caps", progress=False, gpu="off")

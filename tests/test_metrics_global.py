@@ -33,7 +33,7 @@ from icr.training.evaluation.metrics.distractors import DistractorRecall
 from icr.training.evaluation.metrics.global_pr import global_metrics, pr_curve, threshold_metrics
 from icr.training.evaluation.metrics.pair_blocks import pair_blocks
 from icr.training.evaluation.metrics.ranking import first_relevant_ranks, ranking_metrics
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 from icr.training.evaluation.metrics.report import full_metrics, json_ready
 from icr.training.evaluation.metrics.score_distribution import score_distributions
 

@@ -24,7 +24,7 @@ from icr.training.evaluation.metrics.ranking import (
     ranking_metrics,
     relevant_positions,
 )
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 from icr.training.evaluation.retrieval import retrieval_ranks
 
 

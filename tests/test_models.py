@@ -89,6 +89,16 @@ def test_config_errors_name_the_key_and_the_valid_choices(cfg: dict, words: list
         assert word in str(err.value)
 
 
+def test_every_configurable_kind_has_a_registered_tower() -> None:
+    from icr.training.models.config import IMAGE_DEFAULTS, TEXT_DEFAULTS
+    from icr.training.models.towers import IMAGE_TOWERS, TEXT_TOWERS, TowerContext, build_tower
+
+    assert set(IMAGE_TOWERS) == set(IMAGE_DEFAULTS)
+    assert set(TEXT_TOWERS) == set(TEXT_DEFAULTS)
+    with pytest.raises(ValueError, match="unknown image tower kind 'vit'; choose one of: clip, cnn"):
+        build_tower(IMAGE_TOWERS, "image", {"kind": "vit"}, 8, TowerContext(load_weights=False))
+
+
 def test_model_config_is_complete_and_gru_needs_a_vocab(vocab: Vocabulary) -> None:
     model = build_model(small_config(), vocab)
     assert isinstance(model, DualEncoder)

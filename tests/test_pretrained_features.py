@@ -25,7 +25,7 @@ from icr.training.data.synthetic import features as feats
 from icr.training.data.synthetic import world
 from icr.training.data.synthetic.generate import load_scenes
 from icr.training.data.training_data import open_split, synthetic_dir, synthetic_source
-from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint, ground_truth_relevance
+from icr.training.evaluation.full_report import EvalOptions, evaluate_checkpoint, ground_truth_relevance
 
 GRID, DIM = 3, 32
 # 40 train images make one batch an epoch: 60 steps (~2 s) learn tone, empty cells and some

@@ -20,8 +20,8 @@ from icr.training.data.synthetic.generate import (
     make_scene,
     write_dataset,
 )
+from icr.training.data.synthetic.ground_truth import is_relevant, relevance_mask
 from icr.training.data.synthetic.parse import parse_caption
-from icr.training.data.synthetic.relevance import is_relevant, relevance_mask
 
 SMALL = {"train": 12, "val": 4, "test": 5}
 

@@ -7,9 +7,9 @@ import pytest
 from synth_helpers import obj, scene
 
 from icr.training.data.synthetic.captions import write_captions
+from icr.training.data.synthetic.ground_truth import is_relevant, relevance_mask, relevance_matrix, satisfies
 from icr.training.data.synthetic.parse import CaptionParseError, parse_caption, try_parse_caption
 from icr.training.data.synthetic.query import Descriptor, Query, Relation
-from icr.training.data.synthetic.relevance import is_relevant, relevance_mask, relevance_matrix, satisfies
 from icr.training.data.synthetic.scene import SceneTable, sample_scene
 
 # top-left large red circle, centre small blue square, bottom-right large green triangle; dark

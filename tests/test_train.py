@@ -252,7 +252,7 @@ def test_config_errors_say_what_to_fix():
 def test_ground_truth_positives_reach_the_objective(data, tmp_path):
     """data.positives=ground_truth: the loss gets every pair of the batch the generator says is relevant."""
     from icr.training.data.synthetic.generate import load_scenes
-    from icr.training.data.synthetic.relevance import is_relevant
+    from icr.training.data.synthetic.ground_truth import is_relevant
     from icr.training.data.training_data import plan_epoch
     from icr.training.losses.base import ContrastiveLoss
 

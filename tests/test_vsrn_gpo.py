@@ -363,7 +363,7 @@ def test_training_runs_and_the_checkpoint_evaluates(
     fixture_data: Path, tmp_path: Path, model: list[str]
 ) -> None:
     from icr.training.config import load_config
-    from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
+    from icr.training.evaluation.full_report import EvalOptions, evaluate_checkpoint
     from icr.training.train import train
 
     out = tmp_path / "run"

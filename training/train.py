@@ -152,8 +152,8 @@ class Trainer:
         if positives == "annotations":
             return None
         from icr.training.data.synthetic.generate import SCENES_NAME, split_scene_table
+        from icr.training.data.synthetic.ground_truth import PairTruth
         from icr.training.data.synthetic.parse import parse_caption
-        from icr.training.data.synthetic.relevance import PairTruth
         from icr.training.data.training_data import synthetic_source
 
         source = synthetic_source(self.train_data)  # the benchmark, or features extracted from it

@@ -196,7 +196,7 @@ def run_one(
 ) -> dict[str, Any]:
     """Train (or resume), evaluate and analyse one (variant, seed); cached in ``result.json``."""
     from icr.training.analysis.cocos import run_cocos
-    from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
+    from icr.training.evaluation.full_report import EvalOptions, evaluate_checkpoint
     from icr.training.train import STATE_FILE, train
 
     run_dir = _run_dir(runs_dir, variant, seed)

@@ -253,7 +253,7 @@ def evaluate_command(
       icr evaluate -m runs/coco/best -d ~/data/coco_precomp --split testall --cxc ~/data/cxc/data
     """
     from icr.core.atomic import atomic_write_text
-    from icr.training.evaluation.checkpoint import EvalOptions, evaluate_checkpoint
+    from icr.training.evaluation.full_report import EvalOptions, evaluate_checkpoint
     from icr.training.evaluation.metrics.calibration import CALIBRATION_METHODS
 
     if calibration_method not in CALIBRATION_METHODS:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from icr.training.data.errors import DatasetError, read_text
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 
 CXC_URL = "https://github.com/google-research-datasets/Crisscrossed-Captions (folder data/)"
 CXC_SPLITS: tuple[str, ...] = ("val", "test")

@@ -35,7 +35,7 @@ from icr.training.evaluation.metrics.ranking import (
     as_score_matrix,
     first_relevant_ranks,
 )
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 
 ArrayOrTensor = np.ndarray | torch.Tensor
 

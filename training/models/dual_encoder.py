@@ -12,20 +12,18 @@ import torch
 from torch import Tensor, nn
 
 from icr.training.data.vocab import Vocabulary
-from icr.training.models.config import PRETRAINED_PAIR_KINDS, learns_logit_scale, normalize_model_config
-from icr.training.models.image_cnn import ConvImageEncoder
-from icr.training.models.image_precomp import PrecompImageEncoder
-from icr.training.models.image_vsrn import VSRNImageEncoder
+from icr.training.models.config import learns_logit_scale, normalize_model_config
 from icr.training.models.preprocess import (
     FeatureTransform,
     ImageTransform,
     build_image_transform,
     preprocessing_summary,
 )
-from icr.training.models.text_gru import GRUTextEncoder
+from icr.training.models.towers import IMAGE_TOWERS, TEXT_TOWERS, TowerContext, build_tower
 
 if TYPE_CHECKING:  # annotations only: the HF towers are imported when a config asks for them
     from icr.training.models.clip_towers import ClipTextEncoder
+    from icr.training.models.text_gru import GRUTextEncoder
     from icr.training.models.text_transformer import TransformerTextEncoder
 
     TextEncoder = GRUTextEncoder | TransformerTextEncoder | ClipTextEncoder
@@ -148,38 +146,9 @@ def build_model(
     the checkpoint's copy of the tokenizer.
     """
     cfg = normalize_model_config(config)
-    embed_dim = cfg["embed_dim"]
-    image_cfg, text_cfg = cfg["image"], cfg["text"]
-    clip_cache: dict = {}  # a CLIP/SigLIP folder used by both towers loads once
-    # The ResNet, transformer and CLIP towers import transformers (seconds): only when the config asks.
-    if image_cfg["kind"] == "cnn":
-        image_encoder: nn.Module = ConvImageEncoder(image_cfg, embed_dim)
-    elif image_cfg["kind"] == "precomp":
-        image_encoder = PrecompImageEncoder(image_cfg, embed_dim)
-    elif image_cfg["kind"] == "vsrn":
-        image_encoder = VSRNImageEncoder(image_cfg, embed_dim)
-    elif image_cfg["kind"] in PRETRAINED_PAIR_KINDS:
-        from icr.training.models.clip_towers import ClipImageEncoder
-
-        image_encoder = ClipImageEncoder(image_cfg, embed_dim, load_weights, clip_cache)
-    else:
-        from icr.training.models.image_resnet import ResNetImageEncoder
-
-        image_encoder = ResNetImageEncoder(image_cfg, embed_dim, load_weights)
-    if text_cfg["kind"] == "gru":
-        if vocab is None:
-            raise ValueError(
-                "a gru text tower needs the Vocabulary: pass vocab= (build it from the training captions)"
-            )
-        text_encoder: TextEncoder = GRUTextEncoder(text_cfg, embed_dim, vocab, load_weights)
-    elif text_cfg["kind"] in PRETRAINED_PAIR_KINDS:
-        from icr.training.models.clip_towers import ClipTextEncoder
-
-        text_encoder = ClipTextEncoder(text_cfg, embed_dim, load_weights, clip_cache, tokenizer_dir)
-        vocab = None  # the model has its own tokenizer; a word vocabulary would be dead weight
-    else:
-        from icr.training.models.text_transformer import TransformerTextEncoder
-
-        text_encoder = TransformerTextEncoder(text_cfg, embed_dim, load_weights, tokenizer_dir)
-        vocab = None  # the transformer has its own tokenizer; a word vocabulary would be dead weight
+    ctx = TowerContext(load_weights, vocab, tokenizer_dir)
+    image_encoder = build_tower(IMAGE_TOWERS, "image", cfg["image"], cfg["embed_dim"], ctx)
+    text_encoder, keeps_vocab = build_tower(TEXT_TOWERS, "text", cfg["text"], cfg["embed_dim"], ctx)
+    if not keeps_vocab:
+        vocab = None  # the tower has its own tokenizer; a word vocabulary would be dead weight
     return DualEncoder(cfg, image_encoder, text_encoder, vocab)

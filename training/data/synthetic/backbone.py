@@ -245,7 +245,7 @@ def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
     The evaluation's own global AP (tie-aware, oracle-tested), on one row of M pairs.
     """
     from icr.training.evaluation.metrics.global_pr import pr_curve
-    from icr.training.evaluation.metrics.relevance import Relevance
+    from icr.training.evaluation.metrics.relevant_pairs import Relevance
 
     relevant = np.asarray(labels, dtype=bool)[None, :]  # (1, M)
     if not relevant.any():

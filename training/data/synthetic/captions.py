@@ -13,8 +13,8 @@ from dataclasses import replace
 import numpy as np
 
 from icr.training.data.synthetic import world
+from icr.training.data.synthetic.ground_truth import holds
 from icr.training.data.synthetic.query import Descriptor, Query, Relation
-from icr.training.data.synthetic.relevance import holds
 from icr.training.data.synthetic.scene import Scene, SceneObject
 
 CAPTIONS_PER_IMAGE = 5

@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 
 from icr.training.data.karpathy import CaptionSplit
-from icr.training.data.synthetic.relevance import relevance_matrix
+from icr.training.data.synthetic.ground_truth import relevance_matrix
 from icr.training.data.synthetic.scene import Scene, SceneTable
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from icr.training.evaluation.metrics.pair_blocks import pair_blocks
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 
 CALIBRATION_METHODS: tuple[str, ...] = ("isotonic", "platt")
 CALIBRATION_FORMAT_VERSION = 1

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from icr.training.evaluation.metrics.pair_blocks import pair_blocks, relevant_scores
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from icr.training.evaluation.metrics.ranking import BLOCK_ELEMENTS, as_score_matrix
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 
 
 def resolve_nan(scores: np.ndarray, relevant: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from icr.training.evaluation.metrics.ranking import as_score_matrix, ranking_metrics
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 
 PROTOCOLS: tuple[str, ...] = ("full", "1k", "5k")
 FOLD_IMAGES = 1000

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 
 RECALL_AT: tuple[int, ...] = (1, 5, 10)  # the K of R@K; rsum sums these over both directions
 MAP_AT: tuple[int, ...] = (5, 10)

@@ -26,7 +26,7 @@ from icr.training.evaluation.metrics.calibration import Calibration, calibration
 from icr.training.evaluation.metrics.global_pr import global_metrics, pr_curve, threshold_metrics
 from icr.training.evaluation.metrics.protocols import fold_metrics
 from icr.training.evaluation.metrics.ranking import as_score_matrix
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 from icr.training.evaluation.metrics.score_distribution import score_distributions
 
 PRECISION_TARGETS: tuple[float, ...] = (0.5, 0.8, 0.9)

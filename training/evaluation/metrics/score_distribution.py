@@ -18,7 +18,7 @@ import torch
 
 from icr.training.evaluation.metrics.pair_blocks import resolve_nan
 from icr.training.evaluation.metrics.ranking import DIRECTIONS, as_score_matrix
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 
 PERCENTILES: tuple[int, ...] = (5, 50, 95)
 

@@ -37,7 +37,7 @@ from icr.training.evaluation.metrics.query_calibration import (
 )
 from icr.training.evaluation.metrics.query_evidence import QueryEvidence
 from icr.training.evaluation.metrics.query_honesty import ood_figures, query_honesty
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 from icr.training.evaluation.metrics.threshold_honesty import HitLists, TopDepth, threshold_honesty
 
 DEFAULT_DEPTH = 1000  # the service's search depth (ICR_SEARCH_DEPTH)
@@ -81,9 +81,9 @@ def synthetic_hits(
 
     Judged: the distractors (rows >= num_images) with ``judge_distractors``, else every hit but the
     caption's ``own_image`` (None: the captions' own images are not in this gallery)."""
+    from icr.training.data.synthetic.ground_truth import relevance_of_hits
     from icr.training.data.synthetic.kinds import query_kind
     from icr.training.data.synthetic.parse import parse_caption
-    from icr.training.data.synthetic.relevance import relevance_of_hits
 
     queries = [parse_caption(c) for c in captions]
     judged_from = num_images if judge_distractors else 0

@@ -32,7 +32,7 @@ from icr.training.embedding import (
 )
 from icr.training.evaluation.metrics.calibration import Calibration, fit_calibration, score_histogram
 from icr.training.evaluation.metrics.distractors import DistractorRecall
-from icr.training.evaluation.metrics.relevance import Relevance
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 from icr.training.evaluation.metrics.report import full_metrics, json_ready
 from icr.training.models import DualEncoder
 
@@ -103,7 +103,7 @@ def ground_truth_relevance(data: SplitData) -> Relevance | None:
     if source is None:
         return None
     from icr.training.data.synthetic.generate import split_scene_table
-    from icr.training.data.synthetic.relevance import relevance_matrix
+    from icr.training.data.synthetic.ground_truth import relevance_matrix
 
     directory, split = source
     truth = relevance_matrix(data.captions, split_scene_table(directory, split))  # (N_cap, N_img)
@@ -266,7 +266,7 @@ def evaluate_model(
     # captions each over their split's images, then the same distractors, in one pass.
     sides = {}
     if options.relevance_depth > 0 and calibration_split:
-        from icr.training.evaluation.relevance import QuerySide
+        from icr.training.evaluation.calibration_check import QuerySide
 
         sides = {
             name: QuerySide.start(
@@ -327,8 +327,8 @@ def _distractor_section(
     recall["annotations"].add(test.sim, own_images, distractor=False)
     parsed = None
     if options.distractor_embeddings is None:
+        from icr.training.data.synthetic.ground_truth import relevance_matrix
         from icr.training.data.synthetic.parse import parse_caption
-        from icr.training.data.synthetic.relevance import relevance_matrix
 
         source = synthetic_source(test.data)
         assert source is not None  # checked in evaluate_model
@@ -376,11 +376,11 @@ def _distractor_section(
 
 
 def _ood_side(model: DualEncoder, test: EmbeddedSplit, held_out: EmbeddedSplit, options: EvalOptions) -> Any:
-    """Out-of-domain queries (:func:`icr.training.evaluation.relevance.ood_groups`) searched over the
+    """Out-of-domain queries (:func:`icr.training.evaluation.calibration_check.ood_groups`) searched over the
     test gallery; None where there are none to ask (no ground truth and no --ood-queries file)."""
     from icr.training.embedding import embed_captions
+    from icr.training.evaluation.calibration_check import QuerySide, ood_groups
     from icr.training.evaluation.ood_queries import read_ood_file
-    from icr.training.evaluation.relevance import QuerySide, ood_groups
 
     if options.ood_queries is None and test.ground_truth is None:
         return None
@@ -402,8 +402,8 @@ def _relevance_section(
     all_pairs: Calibration | None,
     options: EvalOptions,
 ) -> tuple[dict[str, Any], list[Path]]:
-    """Threshold honesty of the served maps (see :mod:`icr.training.evaluation.relevance`) and its plots."""
-    from icr.training.evaluation.relevance import (
+    """Threshold honesty of the served maps (:mod:`icr.training.evaluation.calibration_check`), plots."""
+    from icr.training.evaluation.calibration_check import (
         ANNOTATION_NOTE,
         annotation_hits,
         fit_served_maps,
@@ -420,7 +420,7 @@ def _relevance_section(
         if synthetic:
             from icr.training.data.synthetic.generate import split_scene_table
             from icr.training.data.synthetic.scene import SceneTable
-            from icr.training.evaluation.relevance import synthetic_hits
+            from icr.training.evaluation.calibration_check import synthetic_hits
 
             source = synthetic_source(split.data)
             assert source is not None  # ground truth (synthetic) exists only where the scenes do
