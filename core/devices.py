@@ -14,7 +14,7 @@ def resolve_device(setting: str, name: str = "device") -> str:
     is how the error message calls the setting."""
     if setting not in DEVICES:
         raise ValueError(f"{name} must be one of {', '.join(DEVICES)}, got {setting!r}")
-    import torch
+    import torch  # noqa: PLC0415 (torch takes seconds to import)
 
     if setting == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -26,20 +26,24 @@ from typing import Any
 
 import faiss
 import numpy as np
+from tqdm import tqdm
 
 from icr.core.atomic import fsync_file, sha256_file, staged_dir
 from icr.core.devices import resolve_device
 from icr.core.memory import peak_rss_mb
+from icr.index.embeddings_layout import open_embeddings_folder
 from icr.index.factory_choice import Targets, choose_by_measurement
-from icr.index.galleries import image_sources
+from icr.index.galleries import PhotoGallery, image_sources
 from icr.index.manifest import MANIFEST_FILE, Manifest, Modality
 from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.on_disk import ONDISK_DATA, OnDiskBuild, build_on_disk, choose_on_disk_factory, load_on_disk
+from icr.index.photo_folder import decode_batches
 from icr.index.vector_index import (
     ExactTopK,
     build_index,
     choose_factory,
     exact_depth,
+    load_index,
     nprobe_of,
     parse_factory,
     recall_at_k,
@@ -47,7 +51,16 @@ from icr.index.vector_index import (
     tune_nprobe,
     use_gpu,
 )
-from icr.training.data.training_data import SplitData
+from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
+from icr.training.data.synthetic.generate import DistractorStream, render_workers
+from icr.training.data.training_data import SplitData, open_split, synthetic_dir
+from icr.training.embedding import (
+    embed_captions,
+    embed_image_batch,
+    embed_images,
+    open_embeddings,
+    threads_beside_workers,
+)
 
 INDEX_FILE = "index.faiss"
 # Default memory budget for the index's codes: raw float32 vectors up to 2 GiB (1M x 512), PQ above.
@@ -174,7 +187,6 @@ def build_photo_index(
         )
     given = Distractors(0, distractor_embeddings, distractor_images)
     _check_args(given, factory, gpu, batch_size, out)
-    from icr.training.checkpoint import load_checkpoint
 
     started = time.perf_counter()
     device = resolve_device(device)
@@ -231,8 +243,6 @@ def _photo_gallery(
     seed: int,
     progress: bool,
 ) -> tuple[_Stream, np.ndarray, Modality, list[str], dict[str, Any]]:
-    from icr.index.galleries import PhotoGallery
-    from icr.training.embedding import embed_captions, embed_image_batch
 
     photos = PhotoGallery(images, metadata, skip_bad=skip_bad, workers=workers)
     source: dict[str, Any] = {**photos.description, "split": "", "skipped": []}
@@ -243,8 +253,6 @@ def _photo_gallery(
     if all(captions):
         queries, query_modality = embed_captions(model, [c[0] for c in captions], device=device), "text"
     else:  # no captions to query with: the ANN check uses the gallery's own images
-        from icr.index.photo_folder import decode_batches
-
         decoded = list(
             decode_batches([photos.paths[i] for i in pick], batch_size, workers=photos.workers, skip_bad=True)
         )
@@ -274,7 +282,6 @@ def _embedded_gallery(
     seed: int,
     progress: bool,
 ) -> tuple[_Stream, np.ndarray, Modality, list[str], dict[str, Any]]:
-    from icr.index.embeddings_layout import open_embeddings_folder
 
     folder = open_embeddings_folder(root, int(config["embed_dim"]))
     folder.check_checkpoint(str(config["weights_sha256"]), checkpoint)
@@ -354,9 +361,6 @@ def _build(
     device: str,
     seed: int,
 ) -> Manifest:
-    from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
-    from icr.training.data.training_data import open_split
-    from icr.training.embedding import embed_captions, embed_images
 
     started = time.perf_counter()
     device = resolve_device(device)
@@ -603,14 +607,12 @@ def _timed(it: Iterator[Any], timings: dict[str, float], key: str) -> Iterator[A
 
 
 def _bar(total: int, desc: str, progress: bool) -> Any:
-    from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="img" if "caption" not in desc else "cap", disable=not progress)
 
 
 def _image_gallery(model: Any, data: SplitData, batch_size: int, device: str, progress: bool) -> _Stream:
     """The split's images: embeddings with rows {source path, captions, scene (embedded benchmark)}."""
-    from icr.training.embedding import embed_image_batch
 
     sources, scenes = image_sources(data)
     caps = data.captions_of_images()
@@ -644,7 +646,6 @@ def _image_gallery(model: Any, data: SplitData, batch_size: int, device: str, pr
 
 def _caption_gallery(model: Any, data: SplitData, batch_size: int, device: str, progress: bool) -> _Stream:
     """The split's captions: embeddings with rows {caption, source of its image, image_id}."""
-    from icr.training.embedding import embed_captions
 
     sources, _ = image_sources(data)
     timings: dict[str, float] = {}
@@ -728,7 +729,6 @@ def _distractor_stream(
     if given.count == 0:
         return None
     n = given.count
-    from icr.training.data.training_data import synthetic_dir
 
     directory = synthetic_dir(data) if data is not None else None
     if directory is None:
@@ -736,8 +736,6 @@ def _distractor_stream(
             "--distractors N draws images from the embedded benchmark's generator; for your own data embed "
             "your distractor images first (icr embed) and pass --distractor-embeddings DIR"
         )
-    from icr.training.data.synthetic.generate import DistractorStream, render_workers
-    from icr.training.embedding import embed_image_batch, threads_beside_workers
 
     stream = DistractorStream.for_dataset(directory, n)
     timings: dict[str, float] = {}
@@ -771,7 +769,6 @@ def _distractor_row(source: str, scene: dict[str, Any] | None = None) -> dict[st
 def _folder_distractors(model: Any, folder: Path, batch_size: int, device: str, progress: bool) -> _Stream:
     """Distractor images from a folder (see :mod:`index.photo_folder`); a file that does not decode
     stops the build with its name (nothing is replaced: the index is built in a temporary folder)."""
-    from icr.index.galleries import PhotoGallery
 
     photos = PhotoGallery(folder)
     timings: dict[str, float] = {}
@@ -793,7 +790,6 @@ def _folder_distractors(model: Any, folder: Path, batch_size: int, device: str, 
 
 def _file_distractors(path: Path, dim: int, chunk: int, progress: bool) -> _Stream:
     """Distractors from an (N, D) .npy, memory-mapped and read chunk by chunk."""
-    from icr.training.embedding import open_embeddings
 
     emb = open_embeddings(path, dim)  # (N, D) memory-mapped
 
@@ -818,7 +814,6 @@ def _file_distractors(path: Path, dim: int, chunk: int, progress: bool) -> _Stre
 def _layout_distractors(root: Path, dim: int, progress: bool) -> _Stream:
     """Distractors from an embeddings folder (``icr embed`` or clip-retrieval layout), shard by
     shard; sources are the image paths its metadata records (``distractor:{k}`` without one)."""
-    from icr.index.embeddings_layout import open_embeddings_folder
 
     folder = open_embeddings_folder(root, dim)
 
@@ -866,7 +861,6 @@ def load_index_dir(
 
     Errors name the missing or corrupt file and the command that rebuilds the index.
     """
-    from icr.index.vector_index import load_index
 
     directory = Path(directory)
     if not directory.is_dir():

@@ -44,7 +44,38 @@ from pydantic import BaseModel, ConfigDict, Field
 from icr.core.atomic import atomic_write_text
 from icr.core.contracts import validated
 from icr.core.devices import resolve_device
+from icr.index.build import load_index_dir
 from icr.index.manifest import Manifest, check_compatible
+from icr.index.vector_index import nprobe_of, search, set_nprobe
+from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
+from icr.training.data.synthetic.generate import SCENES_NAME, DistractorStream, load_scenes, split_scene_table
+from icr.training.data.synthetic.queries import EVAL_OFFSET, generated_queries
+from icr.training.data.synthetic.scene import SceneTable
+from icr.training.data.training_data import open_split
+from icr.training.embedding import embed_captions
+from icr.training.evaluation.calibration_check import (
+    ANNOTATION_NOTE,
+    QuerySide,
+    annotation_hits,
+    fit_served_maps,
+    held_out_kind_relevance,
+    honesty_report,
+    mapped,
+    ood_groups,
+    ood_report,
+    synthetic_hits,
+)
+from icr.training.evaluation.full_report import (
+    EvalOptions,
+    calibration_split_for,
+    embed_split,
+    fit_split_calibration,
+)
+from icr.training.evaluation.metrics.calibration import CALIBRATION_METHODS, Calibration, calibration_error
+from icr.training.evaluation.metrics.query_calibration import QueryCalibration
+from icr.training.evaluation.metrics.query_evidence import QueryEvidence
+from icr.training.evaluation.metrics.query_honesty import query_honesty
+from icr.training.evaluation.metrics.threshold_honesty import HitLists
 
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_FORMAT = 3  # 3: with the fitting queries' evidence (2: without it, served without the check)
@@ -78,9 +109,6 @@ def calibrate_index(
     service does (``ICR_SEARCH_DEPTH``); ``generated``: on the embedded benchmark, generated queries
     added to the fit (and as many others evaluated), :mod:`icr.training.data.synthetic.queries`.
     """
-    from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
-    from icr.training.evaluation.full_report import calibration_split_for
-    from icr.training.evaluation.metrics.calibration import CALIBRATION_METHODS
 
     if method not in CALIBRATION_METHODS:
         raise ValueError(f"--method must be one of {', '.join(CALIBRATION_METHODS)}, got {method!r}")
@@ -125,7 +153,6 @@ def calibrate_index(
 
 def _searchable_with_truth(manifest: Manifest, data: Path) -> bool:
     """An image index over an embedded-benchmark split whose distractors (if any) are generated."""
-    from icr.training.data.synthetic.generate import SCENES_NAME
 
     return (
         manifest.modality == "image"
@@ -147,7 +174,6 @@ def _maps_block(maps: Any, fit: dict[str, Any]) -> dict[str, Any]:
 
 def _search_hits(index: Any, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
     """(scores, ids) (Q, depth) from the FAISS index; short rows padded with their last score, id -1."""
-    from icr.index.vector_index import search
 
     scores, ids = search(index, queries, depth)
     width = max(1, max(len(r) for r in scores))
@@ -176,24 +202,6 @@ def _calibrate_in_index(
     per_image: int,  # captions per image, as the checkpoint was trained
     n_generated: int,
 ) -> dict[str, Any]:
-    from icr.index.build import load_index_dir
-    from icr.index.vector_index import nprobe_of, set_nprobe
-    from icr.training.data.synthetic.generate import DistractorStream, load_scenes, split_scene_table
-    from icr.training.data.synthetic.queries import EVAL_OFFSET, generated_queries
-    from icr.training.data.synthetic.scene import SceneTable
-    from icr.training.data.training_data import open_split
-    from icr.training.embedding import embed_captions
-    from icr.training.evaluation.calibration_check import (
-        fit_served_maps,
-        held_out_kind_relevance,
-        honesty_report,
-        mapped,
-        ood_groups,
-        ood_report,
-        synthetic_hits,
-    )
-    from icr.training.evaluation.metrics.query_honesty import query_honesty
-    from icr.training.evaluation.metrics.threshold_honesty import HitLists
 
     index, _, metadata = load_index_dir(index_dir)
     metadata.close()
@@ -299,14 +307,6 @@ def _calibrate_on_split(
     progress: bool,
     per_image: int,  # captions per image, as the checkpoint was trained
 ) -> dict[str, Any]:
-    from icr.training.evaluation.calibration_check import (
-        ANNOTATION_NOTE,
-        QuerySide,
-        annotation_hits,
-        fit_served_maps,
-    )
-    from icr.training.evaluation.full_report import EvalOptions, embed_split, fit_split_calibration
-    from icr.training.evaluation.metrics.calibration import calibration_error
 
     options = EvalOptions(device=device, progress=progress, captions_per_image=per_image)
     held_out = embed_split(model, data, fit_split, options)
@@ -398,9 +398,6 @@ class ServedCalibration:
     """
 
     def __init__(self, info: dict[str, Any]) -> None:
-        from icr.training.evaluation.metrics.calibration import Calibration
-        from icr.training.evaluation.metrics.query_calibration import QueryCalibration
-        from icr.training.evaluation.metrics.query_evidence import QueryEvidence
 
         if not isinstance(info, dict):
             raise ValueError(f"a calibration is a JSON object, got {type(info).__name__}")

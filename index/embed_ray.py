@@ -39,6 +39,10 @@ import numpy as np
 from icr.index.embed_shards import ShardRun
 from icr.index.galleries import FileGallery
 from icr.index.photo_folder import ImageRef, decode_image
+from icr.training.checkpoint import load_checkpoint
+from icr.training.data.errors import DatasetError
+from icr.training.embedding import embed_captions
+from icr.training.models.preprocess import ImageTransform
 
 # Task retries, actor restarts and retries of a call on a restarted actor (worker or node lost):
 # finite, so a file that crashes its worker every time ends the run (resumable) instead of looping.
@@ -64,7 +68,6 @@ def embed_shards_ray(
     """Write and record the shards ``todo`` of ``run`` on Ray. ``address``: None starts a local Ray
     instance (a driver already connected is reused and left connected), ``auto`` / ``ray://h:p``
     joins a cluster. ``device``: auto (GPU actors when the cluster has GPUs), cpu or cuda."""
-    from icr.training.models.preprocess import ImageTransform
 
     if not isinstance(transform, ImageTransform):
         raise ValueError("this checkpoint embeds precomputed features, not image files: use --engine local")
@@ -100,8 +103,8 @@ def _connected(address: str | None, progress: bool) -> Iterator[Any]:
     """The ``ray`` module, connected: to the driver's existing connection, or a new one (shut down
     on exit)."""
     try:
-        import ray
-        import ray.data
+        import ray  # noqa: PLC0415 (Ray: the optional [distributed] extra)
+        import ray.data  # noqa: PLC0415 (Ray: the optional [distributed] extra)
     except ImportError:
         raise ValueError(
             "--engine ray needs Ray Data: pip install 'icr[distributed]' (or pip install 'ray[data]')"
@@ -179,7 +182,6 @@ def _pipeline(
 def _decode(batch: dict[str, np.ndarray], transform: Any) -> dict[str, np.ndarray]:
     """A batch's images decoded and put through ``transform`` (the model's eval transform):
     ``pixels`` (n, 3, S, S) float32, zeros where ``ok`` is False and ``error`` says why."""
-    from icr.training.data.errors import DatasetError
 
     images, ok, errors = [], [], []
     for path, offset, size, name in zip(
@@ -211,15 +213,12 @@ class _Embedder:
     run writes text embeddings, its first captions' (zeros where the image did not decode)."""
 
     def __init__(self, checkpoint: str, use_gpu: bool) -> None:
-        from icr.training.checkpoint import load_checkpoint
 
         self.device = "cuda" if use_gpu else "cpu"
         self.model, _ = load_checkpoint(checkpoint, self.device)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import torch
-
-        from icr.training.embedding import embed_captions
+        import torch  # noqa: PLC0415 (torch takes seconds to import)
 
         ok = np.asarray(batch["ok"], dtype=bool)
         dim = int(self.model.embed_dim)
@@ -253,7 +252,6 @@ def _gather(
     are back (results that come early wait, embeddings only), so a run that stops leaves a prefix of
     the shards as the local engine does. Without ``skip_bad`` a file that does not decode stops the
     run as in the local engine: the shards before its shard are written, then its error is raised."""
-    from icr.training.data.errors import DatasetError
 
     got: dict[int, dict[int, tuple[bool, str, np.ndarray, np.ndarray]]] = {i: {} for i in todo}
     bad: dict[int, str] = {}  # position -> error, without skip_bad

@@ -144,7 +144,7 @@ def load_unit_rows(path: Path, dim: int) -> np.ndarray:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    from pyarrow import ArrowInvalid, parquet
+    from pyarrow import ArrowInvalid, parquet  # noqa: PLC0415 (pyarrow: only the embeddings and metadata-file paths need it)
 
     try:
         rows: list[dict[str, Any]] = parquet.read_table(path).to_pylist()
@@ -220,8 +220,8 @@ def write_shard(
     rows: list[dict[str, Any]],
 ) -> None:
     """Write shard ``i``'s files, each atomically (the manifest records the shard afterwards)."""
-    import pyarrow as pa
-    from pyarrow import parquet
+    import pyarrow as pa  # noqa: PLC0415 (pyarrow: only the embeddings and metadata-file paths need it)
+    from pyarrow import parquet  # noqa: PLC0415 (pyarrow: only the embeddings and metadata-file paths need it)
 
     img, text, meta = shard_paths(root, i)
     try:

@@ -17,9 +17,14 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from threading import Lock
 from typing import Any
+
+import numpy as np
 
 BUILTIN_FIELDS = ("is_distractor",)
 RANGE_OPS = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
@@ -183,8 +188,6 @@ class FilterCache:
     thread-safe."""
 
     def __init__(self, metadata: Any, ntotal: int, size: int = 64) -> None:
-        from collections import OrderedDict
-        from threading import Lock
 
         self.metadata = metadata  # an index.metadata.MetadataStore
         self.ntotal = ntotal
@@ -207,10 +210,8 @@ class FilterCache:
         return selection, False
 
     def _compute(self, filter_: Filter) -> Selection:
-        import time
 
-        import faiss
-        import numpy as np
+        import faiss  # noqa: PLC0415 (faiss: only this path needs it)
 
         t0 = time.perf_counter()
         where, params = to_sql(filter_)

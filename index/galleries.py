@@ -26,6 +26,11 @@ from icr.index.photo_folder import (
     read_image_list,
     read_metadata,
 )
+from icr.index.webdataset import list_webdataset
+from icr.training.data.karpathy import load_karpathy
+from icr.training.data.synthetic.generate import load_scenes
+from icr.training.data.training_data import open_split, synthetic_dir
+from icr.training.embedding import embed_image_batch
 
 
 @dataclass
@@ -78,7 +83,6 @@ class FileGallery:
         }
 
     def batches(self, model: Any, lo: int, hi: int, batch_size: int, device: str) -> Iterator[Batch]:
-        from icr.training.embedding import embed_image_batch
 
         decoded = decode_batches(self.refs[lo:hi], batch_size, workers=self.workers, skip_bad=self.skip_bad)
         for part in decoded:
@@ -146,7 +150,6 @@ class WebDatasetGallery(FileGallery):
     def __init__(
         self, source: str | os.PathLike[str], *, skip_bad: bool = False, workers: int | None = None
     ) -> None:
-        from icr.index.webdataset import list_webdataset
 
         listing = list_webdataset(source)
         self.tars = listing.tars
@@ -171,7 +174,6 @@ class SplitGallery:
     def __init__(
         self, data: str | os.PathLike[str], split: str, captions_per_image: int, progress: bool
     ) -> None:
-        from icr.training.data.training_data import open_split
 
         self.data = open_split(Path(data), split, captions_per_image=captions_per_image, progress=progress)
         if self.data.num_images == 0:
@@ -188,7 +190,6 @@ class SplitGallery:
         return all(len(c) for c in self.caption_ids)
 
     def batches(self, model: Any, lo: int, hi: int, batch_size: int, device: str) -> Iterator[Batch]:
-        from icr.training.embedding import embed_image_batch
 
         for start in range(lo, hi, batch_size):
             ids = range(start, min(start + batch_size, hi))
@@ -211,15 +212,11 @@ def image_sources(data: Any) -> tuple[list[str], list[dict[str, Any]] | None]:
     if data.kind == "precomp":
         features = Path(data.source) / f"{data.name}_ims.npy"
         return [f"{features}#{i}" for i in range(data.num_images)], None
-    from icr.training.data.karpathy import load_karpathy
-    from icr.training.data.training_data import synthetic_dir
 
     records = load_karpathy(data.source).split(data.name).images
     scenes = None
     directory = synthetic_dir(data)
     if directory is not None:
-        from icr.training.data.synthetic.generate import load_scenes
-
         by_imgid = load_scenes(directory).by_imgid
         scenes = [by_imgid[r.imgid].to_dict() for r in records]
     # absolute: the service opens these files from wherever it runs

@@ -137,7 +137,7 @@ def build_on_disk(
         files = _add_shards(index, _reshard(_chain(held, stream), shard_size), blocks_dir, workers)
         seconds["add"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        from faiss.contrib.ondisk import merge_ondisk
+        from faiss.contrib.ondisk import merge_ondisk  # noqa: PLC0415 (faiss: only this path needs it)
 
         merged = faiss.clone_index(index)  # trained and empty
         merge_ondisk(merged, [str(f) for f, _ in files], str(out_dir / ONDISK_DATA))

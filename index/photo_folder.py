@@ -25,7 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
+
+from icr.core.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
 from icr.index.filters import check_field_name
+from icr.training.data.errors import DatasetError
 
 KEY_COLUMNS = ("file", "path", "image_path", "filename")
 CAPTION_COLUMNS = ("caption", "captions")
@@ -35,14 +39,12 @@ METADATA_SUFFIXES = (".jsonl", ".ndjson", ".csv", ".parquet")
 def photo_formats() -> tuple[str, ...]:
     """The formats a gallery may hold: an allow-list (``GALLERY_FORMATS``), not every format PIL
     opens, since some of those run external programs (EPS) and most are no photos."""
-    from icr.training.models.image_input import GALLERY_FORMATS
 
     return GALLERY_FORMATS
 
 
 def photo_suffixes() -> frozenset[str]:
     """File extensions (lower case, with the dot) of :func:`photo_formats`."""
-    from PIL import Image
 
     formats = set(photo_formats())
     return frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in formats)
@@ -114,15 +116,15 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_table(path: Path) -> list[dict[str, Any]]:
-    import pyarrow as pa
+    import pyarrow as pa  # noqa: PLC0415 (pyarrow: only the embeddings and metadata-file paths need it)
 
     try:
         if path.suffix.lower() == ".csv":
-            from pyarrow import csv
+            from pyarrow import csv  # noqa: PLC0415 (pyarrow: only the embeddings and metadata-file paths need it)
 
             table = csv.read_csv(path)  # infers integer, float and boolean columns
         else:
-            from pyarrow import parquet
+            from pyarrow import parquet  # noqa: PLC0415 (pyarrow: only the embeddings and metadata-file paths need it)
 
             table = parquet.read_table(path)
     except (pa.ArrowInvalid, OSError) as err:
@@ -210,7 +212,6 @@ class ImageRef:
 
 @functools.cache
 def _limits() -> Any:
-    from icr.training.models.image_input import ImageLimits
 
     return ImageLimits(formats=photo_formats())
 
@@ -221,8 +222,6 @@ _HINT = "Fix or remove the file, or pass --skip-bad to leave such files out."
 def decode_image(item: Path | ImageRef) -> Any:
     """The RGB PIL image of ``item``, or the DatasetError (naming it) that says why not; never raises
     for a bad file. Accepted formats: :func:`photo_formats`."""
-    from icr.training.data.errors import DatasetError
-    from icr.training.models.image_input import ImageRefused, open_image
 
     limits = _limits()
     path = item if isinstance(item, Path) else Path(item.path)
@@ -257,7 +256,6 @@ def decode_batches(
 ) -> Iterator[Decoded]:
     """Decode ``paths`` in listing order, ``batch_size`` at a time, on ``workers`` threads. A file
     that fails raises its DatasetError (naming it) unless ``skip_bad``."""
-    from icr.training.data.errors import DatasetError
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for lo in range(0, len(paths), batch_size):

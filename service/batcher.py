@@ -108,7 +108,7 @@ class MicroBatcher:
             r.ready.set()
 
     def _set_threads(self, size: int) -> None:
-        import faiss
+        import faiss  # noqa: PLC0415 (faiss: only this path needs it)
 
         threads = self.single_threads if size == 1 else self.batch_threads
         faiss.omp_set_num_threads(threads or len(os.sched_getaffinity(0)))

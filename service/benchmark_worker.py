@@ -20,6 +20,7 @@ from typing import Any
 
 from icr.core.devices import DEVICES
 from icr.service.jobs import JobStore
+from icr.training.evaluation.full_report import EvalOptions, evaluate_checkpoint
 
 HEADLINE = ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "i2t_map10", "t2i_rprec")
 GLOBAL = ("pr_auc", "best_f1", "best_f1_threshold")
@@ -94,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         progress("loading checkpoint", 0.0)
-        from icr.training.evaluation.full_report import EvalOptions, evaluate_checkpoint
 
         options = EvalOptions(
             split=job["split"],

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from icr.core.devices import Device
+from icr.service.client_address import trusted_networks
 
 DATASET_NAMES = ("flickr30k", "coco", "synthetic")
 
@@ -198,7 +199,6 @@ class Settings(BaseSettings):
     @field_validator("trusted_proxies")
     @classmethod
     def _networks(cls, value: list[str]) -> list[str]:
-        from icr.service.client_address import trusted_networks
 
         trusted_networks(tuple(value))  # a bad entry stops the server at start-up, named
         return value

@@ -26,6 +26,7 @@ from icr.service.body_limit import BodyLimitMiddleware
 from icr.service.config import Settings, get_settings
 from icr.service.errors import install_error_handlers
 from icr.service.headers import SecurityHeadersMiddleware
+from icr.service.jobs import JobRunner, JobStore
 from icr.service.refusal_penalty import RefusalPenaltyMiddleware
 from icr.service.retriever import preflight
 from icr.service.routes import admin, benchmarks, health, images, page, search
@@ -102,7 +103,6 @@ def _watcher(app: FastAPI, settings: Settings) -> ArtifactWatcher:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    from icr.service.jobs import JobRunner, JobStore
 
     settings: Settings = app.state.settings
     checkpoint, _ = preflight(settings.index, settings.checkpoint, settings.caption_index)

@@ -27,19 +27,32 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from icr.core.devices import resolve_device
+from icr.core.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
 from icr.index.build import load_index_dir
 from icr.index.calibration import CALIBRATION_FILE, ServedCalibration
+from icr.index.exact_kernel import kernel_for
 from icr.index.filters import Filter, FilterCache
 from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
 from icr.index.metadata import MetadataStore
-from icr.index.vector_index import Rescorer
+from icr.index.vector_index import (
+    Rescorer,
+    batch_independent_rescorer,
+    has_gpu_form,
+    nprobe_of,
+    rescored,
+    search,
+    set_nprobe,
+    use_gpu,
+)
 from icr.service.batcher import MicroBatcher
 from icr.service.quality import TOP_N, over_embedded_benchmark
 from icr.service.watcher import Stat, changed_in_place, snapshot
+from icr.training.checkpoint import load_checkpoint, read_checkpoint_config
+from icr.training.data.synthetic.generate import DistractorStream
 from icr.training.evaluation.metrics.query_evidence import Evidence
-from icr.training.models.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
 
 log = logging.getLogger("icr.service")
 DISTRACTOR_PREFIX = "distractor:"
@@ -179,7 +192,6 @@ def preflight(
     Returns (checkpoint folder, its config). Raises NotServable with one message naming every
     problem and the command that rebuilds what.
     """
-    from icr.training.checkpoint import read_checkpoint_config
 
     try:
         manifest = Manifest.read(Path(index) / MANIFEST_FILE)
@@ -230,8 +242,6 @@ def _load_calibration(directory: Path, sha256: str) -> ServedCalibration | None:
 
 
 def _batcher(index: Any, rescore: Rescorer | None, max_batch: int, faiss_threads: int) -> MicroBatcher:
-    from icr.index.exact_kernel import kernel_for
-    from icr.index.vector_index import rescored, search
 
     # A batch over a flat index goes to our kernel, which reads the gallery once per batch (FAISS
     # scans it once per query below 20 queries); a lone query stays with FAISS's one-thread scan,
@@ -251,13 +261,6 @@ def _batcher(index: Any, rescore: Rescorer | None, max_batch: int, faiss_threads
 
 
 def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -> LoadedIndex:
-    from icr.index.vector_index import (
-        batch_independent_rescorer,
-        has_gpu_form,
-        nprobe_of,
-        set_nprobe,
-        use_gpu,
-    )
 
     index, manifest, metadata = load_index_dir(directory)
     calibration = _load_calibration(directory, manifest.checkpoint_sha256)
@@ -266,7 +269,7 @@ def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -
         set_nprobe(index, int(nprobe))  # the value the build tuned to reach its recall target
     resources = None
     if use_gpu(gpu) and has_gpu_form(manifest.factory):  # an HNSW graph stays on the CPU
-        import faiss
+        import faiss  # noqa: PLC0415 (faiss: only this path needs it)
 
         resources = faiss.StandardGpuResources()
         index = faiss.index_cpu_to_gpu(resources, 0, index)
@@ -331,7 +334,6 @@ class Retriever:
     ) -> Retriever:
         """``faiss_threads``: OpenMP threads of a one-query search (set per searching thread by the
         batcher, since OpenMP's setting is per thread); ``micro_batch``: most queries per FAISS call."""
-        from icr.training.checkpoint import load_checkpoint
 
         checkpoint, _ = preflight(index, checkpoint, caption_index)
         t0 = time.perf_counter()
@@ -369,7 +371,7 @@ class Retriever:
 
     def encode_text(self, text: str) -> np.ndarray:
         """(1, D) float32, L2-normalised by the model."""
-        import torch
+        import torch  # noqa: PLC0415 (torch takes seconds to import)
 
         with torch.inference_mode():
             batch = {k: v.to(self.device) for k, v in self.model.tokenize([text]).items()}
@@ -378,7 +380,7 @@ class Retriever:
 
     def encode_image(self, image: Any) -> np.ndarray:
         """(1, D) float32 of a PIL image (RGB)."""
-        import torch
+        import torch  # noqa: PLC0415 (torch takes seconds to import)
 
         with torch.inference_mode():
             x = self._image_transform(image, np.random.default_rng(0))  # (C, S, S)
@@ -497,7 +499,6 @@ class Retriever:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top-``depth`` among the selected ids, best first: FAISS searches only them; an index that
         cannot (older FAISS GPU indices) is searched unfiltered to depth and the matches kept."""
-        from icr.index.vector_index import rescored, search
 
         if len(selection.ids) == 0:
             return np.zeros(0, np.float32), np.zeros(0, np.int64)
@@ -530,7 +531,6 @@ class Retriever:
     def image(self, image_id: int, limits: ImageLimits = GALLERY_LIMITS) -> Any:
         """The PIL image of an image-index id; KeyError if unknown, OSError without pixels or when
         its file is outside ``limits`` (a file replaced since the build is as untrusted as an upload)."""
-        from PIL import Image
 
         if not 0 <= image_id < self.images.manifest.ntotal:
             raise KeyError(image_id)
@@ -550,8 +550,6 @@ class Retriever:
 
     def _distractor_stream(self) -> Any:
         if self._distractors is None:
-            from icr.training.data.synthetic.generate import DistractorStream
-
             data = Path(self.images.manifest.data["path"])
             self._distractors = DistractorStream.for_dataset(data, self.images.manifest.distractor_count)
         return self._distractors

@@ -400,7 +400,8 @@ def test_cli_compare_with_max_steps_inside_the_first_epoch(tiny, tmp_path):
 
 
 def test_variant_specs_with_objective_parameters():
-    from icr.training.analysis.compare import Variant, split_variants
+    from icr.training.analysis.compare import Variant
+    from icr.training.analysis.variants import split_variants
     from icr.training.config import load_config
 
     specs = split_variants("triplet, goal[triplet_weight=cir,pair_weight=sig_ms] ,ntxent+itd:constraint,")

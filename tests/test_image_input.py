@@ -1,4 +1,4 @@
-"""Untrusted images are decoded only within their limits, checked on the header (models.image_input)."""
+"""Untrusted images are decoded only within their limits, checked on the header (core.image_input)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from icr.training.models.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
+from icr.core.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
 
 
 def _encoded(size: tuple[int, int], fmt: str = "PNG", mode: str = "RGB") -> bytes:
@@ -76,7 +76,7 @@ def test_thin_image_is_refused_on_its_header(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import resource, sys
-        from icr.training.models.image_input import ImageRefused, open_image
+        from icr.core.image_input import ImageRefused, open_image
         from icr.training.models.preprocess import ImageTransform
         data = open({str(thin)!r}, "rb").read()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -392,9 +392,10 @@ def test_interrupted_build_keeps_the_previous_index(built, data, checkpoint, tmp
     before = (out / MANIFEST_FILE).read_text()
     stale = tmp_path / ".idx.building-999999999-deadbeef"  # left by a killed build (no such pid)
     stale.mkdir()
-    import icr.training.embedding
+    import icr.index.build
+    import icr.index.galleries
 
-    real, calls = icr.training.embedding.embed_image_batch, []
+    real, calls = icr.index.build.embed_image_batch, []
 
     def interrupt_midway(*args, **kwargs):
         calls.append(1)
@@ -402,7 +403,8 @@ def test_interrupted_build_keeps_the_previous_index(built, data, checkpoint, tmp
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(icr.training.embedding, "embed_image_batch", interrupt_midway)
+    for module in (icr.index.build, icr.index.galleries):  # the gallery's batches, then the distractors'
+        monkeypatch.setattr(module, "embed_image_batch", interrupt_midway)
     with pytest.raises(KeyboardInterrupt):
         build_image_index(
             checkpoint, data, distractors=N_DISTRACTORS, out=out, progress=False, gpu="off", batch_size=8

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from icr.core.contracts import validated
 from icr.core.devices import Device
+from icr.training.losses import load_all
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "configs"
 _FREE_FORM = ("loss",)  # [loss.<objective>] tables: checked against the registry in _check
@@ -208,7 +209,6 @@ def _check(config: dict[str, Any]) -> None:
     for section, model in SECTIONS.items():
         fix = f"Fix it in the TOML file or with --set {section}.KEY=VALUE"
         validated(model, config[section], source, f"[{section}]", fix)
-    from icr.training.losses import load_all
 
     registry = load_all()
     if config["loss"].get("name") not in registry:

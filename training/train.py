@@ -25,12 +25,24 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from icr.core.atomic import atomic_write
 from icr.core.devices import resolve_device
 from icr.core.memory import peak_rss_mb
 from icr.training import distributed as dist
-from icr.training.data.training_data import PlannedBatch, SplitData, open_split, plan_epoch
+from icr.training.checkpoint import save_checkpoint
+from icr.training.config import loss_params
+from icr.training.data.synthetic.generate import SCENES_NAME, split_scene_table
+from icr.training.data.synthetic.ground_truth import PairTruth
+from icr.training.data.synthetic.parse import parse_caption
+from icr.training.data.training_data import PlannedBatch, SplitData, open_split, plan_epoch, synthetic_source
+from icr.training.data.vocab import build_vocab_from_split
+from icr.training.embedding import embed_captions, embed_images
+from icr.training.evaluation.retrieval import evaluate_embeddings
+from icr.training.losses import build_loss
+from icr.training.models import build_model, normalize_model_config
+from icr.training.target_decoding import build_decoding, compute_latent_targets
 
 if TYPE_CHECKING:  # annotations only: target decoding is imported when the config asks for it
     from icr.training.target_decoding import TargetDecoding
@@ -91,9 +103,6 @@ class Trainer:
     """Owns the model, objective, optimizer and data of one run (built from a config dict)."""
 
     def __init__(self, config: dict[str, Any], *, progress: bool = True) -> None:
-        from icr.training.config import loss_params
-        from icr.training.losses import build_loss
-        from icr.training.models import build_model, normalize_model_config
 
         self.config = config
         self.progress = progress and dist.is_main()
@@ -143,7 +152,6 @@ class Trainer:
         needs_vocab = model_cfg["text"]["kind"] == "gru" or self.config["decoding"].get("kind") == "itd"
         if not needs_vocab:
             return None
-        from icr.training.data.vocab import build_vocab_from_split
 
         return build_vocab_from_split(self.train_data)
 
@@ -151,10 +159,6 @@ class Trainer:
         """``data.positives = "ground_truth"``: the generator's truth for any batch's pairs."""
         if positives == "annotations":
             return None
-        from icr.training.data.synthetic.generate import SCENES_NAME, split_scene_table
-        from icr.training.data.synthetic.ground_truth import PairTruth
-        from icr.training.data.synthetic.parse import parse_caption
-        from icr.training.data.training_data import synthetic_source
 
         source = synthetic_source(self.train_data)  # the benchmark, or features extracted from it
         if source is None:
@@ -186,15 +190,12 @@ class Trainer:
         return True
 
     def _decoding(self) -> TargetDecoding | None:
-        from icr.training.target_decoding import build_decoding
 
         decoding = build_decoding(self.config["decoding"], embed_dim=self.model.embed_dim, vocab=self.vocab)
         if decoding is None:
             return None
         decoding.to(self.device)
         if decoding.kind == "ltd":
-            from icr.training.target_decoding import compute_latent_targets
-
             cache_dir = self.config["data"]["cache_dir"] or str(_default_cache_dir(self.train_data))
             path = Path(cache_dir) / f"ltd-targets-{self.train_data.fingerprint[:16]}.npy"
             self.targets = compute_latent_targets(self.train_data.captions, path, progress=self.progress)
@@ -338,7 +339,6 @@ class Trainer:
         self.model.train()
         started, samples, stopped_early = time.perf_counter(), 0, False
         first_epoch = self.state.epoch  # > 0 when resumed
-        from tqdm import tqdm
 
         while self.state.epoch < epochs and not self._out_of_patience():
             epoch = self.state.epoch
@@ -441,8 +441,6 @@ class Trainer:
                 self.state.best_rsum, self.state.best_epoch = metrics["rsum"], epoch
                 self._save_checkpoint("best", metrics)
             if self.progress:
-                from tqdm import tqdm  # above the progress bars, not through them
-
                 tqdm.write(
                     f"epoch {epoch + 1}: val rsum {metrics['rsum']:.2f} "
                     f"(best {self.state.best_rsum:.2f} at epoch {self.state.best_epoch + 1})"
@@ -464,8 +462,6 @@ class Trainer:
         self.swa.update_parameters(self.model)  # the first call copies, later ones average
 
     def validate(self) -> dict[str, float]:
-        from icr.training.embedding import embed_captions, embed_images
-        from icr.training.evaluation.retrieval import evaluate_embeddings
 
         assert self.val_data is not None
         img = embed_images(self.model, self.val_data, device=self.device)
@@ -504,7 +500,6 @@ class Trainer:
         return {} if scale is None else {"learned_logit_scale": round(float(scale.detach()), 6)}
 
     def _save_checkpoint(self, name: str, metrics: dict[str, float] | None = None) -> None:
-        from icr.training.checkpoint import save_checkpoint
 
         save_checkpoint(self.out / name, self.model, self.checkpoint_meta(metrics))
 

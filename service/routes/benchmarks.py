@@ -7,6 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 from fastapi import APIRouter, Query, Request
 
 from icr.service.errors import ApiError
@@ -14,6 +15,9 @@ from icr.service.jobs import QueueFull, owner_alive
 from icr.service.routes.deps import settings_of
 from icr.service.schemas import BenchmarkJob, BenchmarkList, BenchmarkRequest, error_responses
 from icr.service.strict_json import StrictJSONRoute
+from icr.training.data.karpathy import find_karpathy_json, load_karpathy
+from icr.training.data.precomp import available_precomp_splits, is_precomp
+from icr.training.evaluation.metrics.protocols import protocol_folds
 
 log = logging.getLogger("icr.service")
 router = APIRouter(prefix="/v1/benchmarks", tags=["benchmarks"], route_class=StrictJSONRoute)
@@ -23,19 +27,13 @@ def _splits(data: Path) -> dict[str, int]:
     """The splits a dataset folder offers and their image counts, read cheaply: precomp file names
     and array headers, or the Karpathy JSON (parsed once per file version; no image is opened or
     even looked up)."""
-    from icr.training.data.training_data import is_precomp
 
     data = data.expanduser()
     if is_precomp(data):
-        import numpy as np
-
-        from icr.training.data.precomp import available_precomp_splits
-
         return {
             s: int(np.load(data / f"{s}_ims.npy", mmap_mode="r").shape[0])
             for s in available_precomp_splits(data)
         }
-    from icr.training.data.karpathy import find_karpathy_json
 
     json_path = find_karpathy_json(data)
     stat = json_path.stat()
@@ -45,7 +43,6 @@ def _splits(data: Path) -> dict[str, int]:
 @lru_cache(maxsize=8)
 def _karpathy_splits(json_path: Path, _mtime_ns: int, _size: int) -> tuple[tuple[str, int], ...]:
     """(split, images) of a Karpathy JSON; the file's mtime and size are only part of the cache key."""
-    from icr.training.data.karpathy import load_karpathy
 
     splits = load_karpathy(json_path, check_images=False).splits
     return tuple(sorted((name, len(split.images)) for name, split in splits.items()))
@@ -115,7 +112,6 @@ def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
             "invalid_request",
             f"split: {body.split!r} is not in {body.dataset} (has {', '.join(splits)})",
         )
-    from icr.training.evaluation.metrics.protocols import protocol_folds
 
     try:  # refused here, not failed in the worker: a 1k or 5k protocol needs a split of that size
         protocol_folds(splits[body.split], body.protocol)

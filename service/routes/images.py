@@ -6,6 +6,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Request, Response
 
+from icr.core.image_input import GALLERY_FORMATS, ImageLimits
 from icr.service.errors import ApiError
 from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
 from icr.service.schemas import error_responses
@@ -22,7 +23,6 @@ router = APIRouter(prefix="/v1/images", tags=["images"])
 def get_image(image_id: int, request: Request, size: Literal["full", "thumb"] = "full") -> Response:
     """A gallery file is opened with the limits of uploads (ICR_MAX_IMAGE_PIXELS, ICR_MAX_ASPECT_RATIO,
     photo formats only), so a file replaced since the build cannot exhaust memory: 404 beyond them."""
-    from icr.training.models.image_input import GALLERY_FORMATS, ImageLimits
 
     retriever = retriever_of(request)
     settings = settings_of(request)

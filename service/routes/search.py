@@ -11,6 +11,8 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from icr.core.image_input import ImageLimits, ImageRefused, open_image
+from icr.index.filters import parse_filter
 from icr.service.config import Settings
 from icr.service.errors import ApiError, validation_message
 from icr.service.quality import query_quality
@@ -75,7 +77,6 @@ def _search(
     """``cross_modal=False`` (image -> similar images): relevance is left out and only min_score
     thresholds, as the calibration is of caption-image scores. ``text``: the query's words (text
     queries), which the per-query calibration reads. ``filter_spec``: the request's filter (JSON)."""
-    from icr.index.filters import parse_filter
 
     try:
         filter_ = parse_filter(filter_spec, target.manifest.metadata_fields)
@@ -254,8 +255,7 @@ def _text_results(
 
 def _read_image(upload: UploadFile, settings: Settings) -> Any:
     """The uploaded file as an RGB PIL image; 4xx naming the problem for anything else. Every limit
-    is checked on the header, before decoding (see :mod:`training.models.image_input`)."""
-    from icr.training.models.image_input import ImageLimits, ImageRefused, open_image
+    is checked on the header, before decoding (see :mod:`icr.core.image_input`)."""
 
     data = upload.file.read(settings.max_upload_bytes + 1)
     name = upload.filename or "file"

@@ -76,7 +76,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
+from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
+from icr.training.data.training_data import open_split, plan_epoch
+from icr.training.embedding import embed_captions, embed_images
+from icr.training.losses import build_loss
 from icr.training.losses.base import ContrastiveLoss
 from icr.training.losses.triplet import hinge_costs
 
@@ -241,7 +246,6 @@ def _as_loss(objective: str | ContrastiveLoss | None, params: dict[str, Any]) ->
         return objective
     if objective is None:
         raise ValueError("the generic COCOS counter needs objective= (a registered loss name or a loss)")
-    from icr.training.losses import build_loss
 
     return build_loss(objective, **params)
 
@@ -334,12 +338,6 @@ def run_cocos(
     or a counter name. Batches: ``plan_epoch(split, loss.sampling, batch_size, seed, epoch=0)``, the
     first ``max_batches`` of them; eval image transforms, no gradients for the encoders.
     """
-    from tqdm import tqdm
-
-    from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
-    from icr.training.data.training_data import open_split, plan_epoch
-    from icr.training.embedding import embed_captions, embed_images
-    from icr.training.losses import build_loss
 
     if batch_size < 1:
         raise ValueError(f"cocos: batch_size must be >= 1, got {batch_size}")

@@ -29,31 +29,14 @@ from typing import Any
 import numpy as np
 
 from icr.core.atomic import atomic_write_text
+from icr.training.analysis.cocos import run_cocos
+from icr.training.config import load_config
+from icr.training.evaluation.full_report import EvalOptions, evaluate_checkpoint
+from icr.training.evaluation.plots import plot_grouped_bars, plot_pr_curves
+from icr.training.losses import load_all
+from icr.training.train import STATE_FILE, train
 
 RESULT_FILE = "result.json"
-DEFAULT_VARIANTS: tuple[str, ...] = (
-    "triplet",
-    "triplet_hardest",
-    "ntxent",
-    "smoothap",
-    "sampled_softmax",
-    "cross_example_softmax",
-    "ntxent+ltd:dual",
-    "ntxent+ltd:constraint",
-)
-
-
-def split_variants(text: str) -> list[str]:
-    """``a,goal[x=1,y=2],b`` -> ``["a", "goal[x=1,y=2]", "b"]``: commas inside brackets stay."""
-    out, depth, current = [], 0, ""
-    for ch in text:
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            out.append(current)
-            current = ""
-        else:
-            current += ch
-    return [v.strip() for v in [*out, current] if v.strip()]
 
 
 @dataclass(frozen=True)
@@ -67,7 +50,6 @@ class Variant:
 
     @classmethod
     def parse(cls, spec: str) -> Variant:
-        from icr.training.losses import load_all
 
         head, _, decoding = spec.strip().partition("+")
         objective, bracket, rest = head.partition("[")
@@ -146,7 +128,6 @@ class Regime:
 
 
 def run_config(regime: Regime, variant: Variant, seed: int, out: Path) -> dict[str, Any]:
-    from icr.training.config import load_config
 
     return load_config(
         regime.base_config,
@@ -195,9 +176,6 @@ def run_one(
     regime: Regime, variant: Variant, seed: int, runs_dir: Path, *, progress: bool = True
 ) -> dict[str, Any]:
     """Train (or resume), evaluate and analyse one (variant, seed); cached in ``result.json``."""
-    from icr.training.analysis.cocos import run_cocos
-    from icr.training.evaluation.full_report import EvalOptions, evaluate_checkpoint
-    from icr.training.train import STATE_FILE, train
 
     run_dir = _run_dir(runs_dir, variant, seed)
     result_path = run_dir / RESULT_FILE
@@ -435,7 +413,6 @@ def build_report(results: list[dict[str, Any]], regime: Regime, command: str) ->
 
 
 def write_plots(results: list[dict[str, Any]], directory: Path) -> list[Path]:
-    from icr.training.evaluation.plots import plot_grouped_bars, plot_pr_curves
 
     groups = _by_variant(results)
     paths = []

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from icr.core.cli_support import fail_cleanly
-from icr.training.analysis.compare import DEFAULT_VARIANTS
+from icr.training.analysis.variants import DEFAULT_VARIANTS
 from icr.training.cli.cocos import cocos
 
 analyze_app = typer.Typer(
@@ -91,7 +91,8 @@ def compare_command(
       icr analyze compare --variants 'triplet_hardest,goal[triplet_weight=cir,pair_weight=sig_ms]'
       --patience 3
     """
-    from icr.training.analysis.compare import Regime, compare, split_variants
+    from icr.training.analysis.compare import Regime, compare
+    from icr.training.analysis.variants import split_variants
 
     if epochs < 1 or batch_size < 1 or smoothap_epoch_factor < 1 or cocos_batches < 1:
         raise ValueError("--epochs, --batch-size, --smoothap-epoch-factor and --cocos-batches must be >= 1")
@@ -181,8 +182,8 @@ def paper_command(
 
       icr analyze paper --report-only                 # findings from the runs finished so far
     """
-    from icr.training.analysis.compare import split_variants
     from icr.training.analysis.paper_regime import PaperSuite, quick_suite, run_paper_suite
+    from icr.training.analysis.variants import split_variants
 
     if epochs < 1 or batch_size < 1 or patience < 0:
         raise ValueError("--epochs and --batch-size must be >= 1, --patience >= 0")

@@ -12,7 +12,6 @@ from typing import Annotated
 import typer
 
 from icr.core.cli_support import fail_cleanly, print_summary
-from icr.training.data.training_data import is_precomp
 
 data_app = typer.Typer(
     help="Datasets: the embedded synthetic benchmark and Flickr30k/COCO (Karpathy JSON or precomp) checks.",
@@ -205,7 +204,7 @@ def check(
       icr data check ~/data/coco --split test
     """
     from icr.training.data.karpathy import load_karpathy, verify_images
-    from icr.training.data.precomp import available_precomp_splits, load_precomp
+    from icr.training.data.precomp import available_precomp_splits, is_precomp, load_precomp
 
     if is_precomp(path):
         for name in split or available_precomp_splits(path):
@@ -223,7 +222,7 @@ def check(
 def dataset_statistics(path: Path, images: Path | None = None) -> dict:
     """Statistics of a Karpathy or precomp dataset, plus ground truth for synthetic ones."""
     from icr.training.data.karpathy import load_karpathy
-    from icr.training.data.precomp import available_precomp_splits, load_precomp
+    from icr.training.data.precomp import available_precomp_splits, is_precomp, load_precomp
     from icr.training.data.stats import describe_karpathy, describe_precomp
 
     if is_precomp(path):

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from icr.training.data.errors import DatasetError, read_text
+from icr.training.data.karpathy import find_karpathy_json, load_karpathy
 from icr.training.evaluation.metrics.relevant_pairs import Relevance
 
 CXC_URL = "https://github.com/google-research-datasets/Crisscrossed-Captions (folder data/)"
@@ -313,7 +314,6 @@ class SplitIds:
 
 def find_cxc_karpathy(data_kind: str, source: Path, given: str | Path | None) -> Path:
     """The Karpathy JSON naming the split's images and captions (see :func:`split_ids`)."""
-    from icr.training.data.karpathy import find_karpathy_json
 
     if given is not None:
         return find_karpathy_json(Path(given).expanduser())
@@ -354,7 +354,6 @@ def split_ids(
     first ``captions_per_image`` sentids (the SCAN/VSRN order). The image count, the caption layout
     and the caption texts (lower-cased letters and digits) must agree, else DatasetError.
     """
-    from icr.training.data.karpathy import load_karpathy
 
     json_path = find_cxc_karpathy(data_kind, source, karpathy)
     name = split if data_kind == "karpathy" else PRECOMP_TO_KARPATHY.get(split)

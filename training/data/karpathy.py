@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from PIL import Image
+from tqdm import tqdm
 
+from icr.core.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
 from icr.training.data.errors import DatasetError, line_of, parse_json, read_text
 from icr.training.data.vocab import tokenize
 
@@ -174,7 +176,6 @@ def load_karpathy(
 
 def load_image(path: str | os.PathLike[str]) -> Image.Image:
     """Decode an image file as RGB; DatasetError naming the file if it is missing or undecodable."""
-    from icr.training.models.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
 
     path = Path(path)
     try:
@@ -222,13 +223,8 @@ def verify_images(split_or_records: CaptionSplit | Iterable[ImageRecord], progre
 
 def _maybe_progress(records: list[ImageRecord], progress: bool) -> Iterator[ImageRecord]:
     if progress:
-        try:
-            from tqdm import tqdm  # optional nicety; verification works without it
-        except ImportError:
-            pass
-        else:
-            yield from tqdm(records, desc="verify images", unit="img")
-            return
+        yield from tqdm(records, desc="verify images", unit="img")
+        return
     yield from records
 
 

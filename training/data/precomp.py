@@ -138,3 +138,9 @@ def _read_captions(path: Path) -> list[str]:
                 "shifts all later captions onto the wrong image. Restore or remove the caption.",
             )
     return lines
+
+
+def is_precomp(path: Path) -> bool:
+    """A folder of {split}_ims.npy + {split}_caps.txt (and no Karpathy JSON to prefer)."""
+
+    return path.is_dir() and bool(available_precomp_splits(path)) and not list(path.glob("dataset_*.json"))

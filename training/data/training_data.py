@@ -15,6 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from icr.training.data.karpathy import load_image, load_karpathy
+from icr.training.data.precomp import is_precomp, load_precomp
+from icr.training.data.synthetic.features import split_source
+from icr.training.data.synthetic.generate import SCENES_NAME
+from icr.training.data.vocab import tokenize
 
 # Preloading decodes every image once; above this many bytes the images are read per batch instead.
 PRELOAD_LIMIT_BYTES = 2 << 30
@@ -37,7 +45,6 @@ class SplitData:
     @property
     def caption_tokens(self) -> list[list[str]]:
         """Captions tokenized as the GRU text tower reads them (for the vocabulary)."""
-        from icr.training.data.vocab import tokenize
 
         return [tokenize(caption) for caption in self.captions]
 
@@ -64,13 +71,6 @@ class SplitData:
         )
 
 
-def is_precomp(path: Path) -> bool:
-    """A folder of {split}_ims.npy + {split}_caps.txt (and no Karpathy JSON to prefer)."""
-    from icr.training.data.precomp import available_precomp_splits
-
-    return path.is_dir() and bool(available_precomp_splits(path)) and not list(path.glob("dataset_*.json"))
-
-
 def open_split(
     path: str | os.PathLike[str],
     split: str,
@@ -82,8 +82,6 @@ def open_split(
     """Load ``split`` of the dataset at ``path`` (Karpathy JSON or folder, or a precomp folder)."""
     path = Path(path).expanduser()
     if is_precomp(path):
-        from icr.training.data.precomp import load_precomp
-
         p = load_precomp(path, split)
         img_of_cap = np.arange(len(p.captions), dtype=np.int64) // p.im_div
         features = p.images
@@ -99,8 +97,6 @@ def open_split(
             "precomp",
             path,
         )
-
-    from icr.training.data.karpathy import load_image, load_karpathy
 
     dataset = load_karpathy(path, captions_per_image=captions_per_image)
     s = dataset.split(split)
@@ -129,7 +125,6 @@ def _want_preload(preload: str | bool, nbytes: int) -> bool:
 
 
 def _estimated_bytes(first: Path, count: int) -> int:
-    from PIL import Image
 
     with Image.open(first) as im:
         return im.width * im.height * 3 * count
@@ -139,9 +134,6 @@ def _preloaded(paths: list[Path], progress: bool) -> Callable[[int], Any]:
     """Decode every image once into (H, W, 3) uint8 arrays (small images, e.g. the embedded
     benchmark), handed out as they are: the image transforms batch same-size arrays without a
     PIL round trip (10 % of a demo training epoch when they were wrapped back into PIL images)."""
-    from tqdm import tqdm
-
-    from icr.training.data.karpathy import load_image
 
     arrays: list[np.ndarray] = []
     for p in tqdm(paths, desc="decoding images", unit="img", leave=False, disable=not progress):
@@ -202,7 +194,6 @@ def synthetic_dir(data: SplitData) -> Path | None:
     callers of this function read or render the split's images. Ground truth for those splits:
     :func:`synthetic_source`.
     """
-    from icr.training.data.synthetic.generate import SCENES_NAME
 
     if data.kind != "karpathy":
         return None
@@ -224,6 +215,5 @@ def synthetic_source(data: SplitData) -> tuple[Path, str] | None:
         return None if directory is None else (directory, data.name)
     if data.kind != "precomp":
         return None
-    from icr.training.data.synthetic.features import split_source
 
     return split_source(Path(data.source), data.name)

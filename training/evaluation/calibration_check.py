@@ -29,6 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from icr.training.data.synthetic.ground_truth import relevance_of_hits
+from icr.training.data.synthetic.kinds import query_kind
+from icr.training.data.synthetic.parse import parse_caption
 from icr.training.evaluation.metrics.calibration import Calibration, fit_calibration, score_histogram
 from icr.training.evaluation.metrics.query_calibration import (
     QueryCalibration,
@@ -39,6 +42,7 @@ from icr.training.evaluation.metrics.query_evidence import QueryEvidence
 from icr.training.evaluation.metrics.query_honesty import ood_figures, query_honesty
 from icr.training.evaluation.metrics.relevant_pairs import Relevance
 from icr.training.evaluation.metrics.threshold_honesty import HitLists, TopDepth, threshold_honesty
+from icr.training.evaluation.ood_queries import NONSENSE, OTHER_DOMAIN, word_salad
 
 DEFAULT_DEPTH = 1000  # the service's search depth (ICR_SEARCH_DEPTH)
 ANNOTATION_NOTE = (
@@ -81,9 +85,6 @@ def synthetic_hits(
 
     Judged: the distractors (rows >= num_images) with ``judge_distractors``, else every hit but the
     caption's ``own_image`` (None: the captions' own images are not in this gallery)."""
-    from icr.training.data.synthetic.ground_truth import relevance_of_hits
-    from icr.training.data.synthetic.kinds import query_kind
-    from icr.training.data.synthetic.parse import parse_caption
 
     queries = [parse_caption(c) for c in captions]
     judged_from = num_images if judge_distractors else 0
@@ -221,7 +222,6 @@ def ood_groups(
 ) -> dict[str, list[str]]:
     """The out-of-domain query groups of :mod:`.ood_queries`: nonsense and other domains (or the
     user's own ``queries``), and word salad of the fitting queries' words."""
-    from icr.training.evaluation.ood_queries import NONSENSE, OTHER_DOMAIN, word_salad
 
     groups = {"nonsense": list(NONSENSE), "other_domain": list(OTHER_DOMAIN)}
     if queries is not None:

@@ -19,9 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from icr.core.devices import resolve_device
+from icr.core.top_k import padded_queries
 from icr.training.checkpoint import checkpoint_sha256, load_checkpoint, trained_captions_per_image
+from icr.training.data.cxc import PRECOMP_TO_KARPATHY, cxc_relevance, intramodal_pairs, load_cxc, split_ids
+from icr.training.data.karpathy import load_karpathy
+from icr.training.data.precomp import available_precomp_splits, is_precomp
+from icr.training.data.synthetic.features import load_featurizer
+from icr.training.data.synthetic.generate import DistractorStream, render_workers, split_scene_table
+from icr.training.data.synthetic.ground_truth import relevance_matrix
+from icr.training.data.synthetic.parse import parse_caption
+from icr.training.data.synthetic.scene import SceneTable
 from icr.training.data.training_data import SplitData, open_split, synthetic_source
 from icr.training.embedding import (
     embed_captions,
@@ -30,10 +40,31 @@ from icr.training.embedding import (
     open_embeddings,
     threads_beside_workers,
 )
+from icr.training.evaluation.calibration_check import (
+    ANNOTATION_NOTE,
+    QuerySide,
+    annotation_hits,
+    fit_served_maps,
+    held_out_kind_relevance,
+    honesty_report,
+    mapped,
+    ood_groups,
+    ood_report,
+    synthetic_hits,
+)
 from icr.training.evaluation.metrics.calibration import Calibration, fit_calibration, score_histogram
 from icr.training.evaluation.metrics.distractors import DistractorRecall
+from icr.training.evaluation.metrics.intramodal import intramodal_metrics
+from icr.training.evaluation.metrics.protocols import fold_metrics
 from icr.training.evaluation.metrics.relevant_pairs import Relevance
 from icr.training.evaluation.metrics.report import full_metrics, json_ready
+from icr.training.evaluation.ood_queries import read_ood_file
+from icr.training.evaluation.plots import (
+    plot_pr_curves,
+    plot_reliability,
+    plot_reliability_by_kind,
+    plot_score_distribution,
+)
 from icr.training.models import DualEncoder
 
 REPORT_FORMAT = "icr-evaluation"
@@ -102,8 +133,6 @@ def ground_truth_relevance(data: SplitData) -> Relevance | None:
     source = synthetic_source(data)
     if source is None:
         return None
-    from icr.training.data.synthetic.generate import split_scene_table
-    from icr.training.data.synthetic.ground_truth import relevance_matrix
 
     directory, split = source
     truth = relevance_matrix(data.captions, split_scene_table(directory, split))  # (N_cap, N_img)
@@ -144,10 +173,6 @@ def _synthetic_distractors(
     ``featurise`` ((b, H, W, 3) uint8 -> (b, R, F) features): for a model trained on precomp
     features extracted from the benchmark, the frozen backbone that extracted them.
     """
-    from tqdm import tqdm
-
-    from icr.training.data.synthetic.generate import DistractorStream, render_workers
-    from icr.training.data.synthetic.scene import SceneTable
 
     stream = DistractorStream.for_dataset(directory, n)
     workers = render_workers()
@@ -164,7 +189,6 @@ def _synthetic_distractors(
 
 def _file_distractors(path: Path, dim: int, options: EvalOptions) -> Iterator[tuple[np.ndarray, None]]:
     """(embeddings (b, D), None) batches of an (N, D) .npy, read in 16 x batch-size rows."""
-    from tqdm import tqdm
 
     emb = open_embeddings(path, dim)  # (N, D) memory-mapped
     step = options.batch_size * 16
@@ -183,12 +207,9 @@ def calibration_split_for(data_path: Path, requested: str | None) -> str | None:
     """``auto``: the validation split (``val``, precomp ``dev``) if the dataset has one, else None."""
     if requested != "auto":
         return requested
-    from icr.training.data.precomp import available_precomp_splits
-    from icr.training.data.training_data import is_precomp
 
     if is_precomp(data_path):
         return "dev" if "dev" in available_precomp_splits(data_path) else None
-    from icr.training.data.karpathy import load_karpathy
 
     return "val" if "val" in load_karpathy(data_path).splits else None
 
@@ -203,8 +224,6 @@ def evaluate_model(
     options.stage(f"embedding {options.split}", 0.0)
     cxc = None
     if options.cxc is not None:  # fail on missing or broken CxC files before the minutes of embedding
-        from icr.training.data.cxc import PRECOMP_TO_KARPATHY, load_cxc
-
         cxc = load_cxc(options.cxc, PRECOMP_TO_KARPATHY.get(options.split, options.split))
     test = embed_split(model, data_path, options.split, options)
     timings["embed_s"] = time.perf_counter() - t0
@@ -266,8 +285,6 @@ def evaluate_model(
     # captions each over their split's images, then the same distractors, in one pass.
     sides = {}
     if options.relevance_depth > 0 and calibration_split:
-        from icr.training.evaluation.calibration_check import QuerySide
-
         sides = {
             name: QuerySide.start(
                 s.data.captions, s.cap_emb, s.data.img_of_cap, s.img_emb, options.relevance_depth
@@ -316,9 +333,7 @@ def _distractor_section(
 
     One matrix multiply per batch scores it against the test captions, for the recall and the test
     side alike (the validation captions of the "fit" side take a second)."""
-    import torch
-
-    from icr.core.top_k import padded_queries
+    import torch  # noqa: PLC0415 (torch takes seconds to import)
 
     n_cap = len(test.cap_emb)
     queries = torch.from_numpy(padded_queries(test.cap_emb))  # (Q8, D)
@@ -327,17 +342,12 @@ def _distractor_section(
     recall["annotations"].add(test.sim, own_images, distractor=False)
     parsed = None
     if options.distractor_embeddings is None:
-        from icr.training.data.synthetic.ground_truth import relevance_matrix
-        from icr.training.data.synthetic.parse import parse_caption
-
         source = synthetic_source(test.data)
         assert source is not None  # checked in evaluate_model
         # embed_split gives every split of the embedded benchmark (directory above) its ground truth
         assert test.ground_truth is not None
         featurise = None
         if test.data.kind == "precomp":  # features from `icr data features`: its backbone featurises
-            from icr.training.data.synthetic.features import load_featurizer
-
             featurise = load_featurizer(test.data.source, options.batch_size)
         parsed = [parse_caption(c) for c in test.data.captions]
         # With the annotations every distractor is a negative; with the ground truth one that
@@ -378,9 +388,6 @@ def _distractor_section(
 def _ood_side(model: DualEncoder, test: EmbeddedSplit, held_out: EmbeddedSplit, options: EvalOptions) -> Any:
     """Out-of-domain queries (:func:`icr.training.evaluation.calibration_check.ood_groups`) searched over the
     test gallery; None where there are none to ask (no ground truth and no --ood-queries file)."""
-    from icr.training.embedding import embed_captions
-    from icr.training.evaluation.calibration_check import QuerySide, ood_groups
-    from icr.training.evaluation.ood_queries import read_ood_file
 
     if options.ood_queries is None and test.ground_truth is None:
         return None
@@ -403,25 +410,12 @@ def _relevance_section(
     options: EvalOptions,
 ) -> tuple[dict[str, Any], list[Path]]:
     """Threshold honesty of the served maps (:mod:`icr.training.evaluation.calibration_check`), plots."""
-    from icr.training.evaluation.calibration_check import (
-        ANNOTATION_NOTE,
-        annotation_hits,
-        fit_served_maps,
-        held_out_kind_relevance,
-        honesty_report,
-        mapped,
-        ood_report,
-    )
 
     synthetic = test.ground_truth is not None and held_out.ground_truth is not None
     hits = {}
     for name, split in (("test", test), ("fit", held_out)):
         side = sides[name]  # the "ood" side has no labels: only its relevance is read
         if synthetic:
-            from icr.training.data.synthetic.generate import split_scene_table
-            from icr.training.data.synthetic.scene import SceneTable
-            from icr.training.evaluation.calibration_check import synthetic_hits
-
             source = synthetic_source(split.data)
             assert source is not None  # ground truth (synthetic) exists only where the scenes do
             table = SceneTable.concat([split_scene_table(*source), *distractor_scenes])
@@ -506,8 +500,6 @@ def _relevance_section(
         section["out_of_domain"] = ood_report(relevance)
     plots: list[Path] = []
     if options.plots_dir is not None:
-        from icr.training.evaluation.plots import plot_reliability_by_kind
-
         for name, figures in section["maps"].items():
             plots.append(
                 plot_reliability_by_kind(
@@ -521,9 +513,6 @@ def _relevance_section(
 
 def cxc_section(test: EmbeddedSplit, cxc: Any, options: EvalOptions) -> dict[str, Any]:
     """Rank metrics with CxC relevance (original pairs OR SITS >= threshold), plus t2t / i2i."""
-    from icr.training.data.cxc import cxc_relevance, intramodal_pairs, split_ids
-    from icr.training.evaluation.metrics.intramodal import intramodal_metrics
-    from icr.training.evaluation.metrics.protocols import fold_metrics
 
     data = test.data
     ids = split_ids(
@@ -566,7 +555,6 @@ def cxc_section(test: EmbeddedSplit, cxc: Any, options: EvalOptions) -> dict[str
 
 def write_plots(sections: dict[str, dict[str, Any]], directory: Path) -> list[Path]:
     """PNG plots of :func:`full_metrics` sections (raw, before :func:`json_ready`)."""
-    from icr.training.evaluation.plots import plot_pr_curves, plot_reliability, plot_score_distribution
 
     paths = [
         plot_pr_curves(

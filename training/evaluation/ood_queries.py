@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from icr.training.data.vocab import tokenize
+
 NONSENSE: tuple[str, ...] = (
     "qwerty",
     "!!!",
@@ -79,7 +81,6 @@ OTHER_DOMAIN: tuple[str, ...] = (
 
 def word_salad(texts: Sequence[str], n: int, seed: int = 0, words: tuple[int, int] = (3, 6)) -> list[str]:
     """``n`` strings of ``words[0]``-``words[1]`` words drawn at random from ``texts``' words."""
-    from icr.training.data.vocab import tokenize
 
     vocabulary = sorted({w for t in texts for w in tokenize(t)})
     if not vocabulary:

@@ -19,10 +19,10 @@ MAX_QUERY_LINES = 300
 
 
 def _figure(ncols: int = 1, width: float = 6.0, height: float = 4.5):
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (matplotlib: plots only)
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (matplotlib: plots only)
 
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
     return plt, fig, axes[0]

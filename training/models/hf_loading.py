@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from icr.training.data.vocab import tokenize
+
 if TYPE_CHECKING:  # annotations only: transformers is imported inside the functions (see above)
     from transformers import PreTrainedModel
 
@@ -24,7 +26,7 @@ _DROPPED_KEYS = ("id2label", "label2id", "_name_or_path")
 
 def _transformers() -> Any:
     try:
-        import transformers
+        import transformers  # noqa: PLC0415 (transformers: seconds to import, only for pretrained towers)
     except ImportError as err:  # pragma: no cover - transformers is a declared dependency
         raise ValueError(f"this model needs the transformers package ({err}); reinstall icr") from None
     return transformers
@@ -85,7 +87,6 @@ def load_tokenizer(path: str | Path) -> Any:
 def unknown_words(tokenizer: Any, text: str) -> list[str]:
     """The words of ``text`` that ``tokenizer`` maps to its unknown token, in order (none for a
     byte-level BPE such as CLIP's, which can spell any text)."""
-    from icr.training.data.vocab import tokenize
 
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is None:

@@ -44,7 +44,7 @@ class _TorchvisionResNet(nn.Module):
 
 def _torchvision_resnet(arch: str) -> tuple[nn.Module, int]:
     try:
-        import torchvision
+        import torchvision  # noqa: PLC0415 (torchvision: the optional [gpu] extra)
     # Not only ImportError: a CUDA-built wheel on CPU torch fails with OSError/RuntimeError.
     except Exception as err:
         raise ValueError(

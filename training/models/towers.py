@@ -16,11 +16,17 @@ from typing import Any
 from torch import nn
 
 from icr.training.data.vocab import Vocabulary
+from icr.training.models.clip_towers import (
+    ClipImageEncoder,  # transformers
+    ClipTextEncoder,  # transformers
+)
 from icr.training.models.config import PRETRAINED_PAIR_KINDS
 from icr.training.models.image_cnn import ConvImageEncoder
 from icr.training.models.image_precomp import PrecompImageEncoder
+from icr.training.models.image_resnet import ResNetImageEncoder  # transformers
 from icr.training.models.image_vsrn import VSRNImageEncoder
 from icr.training.models.text_gru import GRUTextEncoder
+from icr.training.models.text_transformer import TransformerTextEncoder  # transformers
 
 
 @dataclass
@@ -87,14 +93,12 @@ def _vsrn(cfg: dict[str, Any], embed_dim: int, _: TowerContext) -> nn.Module:
 
 @image_tower("resnet")
 def _resnet(cfg: dict[str, Any], embed_dim: int, ctx: TowerContext) -> nn.Module:
-    from icr.training.models.image_resnet import ResNetImageEncoder  # transformers
 
     return ResNetImageEncoder(cfg, embed_dim, ctx.load_weights)
 
 
 @image_tower(*PRETRAINED_PAIR_KINDS)
 def _clip_image(cfg: dict[str, Any], embed_dim: int, ctx: TowerContext) -> nn.Module:
-    from icr.training.models.clip_towers import ClipImageEncoder  # transformers
 
     return ClipImageEncoder(cfg, embed_dim, ctx.load_weights, ctx.clip_cache)
 
@@ -110,13 +114,11 @@ def _gru(cfg: dict[str, Any], embed_dim: int, ctx: TowerContext) -> tuple[nn.Mod
 
 @text_tower("transformer")
 def _transformer(cfg: dict[str, Any], embed_dim: int, ctx: TowerContext) -> tuple[nn.Module, bool]:
-    from icr.training.models.text_transformer import TransformerTextEncoder  # transformers
 
     return TransformerTextEncoder(cfg, embed_dim, ctx.load_weights, ctx.tokenizer_dir), False
 
 
 @text_tower(*PRETRAINED_PAIR_KINDS)
 def _clip_text(cfg: dict[str, Any], embed_dim: int, ctx: TowerContext) -> tuple[nn.Module, bool]:
-    from icr.training.models.clip_towers import ClipTextEncoder  # transformers
 
     return ClipTextEncoder(cfg, embed_dim, ctx.load_weights, ctx.clip_cache, ctx.tokenizer_dir), False

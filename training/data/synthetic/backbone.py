@@ -19,10 +19,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from icr.training.data.synthetic import world
 from icr.training.data.synthetic.scene import Scene
+from icr.training.evaluation.metrics.global_pr import pr_curve
+from icr.training.evaluation.metrics.relevant_pairs import Relevance
 
 # Per-cell multi-label targets, in this order (the cell head's outputs).
 CELL_LABELS: tuple[str, ...] = (*world.SHAPES, *world.COLOUR_NAMES, *world.SIZES, "empty")
@@ -169,7 +173,6 @@ def pretrain(
 ) -> Backbone:
     """Train a :class:`Backbone` on ``images`` (N, H, W, 3) uint8 and their ``scenes``; returns it in
     eval mode with gradients off (frozen). Deterministic for a given seed and thread count."""
-    from tqdm import tqdm
 
     if epochs < 1:
         raise ValueError(f"--epochs must be >= 1, got {epochs}")
@@ -244,8 +247,6 @@ def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
 
     The evaluation's own global AP (tie-aware, oracle-tested), on one row of M pairs.
     """
-    from icr.training.evaluation.metrics.global_pr import pr_curve
-    from icr.training.evaluation.metrics.relevant_pairs import Relevance
 
     relevant = np.asarray(labels, dtype=bool)[None, :]  # (1, M)
     if not relevant.any():
@@ -302,14 +303,12 @@ def held_out_metrics(
 
 def save_backbone(model: Backbone, path: str) -> None:
     """The frozen weights as safetensors (no pickle: loading runs no code)."""
-    from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
 
 
 def load_backbone(path: str, cfg: BackboneConfig) -> Backbone:
     """The frozen backbone saved by :func:`save_backbone` with ``cfg`` (eval mode, no gradients)."""
-    from safetensors.torch import load_file
 
     model = Backbone(cfg)
     model.load_state_dict(load_file(path))

@@ -25,10 +25,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from icr.core.atomic import sha256_file, staged_dir
 from icr.training.data.errors import DatasetError, parse_json, read_text
-from icr.training.data.synthetic.generate import JSON_NAME, SCENES_NAME
+from icr.training.data.karpathy import load_image, load_karpathy
+from icr.training.data.synthetic.backbone import (
+    CELL_LABELS,
+    COUNTS,
+    BackboneConfig,
+    featurise,
+    forward_batches,
+    held_out_metrics,
+    load_backbone,
+    pretrain,
+    regions,
+    save_backbone,
+)
+from icr.training.data.synthetic.generate import JSON_NAME, SCENES_NAME, load_scenes
+from icr.training.data.synthetic.world import BACKGROUND_TONES
 
 FEATURES_FORMAT = "icr-synthetic-features"
 FEATURES_VERSION = 1
@@ -143,7 +158,6 @@ def load_featurizer(
 ) -> Callable[[np.ndarray], np.ndarray]:
     """The frozen backbone of a features folder: (N, H, W, 3) uint8 -> (N, R, D) float32 rows, as
     the folder's rows were extracted (for generated distractors)."""
-    from icr.training.data.synthetic.backbone import BackboneConfig, featurise, load_backbone
 
     manifest = read_manifest(folder)
     if manifest is None:
@@ -270,19 +284,7 @@ def _build(
     threads: int,
     progress: bool,
 ) -> dict[str, Any]:
-    import torch
-
-    from icr.training.data.karpathy import load_karpathy
-    from icr.training.data.synthetic.backbone import (
-        CELL_LABELS,
-        COUNTS,
-        BackboneConfig,
-        held_out_metrics,
-        pretrain,
-        save_backbone,
-    )
-    from icr.training.data.synthetic.generate import load_scenes
-    from icr.training.data.synthetic.world import BACKGROUND_TONES
+    import torch  # noqa: PLC0415 (torch takes seconds to import)
 
     started = time.perf_counter()
     scenes = load_scenes(directory)
@@ -382,9 +384,6 @@ def _build(
 
 def _split_images(dataset: Any, scenes: Any, split: str, progress: bool) -> tuple[np.ndarray, list[Any]]:
     """(N, H, W, 3) uint8 images of ``split`` in the dataset's image order, and their scenes."""
-    from tqdm import tqdm
-
-    from icr.training.data.karpathy import load_image
 
     records = dataset.split(split).images
     bar = tqdm(records, desc=f"decoding {split}", unit="img", leave=False, disable=not progress)
@@ -398,10 +397,7 @@ def _write_split(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Write ``{name}_ims.npy`` (N, R, D) float32 and ``{name}_caps.txt``; returns the heads'
     cell logits (N, L, g, g) and global logits (N, T + C) (the held-out metrics of ``dev``)."""
-    import torch
-    from tqdm import tqdm
-
-    from icr.training.data.synthetic.backbone import forward_batches, regions
+    import torch  # noqa: PLC0415 (torch takes seconds to import)
 
     for number, caption in enumerate(captions, start=1):
         # the caption file is split on newlines and stripped: anything else would not read back

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +22,11 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+from tqdm import tqdm
 
 from icr.core.atomic import staged_dir
 from icr.training.data.errors import DatasetError, parse_json, read_text
+from icr.training.data.karpathy import load_karpathy
 from icr.training.data.synthetic.captions import write_captions
 from icr.training.data.synthetic.render import noise_words, render_batch, words_to_bits
 from icr.training.data.synthetic.render_v1 import render_v1
@@ -100,7 +104,6 @@ def _png_bytes(image: np.ndarray) -> bytes:
 
 
 def _progress(total: int, enabled: bool, desc: str):
-    from tqdm import tqdm  # imported on use: keeps module import light
 
     return tqdm(total=total, disable=not enabled, desc=desc, unit="img")
 
@@ -220,8 +223,6 @@ def _ordered_map(fn: Callable[..., Any], args: Sequence[tuple], workers: int) ->
         for a in args:
             yield fn(*a)
         return
-    import multiprocessing
-    from collections import deque
 
     # spawn, not fork: the parent may hold OpenMP/torch threads that a forked child would inherit
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
@@ -305,7 +306,6 @@ def _render_batch(
 
 def split_scene_table(directory: str | os.PathLike[str], split: str) -> SceneTable:
     """The scenes of a split's images, in the split's image order, as a SceneTable."""
-    from icr.training.data.karpathy import load_karpathy
 
     records = load_karpathy(Path(directory) / JSON_NAME).split(split).images
     return SceneTable.from_scenes(load_scenes(directory).for_imgids([r.imgid for r in records]))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 
+from icr.training.data.synthetic.parse import CaptionParseError, parse_caption
 from icr.training.data.synthetic.query import Query
 
 QUERY_KINDS: tuple[str, ...] = (
@@ -47,7 +48,6 @@ def text_kind(text: str) -> str | None:
 
     Cached: a served text query asks for its kind up to three times (the response's quality block,
     the calibration's kind correction, and again when a filter extends the hits), ~35 µs a parse."""
-    from icr.training.data.synthetic.parse import CaptionParseError, parse_caption
 
     try:
         return query_kind(parse_caption(text))

@@ -33,6 +33,7 @@ from icr.training.data.synthetic.captions import (
     bare_count,
     noun_phrase,
 )
+from icr.training.data.synthetic.generate import _child_rng, make_scene
 from icr.training.data.synthetic.query import Descriptor
 from icr.training.data.synthetic.scene import Scene
 
@@ -66,7 +67,6 @@ def _impossible(scene: Scene, rng: np.random.Generator) -> str:
 
 def generated_queries(seed: int, start: int, n: int) -> list[GeneratedQuery]:
     """Queries ``start .. start + n - 1`` of the ``query`` stream of ``seed`` (see the module docstring)."""
-    from icr.training.data.synthetic.generate import _child_rng, make_scene
 
     if n < 0 or start < 0:
         raise ValueError(f"start and n must be >= 0, got {start} and {n}")

@@ -46,6 +46,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from icr.training.data.synthetic.kinds import text_kind
+from icr.training.evaluation.metrics.calibration import (
+    Calibration,
+    ScoreHistogram,
+    fit_calibration,
+    merged_from_top,
+)
+
 if TYPE_CHECKING:
     from icr.training.evaluation.metrics.calibration import Calibration
 
@@ -97,7 +105,6 @@ def query_groups(group_by: str, texts: Sequence[str]) -> np.ndarray:
     benchmark's query kind (:mod:`icr.training.data.synthetic.kinds`), about 35 µs a text."""
     if group_by != "benchmark_kind":
         raise ValueError(f"unknown query grouping {group_by!r}; expected one of {', '.join(GROUP_BY)}")
-    from icr.training.data.synthetic.kinds import text_kind
 
     return np.array([text_kind(t) for t in texts], dtype=object)
 
@@ -205,7 +212,6 @@ class QueryCalibration:
         )
         if not shapes_ok or not all(np.all(np.isfinite(a)) for a in arrays.values()):
             raise ValueError("per-query calibration weights have inconsistent shapes or non-finite values")
-        from icr.training.evaluation.metrics.calibration import Calibration
 
         group_by = d.get("group_by")
         if group_by is not None and group_by not in GROUP_BY:
@@ -244,7 +250,7 @@ def fit_query_calibration(
     means. Full-batch Adam on the mean logistic loss over every query's top ``STATS_DEPTH`` hits
     and ``sampled`` of the others, drawn at random and weighted up to stand for all of them.
     """
-    import torch
+    import torch  # noqa: PLC0415 (torch takes seconds to import)
 
     scores = np.asarray(scores, dtype=np.float64)
     relevant = np.asarray(relevant, dtype=bool)
@@ -333,12 +339,6 @@ def fit_query_calibration_by_group(
     """:func:`fit_query_calibration` on every query, with the per-group corrections of the module
     docstring fitted out of fold (``folds`` folds; ``options`` go to every fit). Needs ``texts``:
     the groups are read from them, at fit time as at query time."""
-    from icr.training.evaluation.metrics.calibration import (
-        Calibration,
-        ScoreHistogram,
-        fit_calibration,
-        merged_from_top,
-    )
 
     if texts is None:
         raise ValueError("a per-group correction reads each query's group from its text: pass texts=")

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from icr.training.data.vocab import tokenize
+
 EVIDENCE_FORMAT = 1
 # At most this share of in-domain queries (exchangeable with the fitting ones) is refused a promise.
 DEFAULT_ALPHA = 0.01
@@ -45,7 +47,6 @@ SHOWN_UNSEEN = 5
 def query_grams(text: str) -> list[str]:
     """The query's distinct word n-grams in order of first appearance: words, then adjacent pairs
     ("a red circle" -> a, red, circle, "a red", "red circle")."""
-    from icr.training.data.vocab import tokenize
 
     words = tokenize(text)
     grams = [*words, *(f"{a} {b}" for a, b in zip(words, words[1:], strict=False))]

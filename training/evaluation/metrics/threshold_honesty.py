@@ -29,6 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from icr.core.top_k import RunningTopK, padded_queries
+from icr.training.evaluation.metrics.calibration import reliability_table
+
 TARGETS: tuple[float, ...] = (0.5, 0.8, 0.9)
 # A query "misses" a target when its own precision falls this far below it.
 QUERY_SLACK = 0.1
@@ -98,9 +101,7 @@ class TopDepth:
     """
 
     def __init__(self, queries: np.ndarray, depth: int) -> None:
-        import torch
-
-        from icr.core.top_k import RunningTopK, padded_queries
+        import torch  # noqa: PLC0415 (torch takes seconds to import)
 
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
@@ -112,7 +113,7 @@ class TopDepth:
 
     def score(self, vectors: np.ndarray) -> Any:
         """(b, Q8) torch float32 scores of the next gallery ``vectors`` (b, D): what :meth:`offer` takes."""
-        import torch
+        import torch  # noqa: PLC0415 (torch takes seconds to import)
 
         # copies only a read-only array (a memory map's slice: torch cannot wrap one) or another dtype
         v = torch.from_numpy(np.require(vectors, np.float32, ("C", "W")))  # (b, D)
@@ -146,7 +147,6 @@ class TopDepth:
 
 def reliability(predicted: np.ndarray, relevant: np.ndarray, bins: int = ECE_BINS) -> dict[str, Any]:
     """ECE and the reliability table of predicted probabilities against 0/1 outcomes (any shapes)."""
-    from icr.training.evaluation.metrics.calibration import reliability_table
 
     p = np.asarray(predicted, dtype=np.float64).ravel()
     rel = np.asarray(relevant, dtype=bool).ravel()
