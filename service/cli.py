@@ -81,8 +81,8 @@ def serve(settings: Any, log_level: str = "info") -> None:
 
     from icr.service.http_protocol import KEEP_ALIVE_SECONDS, bounded_protocol
     from icr.service.jobs import JobStore
+    from icr.service.loaded_index import preflight
     from icr.service.main import create_app
-    from icr.service.retriever import preflight
 
     # Configuration errors stop here with one line and exit status 2, not as a traceback from the app.
     preflight(settings.index, settings.checkpoint, settings.caption_index)

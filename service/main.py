@@ -27,8 +27,8 @@ from icr.service.config import Settings, get_settings
 from icr.service.errors import install_error_handlers
 from icr.service.headers import SecurityHeadersMiddleware
 from icr.service.jobs import JobRunner, JobStore
+from icr.service.loaded_index import preflight
 from icr.service.refusal_penalty import RefusalPenaltyMiddleware
-from icr.service.retriever import preflight
 from icr.service.routes import admin, benchmarks, health, images, page, search
 from icr.service.routes.deps import DecodeSlots
 from icr.service.schemas import NONBLANK_TEXT_PATTERN

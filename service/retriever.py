@@ -15,144 +15,31 @@ and embeddings), so image queries (the caption index) are mapped by the global m
 
 from __future__ import annotations
 
-import io
 import logging
-import os
-import threading
 import time
-from collections import OrderedDict
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from icr.core.devices import resolve_device
-from icr.core.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
-from icr.index.build import load_index_dir
-from icr.index.calibration import CALIBRATION_FILE, ServedCalibration
-from icr.index.exact_kernel import kernel_for
-from icr.index.filters import Filter, FilterCache
-from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
-from icr.index.metadata import MetadataStore
-from icr.index.vector_index import (
-    Rescorer,
-    batch_independent_rescorer,
-    has_gpu_form,
-    nprobe_of,
-    rescored,
-    search,
-    set_nprobe,
-    use_gpu,
+from icr.index.calibration import ServedCalibration
+from icr.index.filters import Filter
+from icr.index.vector_index import rescored, search
+from icr.service.gallery_images import GalleryImages
+from icr.service.loaded_index import (
+    LoadedIndex,
+    NotServable,
+    calibration_summary,
+    load_index_folder,
+    preflight,
 )
-from icr.service.batcher import MicroBatcher
 from icr.service.quality import TOP_N, over_embedded_benchmark
-from icr.service.watcher import Stat, changed_in_place, snapshot
-from icr.training.checkpoint import load_checkpoint, read_checkpoint_config
-from icr.training.data.synthetic.generate import DistractorStream
+from icr.training.checkpoint import load_checkpoint
 from icr.training.evaluation.metrics.query_evidence import Evidence
 
 log = logging.getLogger("icr.service")
-DISTRACTOR_PREFIX = "distractor:"
-
-
-THUMB_CACHE_BYTES = 64 << 20
-GALLERY_LIMITS = ImageLimits(formats=GALLERY_FORMATS)  # the server passes its own pixel and aspect limits
-
-
-class BytesLRU:
-    """A thread-safe LRU of byte strings bounded by their total size."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.size = 0
-        self._items: OrderedDict[Any, bytes] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Any) -> bytes | None:
-        with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
-
-    def put(self, key: Any, value: bytes) -> None:
-        if len(value) > self.capacity:
-            return
-        with self._lock:
-            old = self._items.pop(key, None)
-            self.size += len(value) - (len(old) if old is not None else 0)
-            self._items[key] = value
-            while self.size > self.capacity:
-                _, dropped = self._items.popitem(last=False)
-                self.size -= len(dropped)
-
-
-class NotServable(ValueError):
-    """The artifacts cannot be served together; the message says which command fixes it."""
-
-
-# Files whose bytes are read while serving (SQLite pages, on-disk inverted lists, a memory-mapped
-# index), not only at load: rewritten in place, what is served changes under the server.
-READ_WHILE_SERVING = ("metadata.sqlite", "index.ivfdata", "index.faiss")
-
-
-@dataclass
-class LoadedIndex:
-    directory: Path
-    index: Any  # faiss.Index (GPU copy when serving on a GPU)
-    manifest: Manifest
-    metadata: MetadataStore
-    calibration: ServedCalibration | None
-    batcher: MicroBatcher  # every search goes through it: merges concurrent ones, sets FAISS threads
-    filters: FilterCache  # the ids recent query filters select
-    rescore: Rescorer | None = None  # exact, batch-independent scores (None: FAISS's as they are)
-    on_gpu: bool = False
-    gpu_resources: Any = None  # faiss.StandardGpuResources: must outlive the GPU index
-    # the files read while serving (not only at load), as they were when loaded: see changed_in_place
-    served_stats: dict[Path, Stat] = field(default_factory=dict)
-
-    def changed_in_place(self) -> list[Path]:
-        """Served files rewritten on disk since they were loaded (same inode, other size or mtime):
-        their open handles may now read bytes of another build. A file replaced by a rename is not
-        listed: the handles keep reading the old one, which is still whole."""
-        return changed_in_place(self.served_stats, snapshot(list(self.served_stats)))
-
-    @property
-    def source_root(self) -> str | None:
-        """The folder the gallery's files are shown relative to: the dataset, the photo folder, or
-        for an index built from embeddings the folder those were made from."""
-        data = self.manifest.data
-        origin = data.get("origin") if data.get("kind") == "embeddings" else None
-        return str(origin["path"]) if isinstance(origin, dict) and origin.get("path") else data.get("path")
-
-    def summary(self) -> dict[str, Any]:
-        m = self.manifest
-        distractors = m.data.get("distractor_source")
-        data = {  # names, never the server's paths
-            "name": Path(m.data.get("path", "")).name,
-            "kind": m.data.get("kind"),
-            "split": m.data.get("split"),
-            "distractor_source": distractors
-            if distractors in (None, "generator")
-            else Path(distractors).name,
-            "skipped_files": len(m.data.get("skipped") or []),
-        }
-        return {
-            "name": self.directory.name,  # a name, never the server's absolute path
-            "modality": m.modality,
-            "factory": m.factory,
-            "ntotal": m.ntotal,
-            "gallery_count": m.gallery_count,
-            "distractor_count": m.distractor_count,
-            "recall_check": m.recall_check,
-            "nprobe": m.recall_check.get("nprobe"),
-            "on_gpu": self.on_gpu,
-            "metadata_fields": m.metadata_fields,
-            "data": data,
-        }
 
 
 @dataclass
@@ -184,114 +71,6 @@ class Page:
         return float(self.relevance.mean())
 
 
-def preflight(
-    index: Path, checkpoint: Path | None, caption_index: Path | None
-) -> tuple[Path, dict[str, Any]]:
-    """Cheap agreement check of checkpoint and indices (no weights or vectors loaded).
-
-    Returns (checkpoint folder, its config). Raises NotServable with one message naming every
-    problem and the command that rebuilds what.
-    """
-
-    try:
-        manifest = Manifest.read(Path(index) / MANIFEST_FILE)
-    except (FileNotFoundError, ValueError) as err:
-        raise NotServable(f"--index {index}: {err}") from None
-    if manifest.modality != "image":
-        raise NotServable(
-            f"--index {index} holds {manifest.modality} vectors; text->image search needs an image index "
-            f"(pass the caption index as --caption-index)"
-        )
-    checkpoint = Path(checkpoint or manifest.checkpoint_path)
-    try:
-        config = read_checkpoint_config(checkpoint)
-    except (FileNotFoundError, ValueError) as err:
-        raise NotServable(f"--checkpoint {checkpoint}: {err}") from None
-    problems = []
-    for directory, modality in ((index, "image"), (caption_index, "text")):
-        if directory is None:
-            continue
-        try:
-            m = manifest if directory == index else Manifest.read(Path(directory) / MANIFEST_FILE)
-            if m.modality != modality:
-                raise ValueError(f"holds {m.modality} vectors, expected {modality}")
-            check_compatible(m, config, index_dir=directory, checkpoint_path=checkpoint)
-        except (FileNotFoundError, ValueError) as err:
-            problems.append(f"{directory}: {err}")
-    if problems:
-        raise NotServable("cannot serve these artifacts together:\n  " + "\n  ".join(problems))
-    return checkpoint, config
-
-
-def _load_calibration(directory: Path, sha256: str) -> ServedCalibration | None:
-    """The index's calibration.json (format 2 or 1), None without one; NotServable naming the file
-    and the command that refits it when it does not parse or belongs to another checkpoint."""
-    path = directory / CALIBRATION_FILE
-    if not path.is_file():
-        return None
-    refit = f"refit it with `icr index calibrate {directory}`"
-    try:
-        calibration = ServedCalibration.read(path)
-    except ValueError as err:  # names the file already
-        raise NotServable(f"{err}; {refit}") from None
-    except (OSError, AttributeError, KeyError, TypeError) as err:  # unreadable, or JSON but not an object
-        raise NotServable(f"{path}: unreadable calibration ({err}); {refit}") from None
-    if calibration.info.get("checkpoint_sha256") != sha256:
-        raise NotServable(f"{path}: fitted for another checkpoint; {refit}")
-    return calibration
-
-
-def _batcher(index: Any, rescore: Rescorer | None, max_batch: int, faiss_threads: int) -> MicroBatcher:
-
-    # A batch over a flat index goes to our kernel, which reads the gallery once per batch (FAISS
-    # scans it once per query below 20 queries); a lone query stays with FAISS's one-thread scan,
-    # at the bandwidth floor. Scores then depend on the kernel a query lands in; the hits are
-    # rescored so they do not.
-    kernel = kernel_for(index)
-
-    def run(queries: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        if kernel is not None and len(queries) > 1:
-            found_s, found_i = kernel.search(queries, k)  # (Q, k') each, k' = min(k, N)
-            scores, ids = list(found_s), list(found_i)
-        else:
-            scores, ids = search(index, queries, k)
-        return (scores, ids) if rescore is None else rescored(rescore, queries, ids)
-
-    return MicroBatcher(run, max_batch=max_batch, single_threads=faiss_threads)
-
-
-def _load_index(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -> LoadedIndex:
-
-    index, manifest, metadata = load_index_dir(directory)
-    calibration = _load_calibration(directory, manifest.checkpoint_sha256)
-    nprobe = manifest.recall_check.get("nprobe")
-    if nprobe and nprobe_of(index) is not None:
-        set_nprobe(index, int(nprobe))  # the value the build tuned to reach its recall target
-    resources = None
-    if use_gpu(gpu) and has_gpu_form(manifest.factory):  # an HNSW graph stays on the CPU
-        import faiss  # noqa: PLC0415 (faiss: only this path needs it)
-
-        resources = faiss.StandardGpuResources()
-        index = faiss.index_cpu_to_gpu(resources, 0, index)
-    served = snapshot([directory / name for name in READ_WHILE_SERVING if (directory / name).is_file()])
-    rescore = batch_independent_rescorer(index)
-    batcher = _batcher(index, rescore, max_batch, faiss_threads)
-    filters = FilterCache(metadata, manifest.ntotal)
-    return LoadedIndex(
-        directory,
-        index,
-        manifest,
-        metadata,
-        calibration,
-        batcher,
-        filters,
-        rescore,
-        resources is not None,
-        resources,
-        served,
-    )
-
-
 class Retriever:
     """The loaded model and indices; thread-safe for concurrent searches (FAISS and torch in eval
     mode are re-entrant, the metadata store serialises its reads)."""
@@ -317,8 +96,7 @@ class Retriever:
         # Text queries over the embedded benchmark get their query kind (and the model's figures for it).
         self.benchmark = over_embedded_benchmark(images.manifest.data)
         self._image_transform = model.image_transform(train=False)
-        self._distractors: Any = None
-        self._thumbs = BytesLRU(THUMB_CACHE_BYTES)
+        self.gallery = GalleryImages(images)  # the pixels of the image index's items
 
     @classmethod
     def load(
@@ -339,9 +117,9 @@ class Retriever:
         t0 = time.perf_counter()
         device = resolve_device(device)
         model, config = load_checkpoint(checkpoint, device)
-        images = _load_index(Path(index), gpu, micro_batch, faiss_threads)
+        images = load_index_folder(Path(index), gpu, micro_batch, faiss_threads)
         captions = (
-            _load_index(Path(caption_index), gpu, micro_batch, faiss_threads)
+            load_index_folder(Path(caption_index), gpu, micro_batch, faiss_threads)
             if caption_index is not None
             else None
         )
@@ -523,63 +301,6 @@ class Retriever:
             if loaded is not None
         }
 
-    # --- images -----------------------------------------------------------------------------------
-    def has_pixels(self, row: dict[str, Any]) -> bool:
-        source = row["source"]
-        return source.startswith(DISTRACTOR_PREFIX) or "#" not in source
-
-    def image(self, image_id: int, limits: ImageLimits = GALLERY_LIMITS) -> Any:
-        """The PIL image of an image-index id; KeyError if unknown, OSError without pixels or when
-        its file is outside ``limits`` (a file replaced since the build is as untrusted as an upload)."""
-
-        if not 0 <= image_id < self.images.manifest.ntotal:
-            raise KeyError(image_id)
-        row = self.images.metadata.get([image_id])[0]
-        source = row["source"]
-        if source.startswith(DISTRACTOR_PREFIX):
-            return Image.fromarray(self._distractor_stream().image(int(source[len(DISTRACTOR_PREFIX) :])))
-        shown = public_source(source, self.images.source_root)  # errors reach clients: never a server path
-        if "#" in source:
-            raise FileNotFoundError(f"item {image_id} is a row of precomputed features ({shown}): no image")
-        try:
-            return open_image(source, limits)
-        except ImageRefused as err:  # over the limits, another format, or damaged since the build
-            raise OSError(f"{shown}: {err}") from None
-        except OSError as err:  # moved or unreadable since the build (its message names the path)
-            raise OSError(f"{shown}: {err.strerror or 'not a readable image'}") from None
-
-    def _distractor_stream(self) -> Any:
-        if self._distractors is None:
-            data = Path(self.images.manifest.data["path"])
-            self._distractors = DistractorStream.for_dataset(data, self.images.manifest.distractor_count)
-        return self._distractors
-
-    def png(
-        self,
-        image_id: int,
-        thumb_size: int | None,
-        limits: ImageLimits = GALLERY_LIMITS,
-        decoding: AbstractContextManager[Any] | None = None,
-    ) -> bytes:
-        """The image as PNG; thumbnails (a results page asks for the same ones again and again) come
-        from an LRU cache of :data:`THUMB_CACHE_BYTES`. ``decoding`` is held while the image is
-        decoded and encoded (the server's bound on concurrent decodes), not for a cached thumbnail."""
-        if thumb_size is not None:
-            cached = self._thumbs.get((image_id, thumb_size))
-            if cached is not None:
-                return cached
-        out = io.BytesIO()
-        with decoding or nullcontext():
-            image = self.image(image_id, limits)
-            if thumb_size is not None:
-                image.thumbnail((thumb_size, thumb_size))
-            image.save(out, format="PNG")
-            del image
-        data = out.getvalue()
-        if thumb_size is not None:
-            self._thumbs.put((image_id, thumb_size), data)
-        return data
-
     # --- description ------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         c = self.config
@@ -621,50 +342,3 @@ def _relevance_of_subset(
         tail = extended[len(scores) :]
         out[~found] = np.minimum(tail, base[-1]) if len(base) else tail
     return np.minimum.accumulate(out) if len(out) else out
-
-
-def public_source(source: str, root: str | None) -> str:
-    """A hit's source as clients see it: a gallery file relative to the dataset folder the index was
-    built from (or its file name), never the server's absolute path; other sources as they are."""
-    path, sep, row = source.partition("#")  # precomp: features.npy#row
-    if not os.path.isabs(path):
-        return source
-    if root:
-        try:
-            return str(Path(path).relative_to(Path(root).resolve())) + sep + row
-        except ValueError:
-            pass
-    return Path(path).name + sep + row
-
-
-def calibration_summary(calibration: ServedCalibration | None) -> dict[str, Any] | None:
-    """The /v1/info calibration block: which map is served, what labelled its fit, the per-kind
-    table and the held-out evaluation's pooled figures per map (format 1: what such a file has)."""
-    if calibration is None:
-        return None
-    info = calibration.info
-    out: dict[str, Any] = {
-        "format_version": info.get("format_version"),
-        "method": calibration.method,
-        "global_method": calibration.global_map.method,
-        "labels": info.get("labels"),
-        "labels_note": calibration.labels_note,
-        "fit": info.get("fit"),
-        "kinds": calibration.kinds,
-        "score_for_relevance": info.get("score_for_relevance"),
-        # which text queries get a relevance at all (null: a file from before the check)
-        "evidence": None
-        if calibration.evidence is None
-        else {"alpha": calibration.evidence.alpha, "queries": len(calibration.evidence.reference)},
-    }
-    evaluation = info.get("evaluation")
-    if isinstance(evaluation, dict):
-        maps = evaluation.get("maps") or {}
-        out["evaluation"] = {
-            **{k: v for k, v in evaluation.items() if k != "maps"},
-            "maps": {name: (r or {}).get("pooled") for name, r in maps.items()},
-        }
-    for key in ("ece", "score_thresholds_for_precision", "global_ece_all_pairs"):  # format 1; split fits
-        if key in info:
-            out[key] = info[key]
-    return out

@@ -121,10 +121,10 @@ def test_bad_arguments_are_refused():
 
 
 def test_the_service_gives_a_query_the_same_hits_alone_and_in_a_batch():
-    """A lone query goes to FAISS, a batch to the kernel (service.retriever._batcher); rescored,
+    """A lone query goes to FAISS, a batch to the kernel (service.loaded_index._batcher); rescored,
     a query's hits and scores must not depend on which."""
     from icr.index.vector_index import batch_independent_rescorer, build_index
-    from icr.service.retriever import _batcher
+    from icr.service.loaded_index import _batcher
 
     rng = np.random.default_rng(0)
     base = rng.standard_normal((20_000, 64)).astype(np.float32)

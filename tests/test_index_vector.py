@@ -345,7 +345,7 @@ def test_raw_scores_depend_on_the_batch_at_scale_and_rescored_ones_do_not() -> N
     dims x 20,000 vectors a lone query searched on several threads (ICR_FAISS_THREADS > 1: FAISS
     splits the gallery over them) gets scores that differ from the same query's in a batch by
     ~2e-7 (measured 2.4e-7 and 4.8e-7 on 2 threads; on one thread they agree), enough to move a
-    hit across a threshold. Rescored as the service does (``retriever._batcher``), they are equal."""
+    hit across a threshold. Rescored as the service does (``loaded_index._batcher``), they are equal."""
 
     from icr.index.vector_index import batch_independent_rescorer, rescored
 

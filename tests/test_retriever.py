@@ -15,7 +15,8 @@ from tiny_model import TINY_MODEL
 from icr.index.build import build_caption_index, build_image_index
 from icr.index.calibration import calibrate_index
 from icr.service.config import Settings
-from icr.service.retriever import NotServable, Retriever, preflight
+from icr.service.loaded_index import NotServable, preflight
+from icr.service.retriever import Retriever
 from icr.training.config import load_config
 from icr.training.data.synthetic.generate import write_dataset
 
@@ -171,7 +172,7 @@ def test_min_relevance_reports_the_equivalent_raw_score(retriever: Retriever) ->
 
 def test_caption_index_borrows_the_image_calibration(retriever: Retriever) -> None:
     assert retriever.captions.calibration is retriever.images.calibration
-    query = retriever.encode_image(retriever.image(0))  # (1, D)
+    query = retriever.encode_image(retriever.gallery.image(0))  # (1, D)
     page = retriever.search(retriever.captions, query, k=5, offset=0, depth=80, timings={})
     assert page.searched == 80 and all(r["captions"] for r in page.rows)
     # image queries: the global map (the per-query map is fitted on text queries)
@@ -180,12 +181,12 @@ def test_caption_index_borrows_the_image_calibration(retriever: Retriever) -> No
 
 
 def test_images_come_from_files_and_the_distractor_generator(retriever: Retriever, built) -> None:
-    first = np.asarray(retriever.image(0))
+    first = np.asarray(retriever.gallery.image(0))
     assert first.shape == (32, 32, 3)
-    distractor = retriever.image(16)  # id 16: distractor 0
+    distractor = retriever.gallery.image(16)  # id 16: distractor 0
     assert np.asarray(distractor).shape == (32, 32, 3)
     with pytest.raises(KeyError):
-        retriever.image(16 + N_DISTRACTORS)
+        retriever.gallery.image(16 + N_DISTRACTORS)
 
 
 def test_preflight_names_what_does_not_belong_together(built, tmp_path) -> None:
@@ -239,7 +240,7 @@ def test_settings_come_from_the_environment_and_name_known_datasets(monkeypatch,
 
 
 def test_thumbnails_come_from_a_size_bounded_cache(retriever: Retriever) -> None:
-    from icr.service.retriever import BytesLRU
+    from icr.service.gallery_images import BytesLRU
 
     cache = BytesLRU(10)
     cache.put("a", b"1234")
@@ -250,6 +251,7 @@ def test_thumbnails_come_from_a_size_bounded_cache(retriever: Retriever) -> None
     cache.put("huge", b"x" * 11)  # larger than the whole cache: never stored
     assert cache.get("huge") is None and cache.size == 8
 
-    first = retriever.png(3, 16)
-    assert retriever._thumbs.get((3, 16)) == first and retriever.png(3, 16) is first  # served from the cache
-    assert retriever.png(3, None) != first  # full size is never cached
+    gallery = retriever.gallery
+    first = gallery.png(3, 16)
+    assert gallery._thumbs.get((3, 16)) == first and gallery.png(3, 16) is first  # served from the cache
+    assert gallery.png(3, None) != first  # full size is never cached

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from icr.service.errors import ApiError
-from icr.service.retriever import preflight
+from icr.service.loaded_index import preflight
 from icr.service.routes.deps import settings_of
 from icr.service.schemas import error_responses
 from icr.service.serving import install_retriever, load_retriever, without_paths

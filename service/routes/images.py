@@ -29,7 +29,7 @@ def get_image(image_id: int, request: Request, size: Literal["full", "thumb"] = 
     thumb = settings.thumbnail_size if size == "thumb" else None
     limits = ImageLimits(settings.max_image_pixels, settings.max_aspect_ratio, GALLERY_FORMATS)
     try:
-        png = retriever.png(image_id, thumb, limits, decode_slots_of(request).slot())
+        png = retriever.gallery.png(image_id, thumb, limits, decode_slots_of(request).slot())
     except KeyError:
         raise ApiError(
             404, "not_found", f"no image {image_id}: ids run from 0 to {retriever.images.manifest.ntotal - 1}"

@@ -15,8 +15,9 @@ from icr.core.image_input import ImageLimits, ImageRefused, open_image
 from icr.index.filters import parse_filter
 from icr.service.config import Settings
 from icr.service.errors import ApiError, validation_message
+from icr.service.loaded_index import LoadedIndex, NotServable, public_source
 from icr.service.quality import query_quality
-from icr.service.retriever import LoadedIndex, NotServable, Page, Retriever, public_source
+from icr.service.retriever import Page, Retriever
 from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
 from icr.service.schemas import (
     BLANK,
@@ -104,7 +105,7 @@ def _image_hits(retriever: Retriever, page: Page) -> list[dict[str, Any]]:
     """The page's hits as ImageHit fields: plain dicts, validated with the response that holds
     them (one pydantic call for the whole body, not one model per hit)."""
     hits = []
-    pixels = retriever.has_pixels
+    pixels = retriever.gallery.has_pixels
     root = retriever.images.source_root
     relevance = page.relevance.tolist() if page.relevance is not None else None
     rows = zip(page.ids.tolist(), page.scores.tolist(), page.rows, strict=False)

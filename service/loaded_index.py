@@ -1,0 +1,259 @@
+"""An index folder loaded for serving, and the checks that the artifacts belong together.
+
+``preflight`` compares checkpoint and indices by their manifests (cheap: the server runs it before
+loading anything, so a mismatch stops it with one message); :func:`load_index_folder` loads one
+folder (FAISS, metadata, calibration) with its micro-batcher and filter cache, and records the
+files read while serving, so a file rewritten in place under the server is noticed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from icr.index.build import load_index_dir
+from icr.index.calibration import CALIBRATION_FILE, ServedCalibration
+from icr.index.exact_kernel import kernel_for
+from icr.index.filters import FilterCache
+from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
+from icr.index.metadata import MetadataStore
+from icr.index.vector_index import (
+    Rescorer,
+    batch_independent_rescorer,
+    has_gpu_form,
+    nprobe_of,
+    rescored,
+    search,
+    set_nprobe,
+    use_gpu,
+)
+from icr.service.batcher import MicroBatcher
+from icr.service.watcher import Stat, changed_in_place, snapshot
+from icr.training.checkpoint import read_checkpoint_config
+
+log = logging.getLogger("icr.service")
+
+
+class NotServable(ValueError):
+    """The artifacts cannot be served together; the message says which command fixes it."""
+
+
+# Files whose bytes are read while serving (SQLite pages, on-disk inverted lists, a memory-mapped
+# index), not only at load: rewritten in place, what is served changes under the server.
+READ_WHILE_SERVING = ("metadata.sqlite", "index.ivfdata", "index.faiss")
+
+
+@dataclass
+class LoadedIndex:
+    directory: Path
+    index: Any  # faiss.Index (GPU copy when serving on a GPU)
+    manifest: Manifest
+    metadata: MetadataStore
+    calibration: ServedCalibration | None
+    batcher: MicroBatcher  # every search goes through it: merges concurrent ones, sets FAISS threads
+    filters: FilterCache  # the ids recent query filters select
+    rescore: Rescorer | None = None  # exact, batch-independent scores (None: FAISS's as they are)
+    on_gpu: bool = False
+    gpu_resources: Any = None  # faiss.StandardGpuResources: must outlive the GPU index
+    # the files read while serving (not only at load), as they were when loaded: see changed_in_place
+    served_stats: dict[Path, Stat] = field(default_factory=dict)
+
+    def changed_in_place(self) -> list[Path]:
+        """Served files rewritten on disk since they were loaded (same inode, other size or mtime):
+        their open handles may now read bytes of another build. A file replaced by a rename is not
+        listed: the handles keep reading the old one, which is still whole."""
+        return changed_in_place(self.served_stats, snapshot(list(self.served_stats)))
+
+    @property
+    def source_root(self) -> str | None:
+        """The folder the gallery's files are shown relative to: the dataset, the photo folder, or
+        for an index built from embeddings the folder those were made from."""
+        data = self.manifest.data
+        origin = data.get("origin") if data.get("kind") == "embeddings" else None
+        return str(origin["path"]) if isinstance(origin, dict) and origin.get("path") else data.get("path")
+
+    def summary(self) -> dict[str, Any]:
+        m = self.manifest
+        distractors = m.data.get("distractor_source")
+        data = {  # names, never the server's paths
+            "name": Path(m.data.get("path", "")).name,
+            "kind": m.data.get("kind"),
+            "split": m.data.get("split"),
+            "distractor_source": distractors
+            if distractors in (None, "generator")
+            else Path(distractors).name,
+            "skipped_files": len(m.data.get("skipped") or []),
+        }
+        return {
+            "name": self.directory.name,  # a name, never the server's absolute path
+            "modality": m.modality,
+            "factory": m.factory,
+            "ntotal": m.ntotal,
+            "gallery_count": m.gallery_count,
+            "distractor_count": m.distractor_count,
+            "recall_check": m.recall_check,
+            "nprobe": m.recall_check.get("nprobe"),
+            "on_gpu": self.on_gpu,
+            "metadata_fields": m.metadata_fields,
+            "data": data,
+        }
+
+
+def preflight(
+    index: Path, checkpoint: Path | None, caption_index: Path | None
+) -> tuple[Path, dict[str, Any]]:
+    """Cheap agreement check of checkpoint and indices (no weights or vectors loaded).
+
+    Returns (checkpoint folder, its config). Raises NotServable with one message naming every
+    problem and the command that rebuilds what.
+    """
+
+    try:
+        manifest = Manifest.read(Path(index) / MANIFEST_FILE)
+    except (FileNotFoundError, ValueError) as err:
+        raise NotServable(f"--index {index}: {err}") from None
+    if manifest.modality != "image":
+        raise NotServable(
+            f"--index {index} holds {manifest.modality} vectors; text->image search needs an image index "
+            f"(pass the caption index as --caption-index)"
+        )
+    checkpoint = Path(checkpoint or manifest.checkpoint_path)
+    try:
+        config = read_checkpoint_config(checkpoint)
+    except (FileNotFoundError, ValueError) as err:
+        raise NotServable(f"--checkpoint {checkpoint}: {err}") from None
+    problems = []
+    for directory, modality in ((index, "image"), (caption_index, "text")):
+        if directory is None:
+            continue
+        try:
+            m = manifest if directory == index else Manifest.read(Path(directory) / MANIFEST_FILE)
+            if m.modality != modality:
+                raise ValueError(f"holds {m.modality} vectors, expected {modality}")
+            check_compatible(m, config, index_dir=directory, checkpoint_path=checkpoint)
+        except (FileNotFoundError, ValueError) as err:
+            problems.append(f"{directory}: {err}")
+    if problems:
+        raise NotServable("cannot serve these artifacts together:\n  " + "\n  ".join(problems))
+    return checkpoint, config
+
+
+def _load_calibration(directory: Path, sha256: str) -> ServedCalibration | None:
+    """The index's calibration.json (format 2 or 1), None without one; NotServable naming the file
+    and the command that refits it when it does not parse or belongs to another checkpoint."""
+    path = directory / CALIBRATION_FILE
+    if not path.is_file():
+        return None
+    refit = f"refit it with `icr index calibrate {directory}`"
+    try:
+        calibration = ServedCalibration.read(path)
+    except ValueError as err:  # names the file already
+        raise NotServable(f"{err}; {refit}") from None
+    except (OSError, AttributeError, KeyError, TypeError) as err:  # unreadable, or JSON but not an object
+        raise NotServable(f"{path}: unreadable calibration ({err}); {refit}") from None
+    if calibration.info.get("checkpoint_sha256") != sha256:
+        raise NotServable(f"{path}: fitted for another checkpoint; {refit}")
+    return calibration
+
+
+def _batcher(index: Any, rescore: Rescorer | None, max_batch: int, faiss_threads: int) -> MicroBatcher:
+
+    # A batch over a flat index goes to our kernel, which reads the gallery once per batch (FAISS
+    # scans it once per query below 20 queries); a lone query stays with FAISS's one-thread scan,
+    # at the bandwidth floor. Scores then depend on the kernel a query lands in; the hits are
+    # rescored so they do not.
+    kernel = kernel_for(index)
+
+    def run(queries: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        if kernel is not None and len(queries) > 1:
+            found_s, found_i = kernel.search(queries, k)  # (Q, k') each, k' = min(k, N)
+            scores, ids = list(found_s), list(found_i)
+        else:
+            scores, ids = search(index, queries, k)
+        return (scores, ids) if rescore is None else rescored(rescore, queries, ids)
+
+    return MicroBatcher(run, max_batch=max_batch, single_threads=faiss_threads)
+
+
+def load_index_folder(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -> LoadedIndex:
+
+    index, manifest, metadata = load_index_dir(directory)
+    calibration = _load_calibration(directory, manifest.checkpoint_sha256)
+    nprobe = manifest.recall_check.get("nprobe")
+    if nprobe and nprobe_of(index) is not None:
+        set_nprobe(index, int(nprobe))  # the value the build tuned to reach its recall target
+    resources = None
+    if use_gpu(gpu) and has_gpu_form(manifest.factory):  # an HNSW graph stays on the CPU
+        import faiss  # noqa: PLC0415 (faiss: only this path needs it)
+
+        resources = faiss.StandardGpuResources()
+        index = faiss.index_cpu_to_gpu(resources, 0, index)
+    served = snapshot([directory / name for name in READ_WHILE_SERVING if (directory / name).is_file()])
+    rescore = batch_independent_rescorer(index)
+    batcher = _batcher(index, rescore, max_batch, faiss_threads)
+    filters = FilterCache(metadata, manifest.ntotal)
+    return LoadedIndex(
+        directory,
+        index,
+        manifest,
+        metadata,
+        calibration,
+        batcher,
+        filters,
+        rescore,
+        resources is not None,
+        resources,
+        served,
+    )
+
+
+def public_source(source: str, root: str | None) -> str:
+    """A hit's source as clients see it: a gallery file relative to the dataset folder the index was
+    built from (or its file name), never the server's absolute path; other sources as they are."""
+    path, sep, row = source.partition("#")  # precomp: features.npy#row
+    if not os.path.isabs(path):
+        return source
+    if root:
+        try:
+            return str(Path(path).relative_to(Path(root).resolve())) + sep + row
+        except ValueError:
+            pass
+    return Path(path).name + sep + row
+
+
+def calibration_summary(calibration: ServedCalibration | None) -> dict[str, Any] | None:
+    """The /v1/info calibration block: which map is served, what labelled its fit, the per-kind
+    table and the held-out evaluation's pooled figures per map (format 1: what such a file has)."""
+    if calibration is None:
+        return None
+    info = calibration.info
+    out: dict[str, Any] = {
+        "format_version": info.get("format_version"),
+        "method": calibration.method,
+        "global_method": calibration.global_map.method,
+        "labels": info.get("labels"),
+        "labels_note": calibration.labels_note,
+        "fit": info.get("fit"),
+        "kinds": calibration.kinds,
+        "score_for_relevance": info.get("score_for_relevance"),
+        # which text queries get a relevance at all (null: a file from before the check)
+        "evidence": None
+        if calibration.evidence is None
+        else {"alpha": calibration.evidence.alpha, "queries": len(calibration.evidence.reference)},
+    }
+    evaluation = info.get("evaluation")
+    if isinstance(evaluation, dict):
+        maps = evaluation.get("maps") or {}
+        out["evaluation"] = {
+            **{k: v for k, v in evaluation.items() if k != "maps"},
+            "maps": {name: (r or {}).get("pooled") for name, r in maps.items()},
+        }
+    for key in ("ece", "score_thresholds_for_precision", "global_ece_all_pairs"):  # format 1; split fits
+        if key in info:
+            out[key] = info[key]
+    return out
