@@ -349,7 +349,7 @@ def run_dirs(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     """:func:`run` on built index folders, with held-out test captions encoded by ``checkpoint``."""
-    from icr.index.build import load_index_dir
+    from icr.index.index_folder import load_index_dir
     from icr.training.checkpoint import load_checkpoint
     from icr.training.data.training_data import open_split
     from icr.training.embedding import embed_captions

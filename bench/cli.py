@@ -178,7 +178,7 @@ def bench_command(
         ok, why = gpu_mod.available()
         sections["gpu"] = {"ran": ok, "device": why}
         if ok:
-            from icr.index.build import load_index_dir
+            from icr.index.index_folder import load_index_dir
 
             ann, _, meta = load_index_dir(ann_dirs[largest])
             meta.close()

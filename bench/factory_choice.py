@@ -26,9 +26,9 @@ from icr.index.build import (
     RECALL_K,
     RECALL_QUERIES,
     SEARCH_DEPTH,
-    load_index_dir,
 )
 from icr.index.factory_choice import Targets, choose_by_measurement, swap_quantizer
+from icr.index.index_folder import load_index_dir
 from icr.index.vector_index import ExactTopK, exact_depth
 
 

@@ -113,7 +113,7 @@ def distractor_embeddings(index_dir: Path, out: Path) -> Path:
     """The distractor vectors of a built index (ids after the gallery), as an (N, D) float32 .npy."""
     import faiss
 
-    from icr.index.build import load_index_dir
+    from icr.index.index_folder import load_index_dir
 
     manifest = Manifest.read(index_dir / MANIFEST_FILE)
     if out.is_file() and np.load(out, mmap_mode="r").shape[0] == manifest.distractor_count:

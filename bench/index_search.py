@@ -22,7 +22,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from icr.index.build import load_index_dir
+from icr.index.index_folder import load_index_dir
 
 
 def _percentiles(ms: list[float]) -> dict[str, float]:

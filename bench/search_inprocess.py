@@ -70,7 +70,7 @@ def run(
     exact_queries: int,
     log,
 ) -> dict[str, Any]:
-    from icr.index.build import load_index_dir
+    from icr.index.index_folder import load_index_dir
     from icr.service.config import Settings
     from icr.service.retriever import Retriever
 

@@ -34,6 +34,7 @@ from icr.core.memory import peak_rss_mb
 from icr.index.embeddings_layout import open_embeddings_folder
 from icr.index.factory_choice import Targets, choose_by_measurement
 from icr.index.galleries import PhotoGallery, image_sources
+from icr.index.index_folder import INDEX_FILE
 from icr.index.manifest import MANIFEST_FILE, Manifest, Modality
 from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.on_disk import ONDISK_DATA, OnDiskBuild, build_on_disk, choose_on_disk_factory, load_on_disk
@@ -43,7 +44,6 @@ from icr.index.vector_index import (
     build_index,
     choose_factory,
     exact_depth,
-    load_index,
     nprobe_of,
     parse_factory,
     recall_at_k,
@@ -62,7 +62,6 @@ from icr.training.embedding import (
     threads_beside_workers,
 )
 
-INDEX_FILE = "index.faiss"
 # Default memory budget for the index's codes: raw float32 vectors up to 2 GiB (1M x 512), PQ above.
 DEFAULT_MEMORY_BUDGET = 2 << 30
 RECALL_QUERIES = 200
@@ -851,50 +850,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's process
     return True
-
-
-# --- loading --------------------------------------------------------------------------------------
-def load_index_dir(
-    directory: str | os.PathLike[str], *, mmap: bool = False
-) -> tuple[faiss.Index, Manifest, MetadataStore]:
-    """(index, manifest, read-only metadata) of an index directory, checked against each other.
-
-    Errors name the missing or corrupt file and the command that rebuilds the index.
-    """
-
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(
-            f"{directory}: index directory not found; build one with "
-            "`icr index build --checkpoint C --data D --out DIR`"
-        )
-    manifest = Manifest.read(directory / MANIFEST_FILE)
-    rebuild = f"rebuild it with `{manifest.rebuild_command(directory, manifest.checkpoint_path)}`"
-    for name, recorded in manifest.files.items():  # manifests before files were recorded: none
-        file = directory / name
-        if file.is_file() and sha256_file(file) != recorded:
-            raise ValueError(
-                f"{file}: its content changed since the build ({MANIFEST_FILE} records sha256 "
-                f"{recorded[:12]}...): replace the whole index folder, never a file inside it, or {rebuild}"
-            )
-    path = directory / INDEX_FILE
-    try:
-        index = load_on_disk(path) if (directory / ONDISK_DATA).is_file() else load_index(path, mmap=mmap)
-    except (FileNotFoundError, ValueError) as err:
-        raise type(err)(f"{err}; {rebuild}") from None
-    if index.d != manifest.dim or index.ntotal != manifest.ntotal:
-        raise ValueError(
-            f"{path}: holds {index.ntotal} vectors of dim {index.d}, {MANIFEST_FILE} says "
-            f"{manifest.ntotal} of dim {manifest.dim}; the folder mixes files of two builds, {rebuild}"
-        )
-    try:
-        metadata = MetadataStore.open(directory / METADATA_FILE)
-    except (FileNotFoundError, ValueError) as err:
-        raise type(err)(f"{str(err).split('; rebuild')[0]}; {rebuild}") from None
-    if metadata.count() != manifest.ntotal:
-        count = metadata.count()
-        metadata.close()
-        raise ValueError(
-            f"{directory / METADATA_FILE}: {count} rows for {manifest.ntotal} vectors; {rebuild}"
-        )
-    return index, manifest, metadata

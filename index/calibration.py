@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from icr.core.atomic import atomic_write_text
 from icr.core.contracts import validated
 from icr.core.devices import resolve_device
-from icr.index.build import load_index_dir
+from icr.index.index_folder import load_index_dir
 from icr.index.manifest import Manifest, check_compatible
 from icr.index.vector_index import nprobe_of, search, set_nprobe
 from icr.training.checkpoint import load_checkpoint, trained_captions_per_image

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from icr.index.build import load_index_dir
 from icr.index.calibration import CALIBRATION_FILE, ServedCalibration
 from icr.index.exact_kernel import kernel_for
 from icr.index.filters import FilterCache
+from icr.index.index_folder import load_index_dir
 from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
 from icr.index.metadata import MetadataStore
 from icr.index.vector_index import (

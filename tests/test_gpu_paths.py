@@ -16,7 +16,8 @@ import pytest
 import torch
 from tiny_model import TINY_MODEL
 
-from icr.index.build import build_image_index, load_index_dir
+from icr.index.build import build_image_index
+from icr.index.index_folder import load_index_dir
 from icr.index.manifest import Manifest
 from icr.index.vector_index import build_index, search
 from icr.training.config import load_config

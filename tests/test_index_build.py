@@ -16,7 +16,8 @@ import torch
 from tiny_model import TINY_MODEL
 from typer.testing import CliRunner
 
-from icr.index.build import INDEX_FILE, build_caption_index, build_image_index, load_index_dir
+from icr.index.build import build_caption_index, build_image_index
+from icr.index.index_folder import INDEX_FILE, load_index_dir
 from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
 from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.vector_index import search

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from icr.index.build import build_photo_index, load_index_dir
+from icr.index.build import build_photo_index
+from icr.index.index_folder import load_index_dir
 from icr.index.on_disk import (
     KMEANS_ITERATIONS,
     ONDISK_DATA,

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from icr.index.build import build_photo_index, load_index_dir
+from icr.index.build import build_photo_index
 from icr.index.embed import embed_to_folder
 from icr.index.embeddings_layout import MANIFEST, open_embeddings_folder
 from icr.index.filters import FilterCache, parse_filter, to_sql
+from icr.index.index_folder import load_index_dir
 from icr.index.metadata import MetadataStore
 from icr.training.checkpoint import load_checkpoint
 from icr.training.data.errors import DatasetError

@@ -1,0 +1,66 @@
+"""Reading an index folder back: ``index.faiss``, ``manifest.json`` and ``metadata.sqlite``, checked
+against each other and against the sha256 sums the manifest records (``index.build`` writes them).
+
+A module of its own so that a reader (the server, calibration, the bench) imports no builder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import faiss
+
+from icr.core.atomic import sha256_file
+from icr.index.manifest import MANIFEST_FILE, Manifest
+from icr.index.metadata import METADATA_FILE, MetadataStore
+from icr.index.on_disk import ONDISK_DATA, load_on_disk
+from icr.index.vector_index import load_index
+
+INDEX_FILE = "index.faiss"
+
+
+def load_index_dir(
+    directory: str | os.PathLike[str], *, mmap: bool = False
+) -> tuple[faiss.Index, Manifest, MetadataStore]:
+    """(index, manifest, read-only metadata) of an index directory, checked against each other.
+
+    Errors name the missing or corrupt file and the command that rebuilds the index.
+    """
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            f"{directory}: index directory not found; build one with "
+            "`icr index build --checkpoint C --data D --out DIR`"
+        )
+    manifest = Manifest.read(directory / MANIFEST_FILE)
+    rebuild = f"rebuild it with `{manifest.rebuild_command(directory, manifest.checkpoint_path)}`"
+    for name, recorded in manifest.files.items():  # manifests before files were recorded: none
+        file = directory / name
+        if file.is_file() and sha256_file(file) != recorded:
+            raise ValueError(
+                f"{file}: its content changed since the build ({MANIFEST_FILE} records sha256 "
+                f"{recorded[:12]}...): replace the whole index folder, never a file inside it, or {rebuild}"
+            )
+    path = directory / INDEX_FILE
+    try:
+        index = load_on_disk(path) if (directory / ONDISK_DATA).is_file() else load_index(path, mmap=mmap)
+    except (FileNotFoundError, ValueError) as err:
+        raise type(err)(f"{err}; {rebuild}") from None
+    if index.d != manifest.dim or index.ntotal != manifest.ntotal:
+        raise ValueError(
+            f"{path}: holds {index.ntotal} vectors of dim {index.d}, {MANIFEST_FILE} says "
+            f"{manifest.ntotal} of dim {manifest.dim}; the folder mixes files of two builds, {rebuild}"
+        )
+    try:
+        metadata = MetadataStore.open(directory / METADATA_FILE)
+    except (FileNotFoundError, ValueError) as err:
+        raise type(err)(f"{str(err).split('; rebuild')[0]}; {rebuild}") from None
+    if metadata.count() != manifest.ntotal:
+        count = metadata.count()
+        metadata.close()
+        raise ValueError(
+            f"{directory / METADATA_FILE}: {count} rows for {manifest.ntotal} vectors; {rebuild}"
+        )
+    return index, manifest, metadata
