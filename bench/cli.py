@@ -199,7 +199,8 @@ def bench_command(
                 overrides=(f'model.image.path="{gpu_mod.resnet_folder(workdir)}"', 'train.device="cuda"'),
             )
     report["seconds"] = time.perf_counter() - started
-    from bench.report import markdown, targets
+    from bench.report import markdown
+    from bench.targets import targets
 
     report["targets"] = targets(report)
     text = markdown(report)

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from bench.floors import search_floor_ms
-from bench.report import markdown, targets
+from bench.report import markdown
 from bench.search_inprocess import recall
 from bench.stats import latency, summary
+from bench.targets import targets
 
 
 def test_floor_is_the_read_for_one_query_and_the_arithmetic_for_a_large_batch() -> None:
