@@ -242,7 +242,6 @@ def _photo_gallery(
     seed: int,
     progress: bool,
 ) -> tuple[_Stream, np.ndarray, Modality, list[str], dict[str, Any]]:
-
     photos = PhotoGallery(images, metadata, skip_bad=skip_bad, workers=workers)
     source: dict[str, Any] = {**photos.description, "split": "", "skipped": []}
     rng = np.random.default_rng(seed)
@@ -281,7 +280,6 @@ def _embedded_gallery(
     seed: int,
     progress: bool,
 ) -> tuple[_Stream, np.ndarray, Modality, list[str], dict[str, Any]]:
-
     folder = open_embeddings_folder(root, int(config["embed_dim"]))
     folder.check_checkpoint(str(config["weights_sha256"]), checkpoint)
     assert folder.manifest is not None  # check_checkpoint refuses a folder without one
@@ -360,7 +358,6 @@ def _build(
     device: str,
     seed: int,
 ) -> Manifest:
-
     started = time.perf_counter()
     device = resolve_device(device)
     model, config = load_checkpoint(checkpoint, device)
@@ -606,13 +603,11 @@ def _timed(it: Iterator[Any], timings: dict[str, float], key: str) -> Iterator[A
 
 
 def _bar(total: int, desc: str, progress: bool) -> Any:
-
     return tqdm(total=total, desc=desc, unit="img" if "caption" not in desc else "cap", disable=not progress)
 
 
 def _image_gallery(model: Any, data: SplitData, batch_size: int, device: str, progress: bool) -> _Stream:
     """The split's images: embeddings with rows {source path, captions, scene (embedded benchmark)}."""
-
     sources, scenes = image_sources(data)
     caps = data.captions_of_images()
     timings: dict[str, float] = {}
@@ -645,7 +640,6 @@ def _image_gallery(model: Any, data: SplitData, batch_size: int, device: str, pr
 
 def _caption_gallery(model: Any, data: SplitData, batch_size: int, device: str, progress: bool) -> _Stream:
     """The split's captions: embeddings with rows {caption, source of its image, image_id}."""
-
     sources, _ = image_sources(data)
     timings: dict[str, float] = {}
     n = len(data.captions)
@@ -768,7 +762,6 @@ def _distractor_row(source: str, scene: dict[str, Any] | None = None) -> dict[st
 def _folder_distractors(model: Any, folder: Path, batch_size: int, device: str, progress: bool) -> _Stream:
     """Distractor images from a folder (see :mod:`index.photo_folder`); a file that does not decode
     stops the build with its name (nothing is replaced: the index is built in a temporary folder)."""
-
     photos = PhotoGallery(folder)
     timings: dict[str, float] = {}
 
@@ -789,7 +782,6 @@ def _folder_distractors(model: Any, folder: Path, batch_size: int, device: str, 
 
 def _file_distractors(path: Path, dim: int, chunk: int, progress: bool) -> _Stream:
     """Distractors from an (N, D) .npy, memory-mapped and read chunk by chunk."""
-
     emb = open_embeddings(path, dim)  # (N, D) memory-mapped
 
     def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
@@ -813,7 +805,6 @@ def _file_distractors(path: Path, dim: int, chunk: int, progress: bool) -> _Stre
 def _layout_distractors(root: Path, dim: int, progress: bool) -> _Stream:
     """Distractors from an embeddings folder (``icr embed`` or clip-retrieval layout), shard by
     shard; sources are the image paths its metadata records (``distractor:{k}`` without one)."""
-
     folder = open_embeddings_folder(root, dim)
 
     def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:

@@ -109,7 +109,6 @@ def calibrate_index(
     service does (``ICR_SEARCH_DEPTH``); ``generated``: on the embedded benchmark, generated queries
     added to the fit (and as many others evaluated), :mod:`icr.training.data.synthetic.queries`.
     """
-
     if method not in CALIBRATION_METHODS:
         raise ValueError(f"--method must be one of {', '.join(CALIBRATION_METHODS)}, got {method!r}")
     if depth < 1:
@@ -153,7 +152,6 @@ def calibrate_index(
 
 def _searchable_with_truth(manifest: Manifest, data: Path) -> bool:
     """An image index over an embedded-benchmark split whose distractors (if any) are generated."""
-
     return (
         manifest.modality == "image"
         and (data / SCENES_NAME).is_file()
@@ -174,7 +172,6 @@ def _maps_block(maps: Any, fit: dict[str, Any]) -> dict[str, Any]:
 
 def _search_hits(index: Any, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
     """(scores, ids) (Q, depth) from the FAISS index; short rows padded with their last score, id -1."""
-
     scores, ids = search(index, queries, depth)
     width = max(1, max(len(r) for r in scores))
     out_s = np.empty((len(queries), width), np.float32)
@@ -202,7 +199,6 @@ def _calibrate_in_index(
     per_image: int,  # captions per image, as the checkpoint was trained
     n_generated: int,
 ) -> dict[str, Any]:
-
     index, _, metadata = load_index_dir(index_dir)
     metadata.close()
     nprobe = manifest.recall_check.get("nprobe")
@@ -307,7 +303,6 @@ def _calibrate_on_split(
     progress: bool,
     per_image: int,  # captions per image, as the checkpoint was trained
 ) -> dict[str, Any]:
-
     options = EvalOptions(device=device, progress=progress, captions_per_image=per_image)
     held_out = embed_split(model, data, fit_split, options)
     labels, relevance = held_out.labels()
@@ -398,7 +393,6 @@ class ServedCalibration:
     """
 
     def __init__(self, info: dict[str, Any]) -> None:
-
         if not isinstance(info, dict):
             raise ValueError(f"a calibration is a JSON object, got {type(info).__name__}")
         self.info = info

@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from icr.core.devices import resolve_device
+from icr.index.embed_ray import embed_shards_ray
 from icr.index.embed_shards import ShardRun
 from icr.index.embeddings_layout import (
     DEFAULT_SHARD_SIZE,
@@ -74,7 +75,6 @@ def embed_to_folder(
     ``ray://host:port`` joins a cluster; ``actors`` embedding actors (default: one per GPU, else half
     the CPUs). Both engines write the same folder and either one continues the other's run.
     ``on_shard(i)`` is called after shard ``i`` is recorded."""
-
     _check_arguments(
         [images, data, webdataset, image_list],
         metadata,
@@ -113,8 +113,6 @@ def embed_to_folder(
     with tqdm(total=gallery.count, desc="embedding", unit="img", disable=not progress) as bar:
         bar.update(gallery.count - sum(run.bounds(i)[1] - run.bounds(i)[0] for i in todo))
         if engine == "ray":
-            from icr.index.embed_ray import embed_shards_ray  # noqa: PLC0415 (Ray: the optional [distributed] extra)
-
             assert isinstance(gallery, FileGallery)
             transform = model.image_transform(train=False)
             del model
@@ -199,5 +197,4 @@ def _embed_shards_local(
 
 def _first_captions(model: Any, rows: list[dict[str, Any]], device: str) -> np.ndarray:
     """(r, D) embeddings of each row's first caption (clip-retrieval has one caption per sample)."""
-
     return embed_captions(model, [r["captions"][0] for r in rows], device=device)

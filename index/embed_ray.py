@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from icr.index.embed_shards import ShardRun
 from icr.index.galleries import FileGallery
@@ -68,7 +69,6 @@ def embed_shards_ray(
     """Write and record the shards ``todo`` of ``run`` on Ray. ``address``: None starts a local Ray
     instance (a driver already connected is reused and left connected), ``auto`` / ``ray://h:p``
     joins a cluster. ``device``: auto (GPU actors when the cluster has GPUs), cpu or cuda."""
-
     if not isinstance(transform, ImageTransform):
         raise ValueError("this checkpoint embeds precomputed features, not image files: use --engine local")
     if not todo:
@@ -182,7 +182,6 @@ def _pipeline(
 def _decode(batch: dict[str, np.ndarray], transform: Any) -> dict[str, np.ndarray]:
     """A batch's images decoded and put through ``transform`` (the model's eval transform):
     ``pixels`` (n, 3, S, S) float32, zeros where ``ok`` is False and ``error`` says why."""
-
     images, ok, errors = [], [], []
     for path, offset, size, name in zip(
         batch["path"], batch["offset"], batch["size"], batch["name"], strict=True
@@ -213,13 +212,10 @@ class _Embedder:
     run writes text embeddings, its first captions' (zeros where the image did not decode)."""
 
     def __init__(self, checkpoint: str, use_gpu: bool) -> None:
-
         self.device = "cuda" if use_gpu else "cpu"
         self.model, _ = load_checkpoint(checkpoint, self.device)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import torch  # noqa: PLC0415 (torch takes seconds to import)
-
         ok = np.asarray(batch["ok"], dtype=bool)
         dim = int(self.model.embed_dim)
         vectors = np.zeros((len(ok), dim), np.float32)  # (n, D)
@@ -252,7 +248,6 @@ def _gather(
     are back (results that come early wait, embeddings only), so a run that stops leaves a prefix of
     the shards as the local engine does. Without ``skip_bad`` a file that does not decode stops the
     run as in the local engine: the shards before its shard are written, then its error is raised."""
-
     got: dict[int, dict[int, tuple[bool, str, np.ndarray, np.ndarray]]] = {i: {} for i in todo}
     bad: dict[int, str] = {}  # position -> error, without skip_bad
 

@@ -188,7 +188,6 @@ class FilterCache:
     thread-safe."""
 
     def __init__(self, metadata: Any, ntotal: int, size: int = 64) -> None:
-
         self.metadata = metadata  # an index.metadata.MetadataStore
         self.ntotal = ntotal
         self.size = size
@@ -210,7 +209,6 @@ class FilterCache:
         return selection, False
 
     def _compute(self, filter_: Filter) -> Selection:
-
         import faiss  # noqa: PLC0415 (faiss: only this path needs it)
 
         t0 = time.perf_counter()

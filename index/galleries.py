@@ -83,7 +83,6 @@ class FileGallery:
         }
 
     def batches(self, model: Any, lo: int, hi: int, batch_size: int, device: str) -> Iterator[Batch]:
-
         decoded = decode_batches(self.refs[lo:hi], batch_size, workers=self.workers, skip_bad=self.skip_bad)
         for part in decoded:
             vectors = (
@@ -150,7 +149,6 @@ class WebDatasetGallery(FileGallery):
     def __init__(
         self, source: str | os.PathLike[str], *, skip_bad: bool = False, workers: int | None = None
     ) -> None:
-
         listing = list_webdataset(source)
         self.tars = listing.tars
         self.refs = listing.refs
@@ -174,7 +172,6 @@ class SplitGallery:
     def __init__(
         self, data: str | os.PathLike[str], split: str, captions_per_image: int, progress: bool
     ) -> None:
-
         self.data = open_split(Path(data), split, captions_per_image=captions_per_image, progress=progress)
         if self.data.num_images == 0:
             raise ValueError(f"{data}: split {split!r} has no images")
@@ -190,7 +187,6 @@ class SplitGallery:
         return all(len(c) for c in self.caption_ids)
 
     def batches(self, model: Any, lo: int, hi: int, batch_size: int, device: str) -> Iterator[Batch]:
-
         for start in range(lo, hi, batch_size):
             ids = range(start, min(start + batch_size, hi))
             vectors = embed_image_batch(model, [self.data.get_image(i) for i in ids], device=device)  # (b, D)

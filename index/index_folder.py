@@ -27,7 +27,6 @@ def load_index_dir(
 
     Errors name the missing or corrupt file and the command that rebuilds the index.
     """
-
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(

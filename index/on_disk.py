@@ -31,6 +31,7 @@ from typing import Any
 
 import faiss
 import numpy as np
+from faiss.contrib.ondisk import merge_ondisk
 
 from icr.index.vector_index import empty_index, load_index
 
@@ -137,7 +138,6 @@ def build_on_disk(
         files = _add_shards(index, _reshard(_chain(held, stream), shard_size), blocks_dir, workers)
         seconds["add"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        from faiss.contrib.ondisk import merge_ondisk  # noqa: PLC0415 (faiss: only this path needs it)
 
         merged = faiss.clone_index(index)  # trained and empty
         merge_ondisk(merged, [str(f) for f, _ in files], str(out_dir / ONDISK_DATA))

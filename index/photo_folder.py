@@ -39,13 +39,11 @@ METADATA_SUFFIXES = (".jsonl", ".ndjson", ".csv", ".parquet")
 def photo_formats() -> tuple[str, ...]:
     """The formats a gallery may hold: an allow-list (``GALLERY_FORMATS``), not every format PIL
     opens, since some of those run external programs (EPS) and most are no photos."""
-
     return GALLERY_FORMATS
 
 
 def photo_suffixes() -> frozenset[str]:
     """File extensions (lower case, with the dot) of :func:`photo_formats`."""
-
     formats = set(photo_formats())
     return frozenset(ext for ext, fmt in Image.registered_extensions().items() if fmt in formats)
 
@@ -212,7 +210,6 @@ class ImageRef:
 
 @functools.cache
 def _limits() -> Any:
-
     return ImageLimits(formats=photo_formats())
 
 
@@ -222,7 +219,6 @@ _HINT = "Fix or remove the file, or pass --skip-bad to leave such files out."
 def decode_image(item: Path | ImageRef) -> Any:
     """The RGB PIL image of ``item``, or the DatasetError (naming it) that says why not; never raises
     for a bad file. Accepted formats: :func:`photo_formats`."""
-
     limits = _limits()
     path = item if isinstance(item, Path) else Path(item.path)
     name: str | Path = path
@@ -256,7 +252,6 @@ def decode_batches(
 ) -> Iterator[Decoded]:
     """Decode ``paths`` in listing order, ``batch_size`` at a time, on ``workers`` threads. A file
     that fails raises its DatasetError (naming it) unless ``skip_bad``."""
-
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for lo in range(0, len(paths), batch_size):
             batch = Decoded([], [], [])

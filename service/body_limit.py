@@ -34,30 +34,29 @@ class BodyLimitMiddleware:
         read_timeout_s: float = 30.0,
     ):
         self.app = app
-        self.json_max_bytes = json_max_bytes
-        self.upload_max_bytes = upload_max_bytes
         self.upload_paths = upload_paths
         self.read_timeout_s = read_timeout_s  # for the whole body
-
-    def _limit(self, path: str) -> tuple[int, str]:
-        """The path's bound and the message for a body over it."""
-        if path in self.upload_paths:
-            n = self.upload_max_bytes
-            return n, (
-                f"request body over {n} bytes; send a smaller image (resize or recompress it) "
+        # (bound, the message for a body over it), built once: every request looks one up
+        self.upload_limit = (
+            upload_max_bytes,
+            (
+                f"request body over {upload_max_bytes} bytes; send a smaller image (resize or recompress it) "
                 "or raise ICR_MAX_UPLOAD_BYTES on the server"
-            )
-        n = self.json_max_bytes
-        return n, (
-            f"request body over {n} bytes (ICR_MAX_JSON_BYTES): a search or a job is a small JSON "
-            "object; shorten the text or the filter"
+            ),
+        )
+        self.json_limit = (
+            json_max_bytes,
+            (
+                f"request body over {json_max_bytes} bytes (ICR_MAX_JSON_BYTES): a search or a job is a "
+                "small JSON object; shorten the text or the filter"
+            ),
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        max_bytes, too_large = self._limit(scope["path"])
+        max_bytes, too_large = self.upload_limit if scope["path"] in self.upload_paths else self.json_limit
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_bytes:
             await error_response(413, "payload_too_large", too_large)(scope, receive, send)

@@ -199,7 +199,6 @@ class Settings(BaseSettings):
     @field_validator("trusted_proxies")
     @classmethod
     def _networks(cls, value: list[str]) -> list[str]:
-
         trusted_networks(tuple(value))  # a bad entry stops the server at start-up, named
         return value
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import faiss
 import numpy as np
 
 from icr.index.calibration import CALIBRATION_FILE, ServedCalibration
@@ -112,7 +113,6 @@ def preflight(
     Returns (checkpoint folder, its config). Raises NotServable with one message naming every
     problem and the command that rebuilds what.
     """
-
     try:
         manifest = Manifest.read(Path(index) / MANIFEST_FILE)
     except (FileNotFoundError, ValueError) as err:
@@ -162,7 +162,6 @@ def _load_calibration(directory: Path, sha256: str) -> ServedCalibration | None:
 
 
 def _batcher(index: Any, rescore: Rescorer | None, max_batch: int, faiss_threads: int) -> MicroBatcher:
-
     # A batch over a flat index goes to our kernel, which reads the gallery once per batch (FAISS
     # scans it once per query below 20 queries); a lone query stays with FAISS's one-thread scan,
     # at the bandwidth floor. Scores then depend on the kernel a query lands in; the hits are
@@ -181,7 +180,6 @@ def _batcher(index: Any, rescore: Rescorer | None, max_batch: int, faiss_threads
 
 
 def load_index_folder(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -> LoadedIndex:
-
     index, manifest, metadata = load_index_dir(directory)
     calibration = _load_calibration(directory, manifest.checkpoint_sha256)
     nprobe = manifest.recall_check.get("nprobe")
@@ -189,8 +187,6 @@ def load_index_folder(directory: Path, gpu: str, max_batch: int, faiss_threads: 
         set_nprobe(index, int(nprobe))  # the value the build tuned to reach its recall target
     resources = None
     if use_gpu(gpu) and has_gpu_form(manifest.factory):  # an HNSW graph stays on the CPU
-        import faiss  # noqa: PLC0415 (faiss: only this path needs it)
-
         resources = faiss.StandardGpuResources()
         index = faiss.index_cpu_to_gpu(resources, 0, index)
     served = snapshot([directory / name for name in READ_WHILE_SERVING if (directory / name).is_file()])

@@ -103,7 +103,6 @@ def _watcher(app: FastAPI, settings: Settings) -> ArtifactWatcher:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-
     settings: Settings = app.state.settings
     checkpoint, _ = preflight(settings.index, settings.checkpoint, settings.caption_index)
     stop = threading.Event()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from icr.core.devices import resolve_device
 from icr.index.calibration import ServedCalibration
@@ -112,7 +113,6 @@ class Retriever:
     ) -> Retriever:
         """``faiss_threads``: OpenMP threads of a one-query search (set per searching thread by the
         batcher, since OpenMP's setting is per thread); ``micro_batch``: most queries per FAISS call."""
-
         checkpoint, _ = preflight(index, checkpoint, caption_index)
         t0 = time.perf_counter()
         device = resolve_device(device)
@@ -149,8 +149,6 @@ class Retriever:
 
     def encode_text(self, text: str) -> np.ndarray:
         """(1, D) float32, L2-normalised by the model."""
-        import torch  # noqa: PLC0415 (torch takes seconds to import)
-
         with torch.inference_mode():
             batch = {k: v.to(self.device) for k, v in self.model.tokenize([text]).items()}
             out: np.ndarray = self.model.encode_text(batch).float().cpu().numpy()  # (1, D)
@@ -158,8 +156,6 @@ class Retriever:
 
     def encode_image(self, image: Any) -> np.ndarray:
         """(1, D) float32 of a PIL image (RGB)."""
-        import torch  # noqa: PLC0415 (torch takes seconds to import)
-
         with torch.inference_mode():
             x = self._image_transform(image, np.random.default_rng(0))  # (C, S, S)
             x = x.unsqueeze(0).to(self.device)  # (1, C, S, S)
@@ -277,7 +273,6 @@ class Retriever:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top-``depth`` among the selected ids, best first: FAISS searches only them; an index that
         cannot (older FAISS GPU indices) is searched unfiltered to depth and the matches kept."""
-
         if len(selection.ids) == 0:
             return np.zeros(0, np.float32), np.zeros(0, np.int64)
         try:

@@ -49,7 +49,6 @@ def embed_images(
     progress: bool = False,
 ) -> np.ndarray:
     """(N, D) float32 embeddings of ``data``'s images (all, or ``indices``), eval preprocessing."""
-
     indices = np.arange(data.num_images) if indices is None else np.asarray(indices)
     out = []
     starts = range(0, len(indices), batch_size)
@@ -86,7 +85,6 @@ def embed_captions(
     progress: bool = False,
 ) -> np.ndarray:
     """(N, D) float32 embeddings of ``captions``."""
-
     was_training = model.training
     model.eval()
     out = []

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -42,10 +42,7 @@ from icr.training.embedding import embed_captions, embed_images
 from icr.training.evaluation.retrieval import evaluate_embeddings
 from icr.training.losses import build_loss
 from icr.training.models import build_model, normalize_model_config
-from icr.training.target_decoding import build_decoding, compute_latent_targets
-
-if TYPE_CHECKING:  # annotations only: target decoding is imported when the config asks for it
-    from icr.training.target_decoding import TargetDecoding
+from icr.training.target_decoding import TargetDecoding, build_decoding, compute_latent_targets
 
 STATE_FILE = "train_state.pt"
 METRICS_FILE = "metrics.jsonl"
@@ -103,7 +100,6 @@ class Trainer:
     """Owns the model, objective, optimizer and data of one run (built from a config dict)."""
 
     def __init__(self, config: dict[str, Any], *, progress: bool = True) -> None:
-
         self.config = config
         self.progress = progress and dist.is_main()
         tcfg, dcfg = config["train"], config["data"]
@@ -190,7 +186,6 @@ class Trainer:
         return True
 
     def _decoding(self) -> TargetDecoding | None:
-
         decoding = build_decoding(self.config["decoding"], embed_dim=self.model.embed_dim, vocab=self.vocab)
         if decoding is None:
             return None
@@ -462,7 +457,6 @@ class Trainer:
         self.swa.update_parameters(self.model)  # the first call copies, later ones average
 
     def validate(self) -> dict[str, float]:
-
         assert self.val_data is not None
         img = embed_images(self.model, self.val_data, device=self.device)
         cap = embed_captions(self.model, self.val_data.captions, device=self.device)
@@ -500,7 +494,6 @@ class Trainer:
         return {} if scale is None else {"learned_logit_scale": round(float(scale.detach()), 6)}
 
     def _save_checkpoint(self, name: str, metrics: dict[str, float] | None = None) -> None:
-
         save_checkpoint(self.out / name, self.model, self.checkpoint_meta(metrics))
 
     def save_state(self) -> None:

@@ -27,7 +27,6 @@ def _splits(data: Path) -> dict[str, int]:
     """The splits a dataset folder offers and their image counts, read cheaply: precomp file names
     and array headers, or the Karpathy JSON (parsed once per file version; no image is opened or
     even looked up)."""
-
     data = data.expanduser()
     if is_precomp(data):
         return {
@@ -43,7 +42,6 @@ def _splits(data: Path) -> dict[str, int]:
 @lru_cache(maxsize=8)
 def _karpathy_splits(json_path: Path, _mtime_ns: int, _size: int) -> tuple[tuple[str, int], ...]:
     """(split, images) of a Karpathy JSON; the file's mtime and size are only part of the cache key."""
-
     splits = load_karpathy(json_path, check_images=False).splits
     return tuple(sorted((name, len(split.images)) for name, split in splits.items()))
 

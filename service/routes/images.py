@@ -23,7 +23,6 @@ router = APIRouter(prefix="/v1/images", tags=["images"])
 def get_image(image_id: int, request: Request, size: Literal["full", "thumb"] = "full") -> Response:
     """A gallery file is opened with the limits of uploads (ICR_MAX_IMAGE_PIXELS, ICR_MAX_ASPECT_RATIO,
     photo formats only), so a file replaced since the build cannot exhaust memory: 404 beyond them."""
-
     retriever = retriever_of(request)
     settings = settings_of(request)
     thumb = settings.thumbnail_size if size == "thumb" else None

@@ -78,7 +78,6 @@ def _search(
     """``cross_modal=False`` (image -> similar images): relevance is left out and only min_score
     thresholds, as the calibration is of caption-image scores. ``text``: the query's words (text
     queries), which the per-query calibration reads. ``filter_spec``: the request's filter (JSON)."""
-
     try:
         filter_ = parse_filter(filter_spec, target.manifest.metadata_fields)
     except ValueError as err:
@@ -257,7 +256,6 @@ def _text_results(
 def _read_image(upload: UploadFile, settings: Settings) -> Any:
     """The uploaded file as an RGB PIL image; 4xx naming the problem for anything else. Every limit
     is checked on the header, before decoding (see :mod:`icr.core.image_input`)."""
-
     data = upload.file.read(settings.max_upload_bytes + 1)
     name = upload.filename or "file"
     if len(data) > settings.max_upload_bytes:

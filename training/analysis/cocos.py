@@ -338,7 +338,6 @@ def run_cocos(
     or a counter name. Batches: ``plan_epoch(split, loss.sampling, batch_size, seed, epoch=0)``, the
     first ``max_batches`` of them; eval image transforms, no gradients for the encoders.
     """
-
     if batch_size < 1:
         raise ValueError(f"cocos: batch_size must be >= 1, got {batch_size}")
     if max_batches is not None and max_batches < 1:

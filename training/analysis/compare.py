@@ -50,7 +50,6 @@ class Variant:
 
     @classmethod
     def parse(cls, spec: str) -> Variant:
-
         head, _, decoding = spec.strip().partition("+")
         objective, bracket, rest = head.partition("[")
         params: list[tuple[str, str]] = []
@@ -128,7 +127,6 @@ class Regime:
 
 
 def run_config(regime: Regime, variant: Variant, seed: int, out: Path) -> dict[str, Any]:
-
     return load_config(
         regime.base_config,
         [
@@ -176,7 +174,6 @@ def run_one(
     regime: Regime, variant: Variant, seed: int, runs_dir: Path, *, progress: bool = True
 ) -> dict[str, Any]:
     """Train (or resume), evaluate and analyse one (variant, seed); cached in ``result.json``."""
-
     run_dir = _run_dir(runs_dir, variant, seed)
     result_path = run_dir / RESULT_FILE
     if result_path.is_file():
@@ -413,7 +410,6 @@ def build_report(results: list[dict[str, Any]], regime: Regime, command: str) ->
 
 
 def write_plots(results: list[dict[str, Any]], directory: Path) -> list[Path]:
-
     groups = _by_variant(results)
     paths = []
     for label in ("annotations", "ground_truth"):

@@ -314,7 +314,6 @@ class SplitIds:
 
 def find_cxc_karpathy(data_kind: str, source: Path, given: str | Path | None) -> Path:
     """The Karpathy JSON naming the split's images and captions (see :func:`split_ids`)."""
-
     if given is not None:
         return find_karpathy_json(Path(given).expanduser())
     if data_kind == "karpathy":
@@ -354,7 +353,6 @@ def split_ids(
     first ``captions_per_image`` sentids (the SCAN/VSRN order). The image count, the caption layout
     and the caption texts (lower-cased letters and digits) must agree, else DatasetError.
     """
-
     json_path = find_cxc_karpathy(data_kind, source, karpathy)
     name = split if data_kind == "karpathy" else PRECOMP_TO_KARPATHY.get(split)
     if name is None:

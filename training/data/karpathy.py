@@ -176,7 +176,6 @@ def load_karpathy(
 
 def load_image(path: str | os.PathLike[str]) -> Image.Image:
     """Decode an image file as RGB; DatasetError naming the file if it is missing or undecodable."""
-
     path = Path(path)
     try:
         # the same bounds as uploads: a gallery folder is input nobody checked either

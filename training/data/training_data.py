@@ -45,7 +45,6 @@ class SplitData:
     @property
     def caption_tokens(self) -> list[list[str]]:
         """Captions tokenized as the GRU text tower reads them (for the vocabulary)."""
-
         return [tokenize(caption) for caption in self.captions]
 
     def captions_of_images(self) -> list[np.ndarray]:
@@ -125,7 +124,6 @@ def _want_preload(preload: str | bool, nbytes: int) -> bool:
 
 
 def _estimated_bytes(first: Path, count: int) -> int:
-
     with Image.open(first) as im:
         return im.width * im.height * 3 * count
 
@@ -134,7 +132,6 @@ def _preloaded(paths: list[Path], progress: bool) -> Callable[[int], Any]:
     """Decode every image once into (H, W, 3) uint8 arrays (small images, e.g. the embedded
     benchmark), handed out as they are: the image transforms batch same-size arrays without a
     PIL round trip (10 % of a demo training epoch when they were wrapped back into PIL images)."""
-
     arrays: list[np.ndarray] = []
     for p in tqdm(paths, desc="decoding images", unit="img", leave=False, disable=not progress):
         arrays.append(np.asarray(load_image(p)))
@@ -194,7 +191,6 @@ def synthetic_dir(data: SplitData) -> Path | None:
     callers of this function read or render the split's images. Ground truth for those splits:
     :func:`synthetic_source`.
     """
-
     if data.kind != "karpathy":
         return None
     directory = Path(data.source).parent

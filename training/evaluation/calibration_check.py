@@ -85,7 +85,6 @@ def synthetic_hits(
 
     Judged: the distractors (rows >= num_images) with ``judge_distractors``, else every hit but the
     caption's ``own_image`` (None: the captions' own images are not in this gallery)."""
-
     queries = [parse_caption(c) for c in captions]
     judged_from = num_images if judge_distractors else 0
     relevant, n_relevant, n_judged = relevance_of_hits(queries, ids, table, judged_from=judged_from)
@@ -222,7 +221,6 @@ def ood_groups(
 ) -> dict[str, list[str]]:
     """The out-of-domain query groups of :mod:`.ood_queries`: nonsense and other domains (or the
     user's own ``queries``), and word salad of the fitting queries' words."""
-
     groups = {"nonsense": list(NONSENSE), "other_domain": list(OTHER_DOMAIN)}
     if queries is not None:
         groups = {"given": list(queries)}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from icr.core.devices import resolve_device
@@ -173,7 +174,6 @@ def _synthetic_distractors(
     ``featurise`` ((b, H, W, 3) uint8 -> (b, R, F) features): for a model trained on precomp
     features extracted from the benchmark, the frozen backbone that extracted them.
     """
-
     stream = DistractorStream.for_dataset(directory, n)
     workers = render_workers()
     bar = tqdm(total=n, desc="distractors", unit="img", disable=not options.progress, leave=False)
@@ -189,7 +189,6 @@ def _synthetic_distractors(
 
 def _file_distractors(path: Path, dim: int, options: EvalOptions) -> Iterator[tuple[np.ndarray, None]]:
     """(embeddings (b, D), None) batches of an (N, D) .npy, read in 16 x batch-size rows."""
-
     emb = open_embeddings(path, dim)  # (N, D) memory-mapped
     step = options.batch_size * 16
     for start in tqdm(
@@ -333,8 +332,6 @@ def _distractor_section(
 
     One matrix multiply per batch scores it against the test captions, for the recall and the test
     side alike (the validation captions of the "fit" side take a second)."""
-    import torch  # noqa: PLC0415 (torch takes seconds to import)
-
     n_cap = len(test.cap_emb)
     queries = torch.from_numpy(padded_queries(test.cap_emb))  # (Q8, D)
     own_images = test.annotations.image_rows(0, test.data.num_images)  # (N_img, N_cap)
@@ -388,7 +385,6 @@ def _distractor_section(
 def _ood_side(model: DualEncoder, test: EmbeddedSplit, held_out: EmbeddedSplit, options: EvalOptions) -> Any:
     """Out-of-domain queries (:func:`icr.training.evaluation.calibration_check.ood_groups`) searched over the
     test gallery; None where there are none to ask (no ground truth and no --ood-queries file)."""
-
     if options.ood_queries is None and test.ground_truth is None:
         return None
     given = read_ood_file(options.ood_queries) if options.ood_queries is not None else None
@@ -410,7 +406,6 @@ def _relevance_section(
     options: EvalOptions,
 ) -> tuple[dict[str, Any], list[Path]]:
     """Threshold honesty of the served maps (:mod:`icr.training.evaluation.calibration_check`), plots."""
-
     synthetic = test.ground_truth is not None and held_out.ground_truth is not None
     hits = {}
     for name, split in (("test", test), ("fit", held_out)):
@@ -513,7 +508,6 @@ def _relevance_section(
 
 def cxc_section(test: EmbeddedSplit, cxc: Any, options: EvalOptions) -> dict[str, Any]:
     """Rank metrics with CxC relevance (original pairs OR SITS >= threshold), plus t2t / i2i."""
-
     data = test.data
     ids = split_ids(
         data.kind,
@@ -555,7 +549,6 @@ def cxc_section(test: EmbeddedSplit, cxc: Any, options: EvalOptions) -> dict[str
 
 def write_plots(sections: dict[str, dict[str, Any]], directory: Path) -> list[Path]:
     """PNG plots of :func:`full_metrics` sections (raw, before :func:`json_ready`)."""
-
     paths = [
         plot_pr_curves(
             {

@@ -81,7 +81,6 @@ OTHER_DOMAIN: tuple[str, ...] = (
 
 def word_salad(texts: Sequence[str], n: int, seed: int = 0, words: tuple[int, int] = (3, 6)) -> list[str]:
     """``n`` strings of ``words[0]``-``words[1]`` words drawn at random from ``texts``' words."""
-
     vocabulary = sorted({w for t in texts for w in tokenize(t)})
     if not vocabulary:
         raise ValueError("word salad needs texts with words")

@@ -21,7 +21,7 @@ from icr.training.models.preprocess import (
 )
 from icr.training.models.towers import IMAGE_TOWERS, TEXT_TOWERS, TowerContext, build_tower
 
-if TYPE_CHECKING:  # annotations only: the HF towers are imported when a config asks for them
+if TYPE_CHECKING:  # annotations only: the towers are built by kind in towers.py
     from icr.training.models.clip_towers import ClipTextEncoder
     from icr.training.models.text_gru import GRUTextEncoder
     from icr.training.models.text_transformer import TransformerTextEncoder

@@ -87,7 +87,6 @@ def load_tokenizer(path: str | Path) -> Any:
 def unknown_words(tokenizer: Any, text: str) -> list[str]:
     """The words of ``text`` that ``tokenizer`` maps to its unknown token, in order (none for a
     byte-level BPE such as CLIP's, which can spell any text)."""
-
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is None:
         return []

@@ -2,8 +2,8 @@
 ``image.kind`` and ``text.kind`` up here. A new encoder registers a builder with
 :func:`image_tower` or :func:`text_tower` (and its defaults in ``models/config.py``).
 
-Builders of towers that need ``transformers`` import it inside the builder: it takes seconds, and
-a config that never asks for such a tower never pays for it.
+The pretrained towers (resnet, transformer, clip) import ``transformers`` only when one is built
+(``models/hf_loading.py``): it takes seconds, and a config that never asks for one never pays it.
 """
 
 from __future__ import annotations
@@ -16,17 +16,14 @@ from typing import Any
 from torch import nn
 
 from icr.training.data.vocab import Vocabulary
-from icr.training.models.clip_towers import (
-    ClipImageEncoder,  # transformers
-    ClipTextEncoder,  # transformers
-)
+from icr.training.models.clip_towers import ClipImageEncoder, ClipTextEncoder
 from icr.training.models.config import PRETRAINED_PAIR_KINDS
 from icr.training.models.image_cnn import ConvImageEncoder
 from icr.training.models.image_precomp import PrecompImageEncoder
-from icr.training.models.image_resnet import ResNetImageEncoder  # transformers
+from icr.training.models.image_resnet import ResNetImageEncoder
 from icr.training.models.image_vsrn import VSRNImageEncoder
 from icr.training.models.text_gru import GRUTextEncoder
-from icr.training.models.text_transformer import TransformerTextEncoder  # transformers
+from icr.training.models.text_transformer import TransformerTextEncoder
 
 
 @dataclass
@@ -93,13 +90,11 @@ def _vsrn(cfg: dict[str, Any], embed_dim: int, _: TowerContext) -> nn.Module:
 
 @image_tower("resnet")
 def _resnet(cfg: dict[str, Any], embed_dim: int, ctx: TowerContext) -> nn.Module:
-
     return ResNetImageEncoder(cfg, embed_dim, ctx.load_weights)
 
 
 @image_tower(*PRETRAINED_PAIR_KINDS)
 def _clip_image(cfg: dict[str, Any], embed_dim: int, ctx: TowerContext) -> nn.Module:
-
     return ClipImageEncoder(cfg, embed_dim, ctx.load_weights, ctx.clip_cache)
 
 
@@ -114,11 +109,9 @@ def _gru(cfg: dict[str, Any], embed_dim: int, ctx: TowerContext) -> tuple[nn.Mod
 
 @text_tower("transformer")
 def _transformer(cfg: dict[str, Any], embed_dim: int, ctx: TowerContext) -> tuple[nn.Module, bool]:
-
     return TransformerTextEncoder(cfg, embed_dim, ctx.load_weights, ctx.tokenizer_dir), False
 
 
 @text_tower(*PRETRAINED_PAIR_KINDS)
 def _clip_text(cfg: dict[str, Any], embed_dim: int, ctx: TowerContext) -> tuple[nn.Module, bool]:
-
     return ClipTextEncoder(cfg, embed_dim, ctx.load_weights, ctx.clip_cache, ctx.tokenizer_dir), False

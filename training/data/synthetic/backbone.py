@@ -173,7 +173,6 @@ def pretrain(
 ) -> Backbone:
     """Train a :class:`Backbone` on ``images`` (N, H, W, 3) uint8 and their ``scenes``; returns it in
     eval mode with gradients off (frozen). Deterministic for a given seed and thread count."""
-
     if epochs < 1:
         raise ValueError(f"--epochs must be >= 1, got {epochs}")
     if len(images) < 2:
@@ -247,7 +246,6 @@ def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
 
     The evaluation's own global AP (tie-aware, oracle-tested), on one row of M pairs.
     """
-
     relevant = np.asarray(labels, dtype=bool)[None, :]  # (1, M)
     if not relevant.any():
         return math.nan
@@ -303,13 +301,11 @@ def held_out_metrics(
 
 def save_backbone(model: Backbone, path: str) -> None:
     """The frozen weights as safetensors (no pickle: loading runs no code)."""
-
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
 
 
 def load_backbone(path: str, cfg: BackboneConfig) -> Backbone:
     """The frozen backbone saved by :func:`save_backbone` with ``cfg`` (eval mode, no gradients)."""
-
     model = Backbone(cfg)
     model.load_state_dict(load_file(path))
     return model.eval().requires_grad_(False)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from icr.core.atomic import sha256_file, staged_dir
@@ -158,7 +159,6 @@ def load_featurizer(
 ) -> Callable[[np.ndarray], np.ndarray]:
     """The frozen backbone of a features folder: (N, H, W, 3) uint8 -> (N, R, D) float32 rows, as
     the folder's rows were extracted (for generated distractors)."""
-
     manifest = read_manifest(folder)
     if manifest is None:
         raise DatasetError(
@@ -284,8 +284,6 @@ def _build(
     threads: int,
     progress: bool,
 ) -> dict[str, Any]:
-    import torch  # noqa: PLC0415 (torch takes seconds to import)
-
     started = time.perf_counter()
     scenes = load_scenes(directory)
     dataset = load_karpathy(directory / JSON_NAME, captions_per_image=CAPTIONS_PER_IMAGE)
@@ -384,7 +382,6 @@ def _build(
 
 def _split_images(dataset: Any, scenes: Any, split: str, progress: bool) -> tuple[np.ndarray, list[Any]]:
     """(N, H, W, 3) uint8 images of ``split`` in the dataset's image order, and their scenes."""
-
     records = dataset.split(split).images
     bar = tqdm(records, desc=f"decoding {split}", unit="img", leave=False, disable=not progress)
     # the decoder open_split uses, so the rows are of exactly the images the loaders would show
@@ -397,8 +394,6 @@ def _write_split(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Write ``{name}_ims.npy`` (N, R, D) float32 and ``{name}_caps.txt``; returns the heads'
     cell logits (N, L, g, g) and global logits (N, T + C) (the held-out metrics of ``dev``)."""
-    import torch  # noqa: PLC0415 (torch takes seconds to import)
-
     for number, caption in enumerate(captions, start=1):
         # the caption file is split on newlines and stripped: anything else would not read back
         if not caption or caption != caption.strip() or "\n" in caption or "\r" in caption:

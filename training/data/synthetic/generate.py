@@ -104,7 +104,6 @@ def _png_bytes(image: np.ndarray) -> bytes:
 
 
 def _progress(total: int, enabled: bool, desc: str):
-
     return tqdm(total=total, disable=not enabled, desc=desc, unit="img")
 
 
@@ -306,7 +305,6 @@ def _render_batch(
 
 def split_scene_table(directory: str | os.PathLike[str], split: str) -> SceneTable:
     """The scenes of a split's images, in the split's image order, as a SceneTable."""
-
     records = load_karpathy(Path(directory) / JSON_NAME).split(split).images
     return SceneTable.from_scenes(load_scenes(directory).for_imgids([r.imgid for r in records]))
 

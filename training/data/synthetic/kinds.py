@@ -48,7 +48,6 @@ def text_kind(text: str) -> str | None:
 
     Cached: a served text query asks for its kind up to three times (the response's quality block,
     the calibration's kind correction, and again when a filter extends the hits), ~35 µs a parse."""
-
     try:
         return query_kind(parse_caption(text))
     except CaptionParseError:

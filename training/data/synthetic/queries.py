@@ -67,7 +67,6 @@ def _impossible(scene: Scene, rng: np.random.Generator) -> str:
 
 def generated_queries(seed: int, start: int, n: int) -> list[GeneratedQuery]:
     """Queries ``start .. start + n - 1`` of the ``query`` stream of ``seed`` (see the module docstring)."""
-
     if n < 0 or start < 0:
         raise ValueError(f"start and n must be >= 0, got {start} and {n}")
     out = []

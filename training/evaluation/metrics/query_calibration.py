@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from icr.training.data.synthetic.kinds import text_kind
 from icr.training.evaluation.metrics.calibration import (
@@ -250,8 +251,6 @@ def fit_query_calibration(
     means. Full-batch Adam on the mean logistic loss over every query's top ``STATS_DEPTH`` hits
     and ``sampled`` of the others, drawn at random and weighted up to stand for all of them.
     """
-    import torch  # noqa: PLC0415 (torch takes seconds to import)
-
     scores = np.asarray(scores, dtype=np.float64)
     relevant = np.asarray(relevant, dtype=bool)
     if relevant.shape != scores.shape:
@@ -339,7 +338,6 @@ def fit_query_calibration_by_group(
     """:func:`fit_query_calibration` on every query, with the per-group corrections of the module
     docstring fitted out of fold (``folds`` folds; ``options`` go to every fit). Needs ``texts``:
     the groups are read from them, at fit time as at query time."""
-
     if texts is None:
         raise ValueError("a per-group correction reads each query's group from its text: pass texts=")
     if folds < 2:

@@ -47,7 +47,6 @@ SHOWN_UNSEEN = 5
 def query_grams(text: str) -> list[str]:
     """The query's distinct word n-grams in order of first appearance: words, then adjacent pairs
     ("a red circle" -> a, red, circle, "a red", "red circle")."""
-
     words = tokenize(text)
     grams = [*words, *(f"{a} {b}" for a, b in zip(words, words[1:], strict=False))]
     return list(dict.fromkeys(grams))

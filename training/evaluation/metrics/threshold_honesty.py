@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from icr.core.top_k import RunningTopK, padded_queries
 from icr.training.evaluation.metrics.calibration import reliability_table
@@ -101,8 +102,6 @@ class TopDepth:
     """
 
     def __init__(self, queries: np.ndarray, depth: int) -> None:
-        import torch  # noqa: PLC0415 (torch takes seconds to import)
-
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.queries = torch.from_numpy(padded_queries(np.asarray(queries, dtype=np.float32)))  # (Q8, D)
@@ -113,8 +112,6 @@ class TopDepth:
 
     def score(self, vectors: np.ndarray) -> Any:
         """(b, Q8) torch float32 scores of the next gallery ``vectors`` (b, D): what :meth:`offer` takes."""
-        import torch  # noqa: PLC0415 (torch takes seconds to import)
-
         # copies only a read-only array (a memory map's slice: torch cannot wrap one) or another dtype
         v = torch.from_numpy(np.require(vectors, np.float32, ("C", "W")))  # (b, D)
         with torch.inference_mode():
@@ -147,7 +144,6 @@ class TopDepth:
 
 def reliability(predicted: np.ndarray, relevant: np.ndarray, bins: int = ECE_BINS) -> dict[str, Any]:
     """ECE and the reliability table of predicted probabilities against 0/1 outcomes (any shapes)."""
-
     p = np.asarray(predicted, dtype=np.float64).ravel()
     rel = np.asarray(relevant, dtype=bool).ravel()
     idx = np.minimum((p * bins).astype(np.int64), bins - 1)
