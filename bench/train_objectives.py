@@ -61,7 +61,7 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
     """Child process: time ``--steps`` training steps after ``--warmup`` untimed ones."""
     import torch
 
-    from icr.training.config import load_config, loss_params
+    from icr.training.config import load_config
     from icr.training.losses import build_loss
     from icr.training.train import Trainer
 
@@ -97,7 +97,7 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
     decoder_ms = _decoder_ms(trainer, batches[args.warmup :]) if trainer.decoding is not None else 0.0
 
     # the objective alone, on random unit embeddings with the same layout
-    loss = build_loss(name, **loss_params(cfg))
+    loss = build_loss(name, **cfg.loss.params())
     n_img = len(plans[0].img_idx)
     dim = trainer.model.embed_dim
     img = torch.nn.functional.normalize(torch.randn(n_img, dim), dim=1).requires_grad_()

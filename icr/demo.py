@@ -234,19 +234,20 @@ def _demo_model(run: Path, data: Path, retrain: bool) -> Path:
     """Train the demo model into ``run`` (best checkpoint: ``run/best``), reusing a finished run."""
     from icr.training.checkpoint import read_checkpoint_config
     from icr.training.config import load_config
-    from icr.training.train import STATE_FILE, ConfigMismatchError, train
+    from icr.training.run_state import STATE_FILE, ConfigMismatchError
+    from icr.training.train import train
 
     config = load_config(DEMO_CONFIG, [f'data.path="{data}"', f'train.out="{run}"', *DEMO_TRAIN])
     last = run / "last" / "config.json"
     if not retrain and last.is_file():
         meta = read_checkpoint_config(run / "last")
-        if meta.get("train_config") == config and meta.get("epoch") == config["train"]["epochs"]:
+        if meta.train_config == config.as_dict() and meta.epoch == config.train.epochs:
             _step(2, f"model: cached in {run} (val rsum {_best_rsum(run)})")
             return run / "best"
     resume = not retrain and (run / STATE_FILE).is_file()
     if not resume:
         shutil.rmtree(run, ignore_errors=True)
-    epochs = config["train"]["epochs"]
+    epochs = config.train.epochs
     _step(
         2,
         f"model: {'resuming' if resume else 'training'} {DEMO_CONFIG} for {epochs} epochs into {run} "
@@ -270,7 +271,7 @@ def _best_rsum(run: Path) -> str:
     from icr.training.checkpoint import read_checkpoint_config
 
     try:
-        metrics = read_checkpoint_config(run / "best").get("val_metrics") or {}
+        metrics = read_checkpoint_config(run / "best").val_metrics or {}
     except (OSError, ValueError):
         return "n/a"
     return f"{metrics['rsum']:.1f}" if "rsum" in metrics else "n/a"

@@ -18,27 +18,31 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
-from tqdm import tqdm
 
 from icr.core.atomic import fsync_file, sha256_file, staged_dir
 from icr.core.devices import resolve_device
 from icr.core.memory import peak_rss_mb
-from icr.index.embeddings_layout import open_embeddings_folder
+from icr.index.distractor_sources import Distractors, distractor_stream
 from icr.index.factory_choice import Targets, choose_by_measurement
-from icr.index.galleries import PhotoGallery, image_sources
+from icr.index.gallery_streams import (
+    Stream,
+    caption_gallery,
+    embedded_gallery,
+    feed,
+    image_gallery,
+    photo_gallery,
+)
 from icr.index.index_folder import INDEX_FILE
 from icr.index.manifest import MANIFEST_FILE, Manifest, Modality
 from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.on_disk import ONDISK_DATA, OnDiskBuild, build_on_disk, choose_on_disk_factory, load_on_disk
-from icr.index.photo_folder import decode_batches
 from icr.index.vector_index import (
     ExactTopK,
     build_index,
@@ -51,16 +55,9 @@ from icr.index.vector_index import (
     tune_nprobe,
     use_gpu,
 )
-from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
-from icr.training.data.synthetic.generate import DistractorStream, render_workers
-from icr.training.data.training_data import SplitData, open_split, synthetic_dir
-from icr.training.embedding import (
-    embed_captions,
-    embed_image_batch,
-    embed_images,
-    open_embeddings,
-    threads_beside_workers,
-)
+from icr.training.checkpoint import CheckpointMeta, load_checkpoint
+from icr.training.data.training_data import open_split
+from icr.training.embedding import embed_captions, embed_images
 
 # Default memory budget for the index's codes: raw float32 vectors up to 2 GiB (1M x 512), PQ above.
 DEFAULT_MEMORY_BUDGET = 2 << 30
@@ -71,18 +68,7 @@ RECALL_K = 10
 NPROBE_TARGET = 0.98
 SEARCH_DEPTH = 1000
 DEPTH_TARGET = 0.95
-# Distractor embeddings whose norms stray further from 1 were not L2-normalised.
-NORM_TOL = 1e-3
 _BUILDING = ".building-"
-
-
-@dataclass
-class _Stream:
-    """Embeddings streamed into the index, with their metadata rows, in id order."""
-
-    chunks: Iterator[tuple[np.ndarray, list[dict[str, Any]]]]  # ((b, D) float32, b rows)
-    count: int
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 def build_image_index(
@@ -190,17 +176,17 @@ def build_photo_index(
     started = time.perf_counter()
     device = resolve_device(device)
     model, config = load_checkpoint(checkpoint, device)
-    dim = int(config["embed_dim"])
+    dim = config.embed_dim
     if embeddings is not None:
-        gallery, queries, query_modality, fields, source = _embedded_gallery(
+        gallery, queries, query_modality, fields, source = embedded_gallery(
             Path(embeddings), checkpoint, config, recall_queries, seed, progress
         )
     else:
         assert images is not None
-        gallery, queries, query_modality, fields, source = _photo_gallery(
+        gallery, queries, query_modality, fields, source = photo_gallery(
             model, images, metadata, skip_bad, workers, batch_size, device, recall_queries, seed, progress
         )
-    extra = _distractor_stream(model, None, given, dim, batch_size, device, progress)
+    extra = distractor_stream(model, None, given, dim, batch_size, device, progress)
     source["distractor_source"] = given.source
     return _write_index(
         Path(out),
@@ -216,102 +202,6 @@ def build_photo_index(
         data=source,
         metadata_fields=fields,
     )
-
-
-def _gallery_row(row: dict[str, Any], source: str) -> dict[str, Any]:
-    """A metadata-store row of a user's gallery image (its id is assigned by :func:`_feed`)."""
-    return {
-        "source": source,
-        "captions": list(row.get("captions") or []),
-        "is_distractor": False,
-        "scene": row.get("scene"),
-        "image_id": None,
-        "fields": row.get("fields") or {},
-    }
-
-
-def _photo_gallery(
-    model: Any,
-    images: str | os.PathLike[str],
-    metadata: str | os.PathLike[str] | None,
-    skip_bad: bool,
-    workers: int | None,
-    batch_size: int,
-    device: str,
-    recall_queries: int,
-    seed: int,
-    progress: bool,
-) -> tuple[_Stream, np.ndarray, Modality, list[str], dict[str, Any]]:
-    photos = PhotoGallery(images, metadata, skip_bad=skip_bad, workers=workers)
-    source: dict[str, Any] = {**photos.description, "split": "", "skipped": []}
-    rng = np.random.default_rng(seed)
-    pick = np.sort(rng.choice(photos.count, min(recall_queries, photos.count), replace=False))
-    captions = [photos.metadata.captions.get(photos.relative[i], []) for i in pick]
-    query_modality: Modality
-    if all(captions):
-        queries, query_modality = embed_captions(model, [c[0] for c in captions], device=device), "text"
-    else:  # no captions to query with: the ANN check uses the gallery's own images
-        decoded = list(
-            decode_batches([photos.paths[i] for i in pick], batch_size, workers=photos.workers, skip_bad=True)
-        )
-        queries = np.concatenate(
-            [embed_image_batch(model, b.images, device=device) for b in decoded if b.images]
-        )
-        query_modality = "image"
-    timings: dict[str, float] = {}
-
-    def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
-        with _bar(photos.count, "embedding gallery images", progress) as bar:
-            for batch in _timed(
-                photos.batches(model, 0, photos.count, batch_size, device), timings, "gallery_embed_seconds"
-            ):
-                source["skipped"] += [{"file": f, "error": e} for f, e in batch.failed]
-                bar.update(len(batch.rows) + len(batch.failed))
-                yield batch.vectors, [_gallery_row(r, r["source"]) for r in batch.rows]
-
-    return _Stream(chunks(), photos.count, timings), queries, query_modality, photos.field_names(), source
-
-
-def _embedded_gallery(
-    root: Path,
-    checkpoint: str | os.PathLike[str],
-    config: dict[str, Any],
-    recall_queries: int,
-    seed: int,
-    progress: bool,
-) -> tuple[_Stream, np.ndarray, Modality, list[str], dict[str, Any]]:
-    folder = open_embeddings_folder(root, int(config["embed_dim"]))
-    folder.check_checkpoint(str(config["weights_sha256"]), checkpoint)
-    assert folder.manifest is not None  # check_checkpoint refuses a folder without one
-    origin = folder.manifest["source"]
-    # relative image paths of a photo folder resolve against it; a dataset's are absolute already
-    base = Path(origin["path"]) if origin.get("kind") == "images" else None
-    with_text = folder.has_text
-    queries = folder.sample(recall_queries, seed, with_text)  # (Q, D)
-    source = {
-        "kind": "embeddings",
-        "path": str(root.resolve()),
-        "split": str(origin.get("split", "")),
-        "origin": origin,
-    }
-
-    def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
-        with _bar(folder.count, "reading gallery embeddings", progress) as bar:
-            for vectors, meta in folder.chunks():
-                rows = []
-                for m in meta:
-                    path = str(m["image_path"])
-                    fields = {k: v for k, v in m.items() if k not in ("image_path", "caption", "captions")}
-                    row = {
-                        "captions": m.get("captions") or ([m["caption"]] if m.get("caption") else []),
-                        "fields": fields,
-                    }
-                    rows.append(_gallery_row(row, str(base / path) if base is not None else path))
-                bar.update(len(rows))
-                yield vectors, rows
-
-    fields = [str(f) for f in folder.manifest.get("fields", [])]
-    return _Stream(chunks(), folder.count), queries, "text" if with_text else "image", fields, source
 
 
 def _check_args(
@@ -361,20 +251,20 @@ def _build(
     started = time.perf_counter()
     device = resolve_device(device)
     model, config = load_checkpoint(checkpoint, device)
-    dim = int(config["embed_dim"])
-    per_image = trained_captions_per_image(config)
+    dim = config.embed_dim
+    per_image = config.captions_per_image
     data = open_split(Path(data_path), split, captions_per_image=per_image, progress=progress)
     if data.num_images == 0:
         raise ValueError(f"{data_path}: split {split!r} has no images to index")
 
     rng = np.random.default_rng(seed)
     if modality == "image":
-        gallery = _image_gallery(model, data, batch_size, device, progress)
+        gallery = image_gallery(model, data, batch_size, device, progress)
         pick = np.sort(rng.choice(len(data.captions), min(recall_queries, len(data.captions)), replace=False))
         queries = embed_captions(model, [data.captions[i] for i in pick], device=device)  # (Q, D)
-        extra = _distractor_stream(model, data, distractors, dim, batch_size, device, progress)
+        extra = distractor_stream(model, data, distractors, dim, batch_size, device, progress)
     else:
-        gallery = _caption_gallery(model, data, batch_size, device, progress)
+        gallery = caption_gallery(model, data, batch_size, device, progress)
         pick = np.sort(rng.choice(data.num_images, min(recall_queries, data.num_images), replace=False))
         queries = embed_images(model, data, pick, batch_size=batch_size, device=device)  # (Q, D)
         extra = None
@@ -405,7 +295,7 @@ class _Built:
 
     modality: Modality
     checkpoint: str | os.PathLike[str]
-    config: dict[str, Any]
+    config: CheckpointMeta
     device: str
     started: float  # perf_counter at the start of the build
 
@@ -413,8 +303,8 @@ class _Built:
 def _write_index(
     out: Path,
     built_by: _Built,
-    gallery: _Stream,
-    extra: _Stream | None,
+    gallery: Stream,
+    extra: Stream | None,
     queries: np.ndarray,  # (Q, D) recall-check queries
     query_modality: Modality,
     *,
@@ -428,7 +318,7 @@ def _write_index(
     """Stream ``gallery`` (+ ``extra``) into FAISS and the metadata store in a temporary folder,
     check recall, write the manifest and rename the folder to ``out``."""
     config = built_by.config
-    dim = int(config["embed_dim"])
+    dim = config.embed_dim
     planned = gallery.count + (extra.count if extra is not None else 0)
     measure = False  # auto and in memory: the ANN candidates are measured after the build
     if factory == "auto":
@@ -451,7 +341,7 @@ def _write_index(
             streams = [gallery] if extra is None else [gallery, extra]
             if on_disk:
                 on_disk_build = build_on_disk(
-                    _feed(streams, store, exact),
+                    feed(streams, store, exact),
                     dim,
                     factory,
                     tmp,
@@ -461,9 +351,9 @@ def _write_index(
                 index = load_on_disk(tmp / INDEX_FILE)
                 built["built_on"] = "cpu"
             else:
-                index = build_index(_feed(streams, store, exact), dim, factory, gpu=gpu, report=built)
+                index = build_index(feed(streams, store, exact), dim, factory, gpu=gpu, report=built)
         n_distractors = extra.count if extra is not None else 0
-        ntotal = gallery.count + n_distractors  # as delivered (see _feed)
+        ntotal = gallery.count + n_distractors  # as delivered (see gallery_streams.feed)
         if index.ntotal != ntotal:
             raise RuntimeError(f"index holds {index.ntotal} vectors, {ntotal} were streamed")
         t0 = time.perf_counter()
@@ -503,7 +393,7 @@ def _write_index(
         throughput = _throughput(gallery.count, n_distractors, timings)
         manifest = Manifest(
             modality=built_by.modality,
-            checkpoint_sha256=str(config["weights_sha256"]),
+            checkpoint_sha256=config.weights_sha256,
             checkpoint_path=str(built_by.checkpoint),
             dim=dim,
             factory=factory,
@@ -566,259 +456,6 @@ def _throughput(gallery: int, distractors: int, t: dict[str, float]) -> dict[str
         rendered = t["distractor_embed_seconds"] + t.get("distractor_render_seconds", 0.0)
         out["distractor_render_and_embed_per_s"] = round(distractors / rendered, 1)
     return out
-
-
-def _feed(streams: list[_Stream], store: MetadataStore, exact: ExactTopK) -> Iterator[np.ndarray]:
-    """The streams' vectors for FAISS; their rows go to ``store`` and the exact top-k on the way.
-
-    Ids are assigned here, in order, as FAISS assigns them; each stream's ``count`` becomes what it
-    really delivered (a photo gallery built with --skip-bad delivers fewer than it listed).
-    """
-    next_id = 0
-    for stream in streams:
-        delivered = 0
-        for vectors, rows in stream.chunks:
-            for row in rows:
-                row["id"] = next_id
-                next_id += 1
-            delivered += len(rows)
-            store.add(rows)
-            exact.add(vectors)
-            yield vectors
-        stream.count = delivered
-
-
-def _timed(it: Iterator[Any], timings: dict[str, float], key: str) -> Iterator[Any]:
-    """``it`` with the seconds spent producing its items added up in ``timings[key]``."""
-    timings.setdefault(key, 0.0)
-    while True:
-        t0 = time.perf_counter()
-        try:
-            item = next(it)
-        except StopIteration:
-            timings[key] += time.perf_counter() - t0
-            return
-        timings[key] += time.perf_counter() - t0
-        yield item
-
-
-def _bar(total: int, desc: str, progress: bool) -> Any:
-    return tqdm(total=total, desc=desc, unit="img" if "caption" not in desc else "cap", disable=not progress)
-
-
-def _image_gallery(model: Any, data: SplitData, batch_size: int, device: str, progress: bool) -> _Stream:
-    """The split's images: embeddings with rows {source path, captions, scene (embedded benchmark)}."""
-    sources, scenes = image_sources(data)
-    caps = data.captions_of_images()
-    timings: dict[str, float] = {}
-
-    def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
-        with _bar(data.num_images, "embedding gallery images", progress) as bar:
-            for lo in range(0, data.num_images, batch_size):
-                ids = range(lo, min(lo + batch_size, data.num_images))
-                t0 = time.perf_counter()
-                vectors = embed_image_batch(model, [data.get_image(i) for i in ids], device=device)  # (b, D)
-                timings["gallery_embed_seconds"] = timings.get("gallery_embed_seconds", 0.0) + (
-                    time.perf_counter() - t0
-                )
-                rows = [
-                    {
-                        "id": i,
-                        "source": sources[i],
-                        "captions": [data.captions[c] for c in caps[i]],
-                        "is_distractor": False,
-                        "scene": scenes[i] if scenes is not None else None,
-                        "image_id": i,
-                    }
-                    for i in ids
-                ]
-                bar.update(len(rows))
-                yield vectors, rows
-
-    return _Stream(chunks(), data.num_images, timings)
-
-
-def _caption_gallery(model: Any, data: SplitData, batch_size: int, device: str, progress: bool) -> _Stream:
-    """The split's captions: embeddings with rows {caption, source of its image, image_id}."""
-    sources, _ = image_sources(data)
-    timings: dict[str, float] = {}
-    n = len(data.captions)
-    step = max(batch_size, 512)  # captions are cheap to embed: larger batches
-
-    def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
-        with _bar(n, "embedding gallery captions", progress) as bar:
-            for lo in range(0, n, step):
-                ids = range(lo, min(lo + step, n))
-                t0 = time.perf_counter()
-                texts = [data.captions[c] for c in ids]
-                vectors = embed_captions(model, texts, batch_size=step, device=device)  # (b, D)
-                timings["gallery_embed_seconds"] = timings.get("gallery_embed_seconds", 0.0) + (
-                    time.perf_counter() - t0
-                )
-                rows = []
-                for c in ids:
-                    image = int(data.img_of_cap[c])
-                    rows.append(
-                        {
-                            "id": c,
-                            "source": sources[image],
-                            "captions": [data.captions[c]],
-                            "is_distractor": False,
-                            "scene": None,
-                            "image_id": image,
-                        }
-                    )
-                bar.update(len(rows))
-                yield vectors, rows
-
-    return _Stream(chunks(), n, timings)
-
-
-@dataclass
-class Distractors:
-    """Where distractors come from: at most one of the generator (``count``), an embeddings
-    file or folder, or an image folder."""
-
-    count: int = 0
-    embeddings: str | os.PathLike[str] | None = None
-    images: str | os.PathLike[str] | None = None
-
-    def check(self) -> None:
-        if sum([bool(self.count), self.embeddings is not None, self.images is not None]) > 1:
-            raise ValueError(
-                "give one distractor source: --distractors N, --distractor-embeddings FILE|DIR or "
-                "--distractor-images DIR"
-            )
-        if self.count < 0:
-            raise ValueError(f"--distractors must be >= 0, got {self.count}")
-        if self.embeddings is not None and not Path(self.embeddings).exists():
-            raise FileNotFoundError(f"{self.embeddings}: distractor embeddings not found")
-        if self.images is not None and not Path(self.images).is_dir():
-            raise FileNotFoundError(f"{self.images}: distractor image folder not found")
-
-    @property
-    def source(self) -> str | None:
-        for given in (self.embeddings, self.images):
-            if given is not None:
-                return str(given)
-        return "generator" if self.count else None
-
-
-def _distractor_stream(
-    model: Any,
-    data: SplitData | None,
-    given: Distractors,
-    dim: int,
-    batch_size: int,
-    device: str,
-    progress: bool,
-) -> _Stream | None:
-    if given.images is not None:
-        return _folder_distractors(model, Path(given.images), batch_size, device, progress)
-    if given.embeddings is not None and Path(given.embeddings).is_dir():
-        return _layout_distractors(Path(given.embeddings), dim, progress)
-    if given.embeddings is not None:
-        return _file_distractors(Path(given.embeddings), dim, batch_size * 16, progress)
-    if given.count == 0:
-        return None
-    n = given.count
-
-    directory = synthetic_dir(data) if data is not None else None
-    if directory is None:
-        raise ValueError(
-            "--distractors N draws images from the embedded benchmark's generator; for your own data embed "
-            "your distractor images first (icr embed) and pass --distractor-embeddings DIR"
-        )
-
-    stream = DistractorStream.for_dataset(directory, n)
-    timings: dict[str, float] = {}
-    workers = render_workers()
-
-    def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
-        with _bar(n, "embedding distractors", progress) as bar, threads_beside_workers(workers, device):
-            batches = stream.batches(batch_size, workers=workers)
-            rendered = _timed(batches, timings, "distractor_render_seconds")
-            for ks, images, scenes in rendered:
-                t0 = time.perf_counter()
-                vectors = embed_image_batch(model, images, device=device)  # (b, D) from (b, S, S, 3) uint8
-                timings["distractor_embed_seconds"] = timings.get("distractor_embed_seconds", 0.0) + (
-                    time.perf_counter() - t0
-                )
-                rows = [
-                    _distractor_row(f"distractor:{int(k)}", s.to_dict())
-                    for k, s in zip(ks, scenes, strict=True)
-                ]
-                bar.update(len(rows))
-                yield vectors, rows
-
-    return _Stream(chunks(), n, timings)
-
-
-def _distractor_row(source: str, scene: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A distractor's metadata row (its id is assigned by :func:`_feed`)."""
-    return {"source": source, "captions": [], "is_distractor": True, "scene": scene, "image_id": None}
-
-
-def _folder_distractors(model: Any, folder: Path, batch_size: int, device: str, progress: bool) -> _Stream:
-    """Distractor images from a folder (see :mod:`index.photo_folder`); a file that does not decode
-    stops the build with its name (nothing is replaced: the index is built in a temporary folder)."""
-    photos = PhotoGallery(folder)
-    timings: dict[str, float] = {}
-
-    def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
-        with _bar(photos.count, "embedding distractors", progress) as bar:
-            batches = _timed(
-                photos.batches(model, 0, photos.count, batch_size, device),
-                timings,
-                "distractor_embed_seconds",
-            )
-            for batch in batches:
-                rows = [_distractor_row(r["source"]) for r in batch.rows]
-                bar.update(len(rows))
-                yield batch.vectors, rows
-
-    return _Stream(chunks(), photos.count, timings)
-
-
-def _file_distractors(path: Path, dim: int, chunk: int, progress: bool) -> _Stream:
-    """Distractors from an (N, D) .npy, memory-mapped and read chunk by chunk."""
-    emb = open_embeddings(path, dim)  # (N, D) memory-mapped
-
-    def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
-        with _bar(len(emb), "reading distractor embeddings", progress) as bar:
-            for lo in range(0, len(emb), chunk):
-                vectors = np.ascontiguousarray(emb[lo : lo + chunk], dtype=np.float32)  # (b, D)
-                norms = np.linalg.norm(vectors, axis=1)  # (b,)
-                bad = np.flatnonzero(np.abs(norms - 1) > NORM_TOL)
-                if len(bad):
-                    raise ValueError(
-                        f"{path}: row {lo + int(bad[0])} has norm {norms[bad[0]]:.4f}; distractor embeddings "
-                        "must be L2-normalised (divide each row by its norm)"
-                    )
-                rows = [_distractor_row(f"distractor:{k}") for k in range(lo, lo + len(vectors))]
-                bar.update(len(rows))
-                yield vectors, rows
-
-    return _Stream(chunks(), len(emb))
-
-
-def _layout_distractors(root: Path, dim: int, progress: bool) -> _Stream:
-    """Distractors from an embeddings folder (``icr embed`` or clip-retrieval layout), shard by
-    shard; sources are the image paths its metadata records (``distractor:{k}`` without one)."""
-    folder = open_embeddings_folder(root, dim)
-
-    def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
-        k = 0
-        with _bar(folder.count, "reading distractor embeddings", progress) as bar:
-            for vectors, meta in folder.chunks():
-                rows = []
-                for m in meta:
-                    rows.append(_distractor_row(str(m.get("image_path") or f"distractor:{k}")))
-                    k += 1
-                bar.update(len(rows))
-                yield vectors, rows
-
-    return _Stream(chunks(), folder.count)
 
 
 # --- directory handling ---------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from icr.core.devices import resolve_device
 from icr.index.index_folder import load_index_dir
 from icr.index.manifest import Manifest, check_compatible
 from icr.index.vector_index import nprobe_of, search, set_nprobe
-from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
+from icr.training.checkpoint import load_checkpoint
 from icr.training.data.synthetic.generate import SCENES_NAME, DistractorStream, load_scenes, split_scene_table
 from icr.training.data.synthetic.queries import EVAL_OFFSET, generated_queries
 from icr.training.data.synthetic.scene import SceneTable
@@ -125,7 +125,7 @@ def calibrate_index(
     fit_split = calibration_split_for(data, split)
     if fit_split is None:
         raise ValueError(f"{data}: no validation split to calibrate on; pass --split NAME")
-    per_image = trained_captions_per_image(config)
+    per_image = config.captions_per_image
     if _searchable_with_truth(manifest, data):
         out = _calibrate_in_index(
             index_dir,

@@ -39,7 +39,7 @@ from icr.index.galleries import (
     SplitGallery,
     WebDatasetGallery,
 )
-from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
+from icr.training.checkpoint import load_checkpoint
 from icr.training.embedding import embed_captions
 
 ENGINES = ("local", "ray")
@@ -101,7 +101,7 @@ def embed_to_folder(
         gallery = ImageListGallery(image_list, skip_bad=skip_bad, workers=workers)
     else:
         assert data is not None
-        gallery = SplitGallery(data, split, trained_captions_per_image(config), progress)
+        gallery = SplitGallery(data, split, config.captions_per_image, progress)
     clash = sorted(set(gallery.field_names()) & set(RESERVED_COLUMNS))
     if clash:
         raise ValueError(

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from icr.index.embeddings_layout import (
     write_shard,
 )
 from icr.index.galleries import Gallery
+
+if TYPE_CHECKING:  # the annotation only: shards are listed and merged without torch
+    from icr.training.checkpoint import CheckpointMeta
 
 # What must match for a run to continue an existing folder (not the engine: both write the same shards).
 _IDENTITY = ("checkpoint_sha256", "source", "shard_size", "count", "dim", "text")
@@ -44,7 +47,7 @@ class ShardRun:
         cls,
         root: Path,
         checkpoint: str | os.PathLike[str],
-        config: dict[str, Any],
+        config: CheckpointMeta,
         gallery: Gallery,
         shard_size: int,
         text: bool,
@@ -113,7 +116,7 @@ class ShardRun:
 def _start(
     root: Path,
     checkpoint: str | os.PathLike[str],
-    config: dict[str, Any],
+    config: CheckpointMeta,
     gallery: Gallery,
     shard_size: int,
     text: bool,
@@ -122,9 +125,9 @@ def _start(
     fresh = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "checkpoint_sha256": str(config["weights_sha256"]),
+        "checkpoint_sha256": config.weights_sha256,
         "checkpoint_path": str(checkpoint),
-        "dim": int(config["embed_dim"]),
+        "dim": config.embed_dim,
         "source": gallery.description,
         "fields": gallery.field_names(),
         "text": text,

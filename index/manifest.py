@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from icr.core.contracts import field_errors, validated
+
+if TYPE_CHECKING:  # the annotation only: reading a manifest must not load torch
+    from icr.training.checkpoint import CheckpointMeta
 
 FORMAT: Final = "icr-index"
 FORMAT_VERSION: Final = 1
@@ -188,7 +191,7 @@ class Manifest(BaseModel):
 
 def check_compatible(
     manifest: Manifest,
-    checkpoint: dict[str, Any] | str,
+    checkpoint: CheckpointMeta | str,
     dim: int | None = None,
     *,
     index_dir: str | os.PathLike[str] | None = None,
@@ -200,12 +203,12 @@ def check_compatible(
     sha256; ``dim`` defaults to the config's ``embed_dim``. The message names every mismatch and
     the command that rebuilds the index (`icr index build --checkpoint C --data D --out DIR`).
     """
-    if isinstance(checkpoint, dict):
-        sha = str(checkpoint.get("weights_sha256"))
-        dim = int(checkpoint["embed_dim"]) if dim is None and "embed_dim" in checkpoint else dim
-        metric = checkpoint.get("metric")
+    metric: str | None
+    if isinstance(checkpoint, str):
+        sha, metric = checkpoint, None
     else:
-        sha, metric = str(checkpoint), None
+        sha, metric = checkpoint.weights_sha256, checkpoint.metric
+        dim = checkpoint.embed_dim if dim is None else dim
     problems = []
     if sha != manifest.checkpoint_sha256:
         problems.append(

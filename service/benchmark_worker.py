@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
     store = JobStore(args.db)
     job = store.get(args.job, with_report=False)
-    if job is None or job["status"] != "running":
+    if job is None or job.status != "running":
         return 0  # not ours any more (interrupted meanwhile): nothing to do
 
     def progress(stage: str, fraction: float) -> None:
@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         progress("loading checkpoint", 0.0)
 
         options = EvalOptions(
-            split=job["split"],
-            protocol=job["protocol"],
-            distractors=job["distractors"],
+            split=job.split,
+            protocol=job.protocol,
+            distractors=job.distractors,
             device=args.device,
             progress=False,
             on_stage=progress,
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # the data, the checkpoint or the request do not fit: say which, in one line
         traceback.print_exc()  # the runner logs the whole story
         # the dataset's folder by its name, the checkpoint's as "checkpoint" (clients read this)
-        roots = {job["dataset"]: args.data, "checkpoint": args.checkpoint}
+        roots = {job.dataset: args.data, "checkpoint": args.checkpoint}
         store.fail(args.job, args.attempt, _one_line(err), roots)
         return 1
     return 0

@@ -38,9 +38,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 log = logging.getLogger("icr.service")
 SCHEMA_VERSION = 2
@@ -69,22 +70,10 @@ CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);
 """
 # version 1 -> 2: the lease columns (a v1 job still running has no lease: it is interrupted)
 _MIGRATE_1 = "ALTER TABLE jobs ADD COLUMN lease_owner TEXT; ALTER TABLE jobs ADD COLUMN lease_until REAL;"
-FINISHED = ("succeeded", "failed", "interrupted", "cancelled")
-_PUBLIC = (
-    "id",
-    "status",
-    "dataset",
-    "split",
-    "protocol",
-    "distractors",
-    "progress",
-    "stage",
-    "created_at",
-    "started_at",
-    "finished_at",
-    "error",
-    "metrics",
-)
+JobStatus = Literal["queued", "running", "succeeded", "failed", "interrupted", "cancelled"]
+FINISHED: tuple[JobStatus, ...] = ("succeeded", "failed", "interrupted", "cancelled")
+# what a statement binds: the values SQLite stores in this table's columns
+_SqlValue = str | int | float | None
 RESTART_MESSAGE = (
     "the server stopped while this job ran ({reason}); its partial work is discarded: submit "
     "it again with POST /v1/benchmarks"
@@ -111,6 +100,47 @@ def _plain(value: Any) -> Any:
 
 def _json(value: Any) -> str:
     return json.dumps(_plain(value), allow_nan=False)
+
+
+def _parsed(column: str, text: str | None) -> dict[str, Any] | None:
+    """A JSON column as its object (None stays None). Only :meth:`JobStore.succeed` writes these,
+    always an object, so anything else means the file was edited by hand: a ValueError naming the column."""
+    if text is None:
+        return None
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"job column {column} holds {type(value).__name__}, not a JSON object")
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRow:
+    """One row of the ``jobs`` table, every column, its JSON columns parsed.
+
+    Frozen: a snapshot of the row when it was read; every change goes through :class:`JobStore`,
+    whose writes are guarded by ``status`` and ``attempt`` in SQL, never by this copy. The API's view
+    of a job is its public part (``service.routes.benchmarks``): not ``attempt``, ``pid`` or the lease,
+    which are the servers' bookkeeping (a lease owner names a host and a process).
+    """
+
+    id: str
+    status: JobStatus
+    dataset: str
+    split: str
+    protocol: str
+    distractors: int
+    progress: float  # in [0, 1]
+    stage: str | None
+    created_at: str  # ISO 8601, UTC, whole seconds
+    started_at: str | None
+    finished_at: str | None
+    error: str | None  # what a client reads: no server paths (see without_server_paths)
+    metrics: dict[str, Any] | None  # the headline numbers (a succeeded job)
+    report: dict[str, Any] | None  # the whole report; also None when read without it (with_report=False)
+    attempt: int  # claims so far; a worker's writes name theirs
+    pid: int | None  # the worker process of the current attempt
+    lease_owner: str | None  # host:pid:runner of the server running it
+    lease_until: float | None  # Unix time the owner's lease runs out
 
 
 # a directory part of an absolute path: "/" not after a word, a dot, a colon or another "/" (so
@@ -177,18 +207,33 @@ class JobStore:
             db.close()
 
     @staticmethod
-    def _row(row: sqlite3.Row | None, with_report: bool) -> dict[str, Any] | None:
-        if row is None:
-            return None
-        job = {key: row[key] for key in _PUBLIC}
-        job["metrics"] = None if row["metrics"] is None else json.loads(row["metrics"])
-        if with_report:
-            job["report"] = None if row["report"] is None else json.loads(row["report"])
-        return job
+    def _row(row: sqlite3.Row, with_report: bool) -> JobRow:
+        """A ``SELECT *`` row as a JobRow; its report is parsed only ``with_report`` (it can run to
+        megabytes, and neither the list nor the runner needs it)."""
+        return JobRow(
+            id=row["id"],
+            status=row["status"],
+            dataset=row["dataset"],
+            split=row["split"],
+            protocol=row["protocol"],
+            distractors=row["distractors"],
+            progress=row["progress"],
+            stage=row["stage"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            error=row["error"],
+            metrics=_parsed("metrics", row["metrics"]),
+            report=_parsed("report", row["report"]) if with_report else None,
+            attempt=row["attempt"],
+            pid=row["pid"],
+            lease_owner=row["lease_owner"],
+            lease_until=row["lease_until"],
+        )
 
     def submit(
         self, dataset: str, split: str, protocol: str, distractors: int, max_queued: int | None = None
-    ) -> dict[str, Any]:
+    ) -> JobRow:
         """Queue a job; with ``max_queued``, QueueFull when that many already wait (counted and
         inserted in one transaction: concurrent submissions, or replicas, cannot overfill the queue)."""
         job_id = uuid.uuid4().hex
@@ -214,16 +259,19 @@ class JobStore:
         assert job is not None
         return job
 
-    def get(self, job_id: str, with_report: bool = True) -> dict[str, Any] | None:
+    def get(self, job_id: str, with_report: bool = True) -> JobRow | None:
+        """The job ``job_id`` (without its report unless ``with_report``), or None when there is none."""
         with self._connect() as db:
-            return self._row(db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone(), with_report)
+            row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            return None if row is None else self._row(row, with_report)
 
-    def list(self, limit: int = 50) -> list[dict[str, Any]]:
+    def list(self, limit: int = 50) -> list[JobRow]:
+        """The ``limit`` newest jobs, newest first, without their reports."""
         with self._connect() as db:
             rows = db.execute("SELECT * FROM jobs ORDER BY created_at DESC, rowid DESC LIMIT ?", (limit,))
-            return [job for r in rows if (job := self._row(r, with_report=False)) is not None]
+            return [self._row(r, with_report=False) for r in rows]
 
-    def claim_next(self, owner: str = "", lease_s: float = 60.0) -> dict[str, Any] | None:
+    def claim_next(self, owner: str = "", lease_s: float = 60.0) -> JobRow | None:
         """The oldest queued job, now running under a new attempt number and ``owner``'s lease of
         ``lease_s`` seconds (atomic: of several servers polling one database, one gets it)."""
         with self._connect() as db:
@@ -239,13 +287,13 @@ class JobStore:
                 "stage = 'starting', lease_owner = ?, lease_until = ? WHERE id = ?",
                 (_now(), owner, time.time() + lease_s, row["id"]),
             )
-            db.execute("COMMIT")
+            # read before COMMIT: the row as this claim left it (attempt, lease), not as a cancel or
+            # another server's reap may have changed it a moment later
             job = self._row(db.execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone(), False)
-            assert job is not None  # claimed inside this transaction: the row exists
-            job["attempt"] = db.execute("SELECT attempt FROM jobs WHERE id = ?", (row["id"],)).fetchone()[0]
+            db.execute("COMMIT")
             return job
 
-    def _update_running(self, job_id: str, attempt: int, sets: str, values: tuple[Any, ...]) -> bool:
+    def _update_running(self, job_id: str, attempt: int, sets: str, values: tuple[_SqlValue, ...]) -> bool:
         with self._connect() as db:
             cursor = db.execute(
                 f"UPDATE jobs SET {sets} WHERE id = ? AND status = 'running' AND attempt = ?",
@@ -326,7 +374,7 @@ class JobStore:
             db.execute("COMMIT")
             return len(cut)
 
-    def cancel(self, job_id: str) -> dict[str, Any] | None:
+    def cancel(self, job_id: str) -> JobRow | None:
         """Cancel a queued or running job (a running one's owner stops its worker at its next
         renewal); the job as it is now, or None when there is no such job. A finished job is
         left as it is."""
@@ -457,8 +505,8 @@ class JobRunner:
             try:
                 self._run(job)
             except Exception as err:  # the thread must survive anything one job does
-                log.exception("benchmark job %s", job["id"])
-                self.store.fail(job["id"], job["attempt"], f"the runner failed: {type(err).__name__}: {err}")
+                log.exception("benchmark job %s", job.id)
+                self.store.fail(job.id, job.attempt, f"the runner failed: {type(err).__name__}: {err}")
 
     def command(self, job_id: str, attempt: int, data: Path) -> list[str]:
         return [
@@ -483,13 +531,11 @@ class JobRunner:
             str(os.getpid()),
         ]
 
-    def _run(self, job: dict[str, Any]) -> None:
-        job_id, attempt = job["id"], job["attempt"]
-        data = self.datasets.get(job["dataset"])
+    def _run(self, job: JobRow) -> None:
+        job_id, attempt = job.id, job.attempt
+        data = self.datasets.get(job.dataset)
         if data is None:  # configured at submission, gone after a restart with other settings
-            self.store.fail(
-                job_id, attempt, f"dataset {job['dataset']!r} is no longer configured on the server"
-            )
+            self.store.fail(job_id, attempt, f"dataset {job.dataset!r} is no longer configured on the server")
             return
         with self._lock:
             if self._stopping.is_set():

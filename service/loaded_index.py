@@ -35,7 +35,7 @@ from icr.index.vector_index import (
 )
 from icr.service.batcher import MicroBatcher
 from icr.service.watcher import Stat, changed_in_place, snapshot
-from icr.training.checkpoint import read_checkpoint_config
+from icr.training.checkpoint import CheckpointMeta, read_checkpoint_config
 
 log = logging.getLogger("icr.service")
 
@@ -107,7 +107,7 @@ class LoadedIndex:
 
 def preflight(
     index: Path, checkpoint: Path | None, caption_index: Path | None
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Path, CheckpointMeta]:
     """Cheap agreement check of checkpoint and indices (no weights or vectors loaded).
 
     Returns (checkpoint folder, its config). Raises NotServable with one message naming every

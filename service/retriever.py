@@ -37,7 +37,7 @@ from icr.service.loaded_index import (
     preflight,
 )
 from icr.service.quality import TOP_N, over_embedded_benchmark
-from icr.training.checkpoint import load_checkpoint
+from icr.training.checkpoint import CheckpointMeta, load_checkpoint
 from icr.training.evaluation.metrics.query_evidence import Evidence
 
 log = logging.getLogger("icr.service")
@@ -79,7 +79,7 @@ class Retriever:
     def __init__(
         self,
         model: Any,
-        config: dict[str, Any],
+        config: CheckpointMeta,
         checkpoint: Path,
         images: LoadedIndex,
         captions: LoadedIndex | None,
@@ -302,11 +302,11 @@ class Retriever:
         return {
             "checkpoint": {
                 "name": self.checkpoint.name,
-                "sha256": c.get("weights_sha256"),
-                "objective": c.get("objective"),
-                "decoding": c.get("decoding"),
-                "step": c.get("step"),
-                "embed_dim": c.get("embed_dim"),
+                "sha256": c.weights_sha256,
+                "objective": c.objective,
+                "decoding": c.decoding,
+                "step": c.step,
+                "embed_dim": c.embed_dim,
                 "accepts_images": self.accepts_images,
             },
             "index": self.images.summary(),

@@ -70,14 +70,14 @@ def test_cnn_gru_round_trip_is_identical(saved: tuple[Path, DualEncoder], vocab:
     images = torch.randn(3, 3, 64, 64)
     for a, b in zip(embeddings(model, images, CAPTIONS), embeddings(loaded, images, CAPTIONS), strict=True):
         assert torch.equal(a, b)
-    assert config["format"] == "icr-checkpoint" and config["format_version"] == FORMAT_VERSION
-    assert config["model"] == model.config == loaded.config
-    assert Vocabulary.from_dict(config["vocab"]) == vocab and config["tokenizer"] is None
-    assert config["preprocessing"]["input"] == "image" and config["preprocessing"]["image_size"] == 64
-    assert (config["embed_dim"], config["metric"]) == (16, "cosine")
-    assert config["objective"] == META["objective"] and config["step"] == 12
+    assert config.format == "icr-checkpoint" and config.format_version == FORMAT_VERSION
+    assert config.model == model.config == loaded.config
+    assert Vocabulary.from_dict(config.vocab) == vocab and config.tokenizer is None
+    assert config.preprocessing["input"] == "image" and config.preprocessing["image_size"] == 64
+    assert (config.embed_dim, config.metric) == (16, "cosine")
+    assert config.objective == META["objective"] and config.step == 12
     digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
-    assert config["weights_sha256"] == digest == checkpoint_sha256(path)
+    assert config.weights_sha256 == digest == checkpoint_sha256(path)
     assert read_checkpoint_config(path) == config
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left
 
@@ -97,8 +97,8 @@ def test_precomp_transformer_round_trip_without_the_original_folder(tmp_path: Pa
     shutil.rmtree(source)  # loading must need neither the model folder nor its tokenizer
 
     loaded, config = load_checkpoint(path)
-    assert config["tokenizer"] == "tokenizer" and config["vocab"] is None
-    assert config["model"]["text"]["hf_config"]["model_type"] == "bert"
+    assert config.tokenizer == "tokenizer" and config.vocab is None
+    assert config.model["text"]["hf_config"]["model_type"] == "bert"
     captions = ["a red circle", "two blue squares at the top of a very long and winding caption"]
     features = torch.randn(2, 5, 6)
     for a, b in zip(
@@ -132,7 +132,7 @@ def test_save_replaces_an_existing_checkpoint(saved: tuple[Path, DualEncoder], t
     other = cnn_gru(Vocabulary.build([["only", "these", "words"]]))
     save_checkpoint(target, other, {"step": 99})
     loaded, config = load_checkpoint(target)
-    assert config["step"] == 99 and loaded.vocab == other.vocab
+    assert config.step == 99 and loaded.vocab == other.vocab
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
 
 

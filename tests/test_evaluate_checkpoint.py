@@ -408,7 +408,7 @@ def test_variant_specs_with_objective_parameters():
     assert specs == ["triplet", "goal[triplet_weight=cir,pair_weight=sig_ms]", "ntxent+itd:constraint"]
     goal = Variant.parse(specs[1])
     assert goal.name == specs[1] and goal.slug == "goal-triplet_weight-cir-pair_weight-sig_ms"
-    loss = load_config("synthetic-ntxent", goal.overrides())["loss"]
+    loss = load_config("synthetic-ntxent", goal.overrides()).as_dict()["loss"]
     assert loss["name"] == "goal" and loss["goal"] == {"triplet_weight": "cir", "pair_weight": "sig_ms"}
     both = Variant.parse("goal[pair_weight=lin]+ltd:dual")
     assert (both.decoder, both.mode, both.params) == ("ltd", "dual", (("pair_weight", "lin"),))

@@ -93,7 +93,7 @@ def test_image_index_holds_the_gallery_then_the_distractors(built, data, checkpo
     assert sorted(p.name for p in built.iterdir()) == sorted([INDEX_FILE, MANIFEST_FILE, METADATA_FILE])
     assert (manifest.modality, manifest.metric, manifest.dim) == ("image", "inner_product", 32)
     assert (manifest.gallery_count, manifest.distractor_count, manifest.ntotal) == (12, N_DISTRACTORS, 62)
-    assert manifest.checkpoint_sha256 == config["weights_sha256"]
+    assert manifest.checkpoint_sha256 == config.weights_sha256
     assert manifest.factory == "Flat" and "exact" in manifest.factory_reason
     assert manifest.recall_check["k"] == 10 and manifest.recall_check["queries"] == 60  # all 60 captions
     assert manifest.recall_check["recall"] == 1.0  # Flat is exact
@@ -276,7 +276,7 @@ def test_checkpoint_mismatch_names_the_rebuild_command(built, data, checkpoint, 
     manifest = Manifest.read(built)
     config = read_checkpoint_config(checkpoint)
     check_compatible(manifest, config)  # the checkpoint that built it
-    check_compatible(manifest, config["weights_sha256"], 32)
+    check_compatible(manifest, config.weights_sha256, 32)
     other = _train(data, tmp_path / "other", seed=1)
     with pytest.raises(ValueError) as err:
         check_compatible(manifest, read_checkpoint_config(other), index_dir=built, checkpoint_path=other)
@@ -287,7 +287,7 @@ def test_checkpoint_mismatch_names_the_rebuild_command(built, data, checkpoint, 
         f"--distractors {N_DISTRACTORS} --out {built}`"
     ) in message
     with pytest.raises(ValueError, match=r"dim 32, the model embeds in dim 64.*index build --checkpoint C "):
-        check_compatible(manifest, config["weights_sha256"], 64)
+        check_compatible(manifest, config.weights_sha256, 64)
 
 
 def test_metadata_round_trip(tmp_path):
@@ -393,10 +393,11 @@ def test_interrupted_build_keeps_the_previous_index(built, data, checkpoint, tmp
     before = (out / MANIFEST_FILE).read_text()
     stale = tmp_path / ".idx.building-999999999-deadbeef"  # left by a killed build (no such pid)
     stale.mkdir()
-    import icr.index.build
+    import icr.index.distractor_sources
     import icr.index.galleries
+    import icr.index.gallery_streams
 
-    real, calls = icr.index.build.embed_image_batch, []
+    real, calls = icr.index.gallery_streams.embed_image_batch, []
 
     def interrupt_midway(*args, **kwargs):
         calls.append(1)
@@ -404,7 +405,8 @@ def test_interrupted_build_keeps_the_previous_index(built, data, checkpoint, tmp
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    for module in (icr.index.build, icr.index.galleries):  # the gallery's batches, then the distractors'
+    # the gallery's batches, then the distractors'
+    for module in (icr.index.gallery_streams, icr.index.distractor_sources, icr.index.galleries):
         monkeypatch.setattr(module, "embed_image_batch", interrupt_midway)
     with pytest.raises(KeyboardInterrupt):
         build_image_index(

@@ -29,9 +29,8 @@ from icr.service.access import AccessMiddleware
 from icr.service.benchmark_worker import headline
 from icr.service.config import Settings
 from icr.service.errors import install_error_handlers
-from icr.service.jobs import JobRunner, JobStore, owner_alive
+from icr.service.jobs import JobRow, JobRunner, JobStore, owner_alive
 from icr.service.routes import benchmarks
-from icr.service.schemas import BenchmarkJob
 from icr.training.config import load_config
 from icr.training.data.synthetic.generate import write_dataset
 
@@ -58,7 +57,7 @@ def store(tmp_path) -> JobStore:
     return JobStore(tmp_path / "jobs.sqlite")
 
 
-def _wait(store: JobStore, job_id: str, until, timeout: float = 60.0) -> dict:
+def _wait(store: JobStore, job_id: str, until, timeout: float = 60.0) -> JobRow:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = store.get(job_id)
@@ -68,8 +67,8 @@ def _wait(store: JobStore, job_id: str, until, timeout: float = 60.0) -> dict:
     raise AssertionError(f"job {job_id} never got there: {job}")
 
 
-def _finished(job: dict) -> bool:
-    return job["status"] in ("succeeded", "failed", "interrupted", "cancelled")
+def _finished(job: JobRow) -> bool:
+    return job.status in ("succeeded", "failed", "interrupted", "cancelled")
 
 
 # --- the store -------------------------------------------------------------------------------
@@ -77,64 +76,64 @@ def _finished(job: dict) -> bool:
 
 def test_a_job_goes_from_queued_to_succeeded(store):
     job = store.submit("synthetic", "test", "full", 0)
-    BenchmarkJob(**job)  # the dicts are the API's bodies
-    assert job["status"] == "queued" and len(job["id"]) == 32 and job["progress"] == 0.0
-    assert job["created_at"].endswith("+00:00") and job["started_at"] is None and job["report"] is None
+    benchmarks.job_body(job)  # the rows are the API's bodies
+    assert job.status == "queued" and len(job.id) == 32 and job.progress == 0.0
+    assert job.created_at.endswith("+00:00") and job.started_at is None and job.report is None
 
     claimed = store.claim_next()
-    assert (claimed["id"], claimed["status"], claimed["attempt"]) == (job["id"], "running", 1)
-    assert claimed["started_at"] and claimed["stage"] == "starting"
+    assert (claimed.id, claimed.status, claimed.attempt) == (job.id, "running", 1)
+    assert claimed.started_at and claimed.stage == "starting"
     assert store.claim_next() is None  # nothing else queued
 
-    assert store.set_progress(job["id"], 1, 1.7, "metrics")  # clamped into [0, 1]
-    assert (store.get(job["id"])["progress"], store.get(job["id"])["stage"]) == (1.0, "metrics")
-    assert store.set_progress(job["id"], 1, -3, "embedding") and store.get(job["id"])["progress"] == 0.0
+    assert store.set_progress(job.id, 1, 1.7, "metrics")  # clamped into [0, 1]
+    assert (store.get(job.id).progress, store.get(job.id).stage) == (1.0, "metrics")
+    assert store.set_progress(job.id, 1, -3, "embedding") and store.get(job.id).progress == 0.0
 
     report = {"annotations": {"retrieval": {"rsum": np.float64(300.5), "t2i_r1": float("nan")}},
               "counts": np.arange(3), "n": np.int64(8)}  # fmt: skip
-    assert store.succeed(job["id"], 1, {"rsum": 300.5, "pr_auc": float("inf")}, report)
-    done = store.get(job["id"])
-    assert done["status"] == "succeeded" and done["progress"] == 1.0 and done["finished_at"]
-    assert done["metrics"] == {"rsum": 300.5, "pr_auc": None}  # strict JSON: NaN/inf become null
-    assert done["report"] == {"annotations": {"retrieval": {"rsum": 300.5, "t2i_r1": None}},
+    assert store.succeed(job.id, 1, {"rsum": 300.5, "pr_auc": float("inf")}, report)
+    done = store.get(job.id)
+    assert done.status == "succeeded" and done.progress == 1.0 and done.finished_at
+    assert done.metrics == {"rsum": 300.5, "pr_auc": None}  # strict JSON: NaN/inf become null
+    assert done.report == {"annotations": {"retrieval": {"rsum": 300.5, "t2i_r1": None}},
                               "counts": [0, 1, 2], "n": 8}  # fmt: skip
-    assert "report" not in store.get(job["id"], with_report=False)
-    BenchmarkJob(**done)
+    assert store.get(job.id, with_report=False).report is None  # not read: it has one (above)
+    benchmarks.job_body(done)
     # a finished job takes no more writes, even from its own attempt
-    assert not store.fail(job["id"], 1, "late") and store.get(job["id"])["status"] == "succeeded"
+    assert not store.fail(job.id, 1, "late") and store.get(job.id).status == "succeeded"
 
 
 def test_list_is_newest_first_without_reports(store):
-    ids = [store.submit("synthetic", split, "full", 0)["id"] for split in ("test", "val", "train")]
+    ids = [store.submit("synthetic", split, "full", 0).id for split in ("test", "val", "train")]
     job = store.claim_next()
-    store.succeed(job["id"], job["attempt"], {"rsum": 1.0}, {"big": list(range(10))})
+    store.succeed(job.id, job.attempt, {"rsum": 1.0}, {"big": list(range(10))})
     listed = store.list()
-    assert [j["id"] for j in listed] == ids[::-1]
-    assert all("report" not in j for j in listed) and listed[-1]["metrics"] == {"rsum": 1.0}
-    assert [j["id"] for j in store.list(limit=2)] == ids[:0:-1]
+    assert [j.id for j in listed] == ids[::-1]
+    assert all(j.report is None for j in listed) and listed[-1].metrics == {"rsum": 1.0}
+    assert [j.id for j in store.list(limit=2)] == ids[:0:-1]
     assert store.get("no-such-job") is None
 
 
 def test_a_stale_attempt_cannot_write(store):
     job = store.submit("synthetic", "test", "full", 0)
-    attempt = store.claim_next()["attempt"]
-    assert not store.set_progress(job["id"], attempt + 1, 0.5, "metrics")  # someone else's attempt
+    attempt = store.claim_next().attempt
+    assert not store.set_progress(job.id, attempt + 1, 0.5, "metrics")  # someone else's attempt
     assert store.reap(owner_alive) == 1  # its owner ("": no server) is gone
-    cut = store.get(job["id"])
-    assert cut["status"] == "interrupted" and cut["finished_at"]
-    assert "(its server was stopped or restarted: no lease renewal)" in cut["error"]
-    assert "submit it again with POST /v1/benchmarks" in cut["error"]
+    cut = store.get(job.id)
+    assert cut.status == "interrupted" and cut.finished_at
+    assert "(its server was stopped or restarted: no lease renewal)" in cut.error
+    assert "submit it again with POST /v1/benchmarks" in cut.error
     # the orphaned worker of that attempt goes on writing: all ignored
-    assert not store.set_progress(job["id"], attempt, 0.9, "distractors")
-    assert not store.succeed(job["id"], attempt, {"rsum": 1.0}, {})
-    assert not store.fail(job["id"], attempt, "boom")
-    assert store.get(job["id"]) == cut
+    assert not store.set_progress(job.id, attempt, 0.9, "distractors")
+    assert not store.succeed(job.id, attempt, {"rsum": 1.0}, {})
+    assert not store.fail(job.id, attempt, "boom")
+    assert store.get(job.id) == cut
     assert store.reap(owner_alive) == 0
 
 
 def test_claims_are_atomic_and_oldest_first(tmp_path):
     first = JobStore(tmp_path / "jobs.sqlite")
-    ids = [first.submit("synthetic", "test", "full", i)["id"] for i in range(24)]
+    ids = [first.submit("synthetic", "test", "full", i).id for i in range(24)]
     # several threads, each with its own JobStore (as the worker processes have), claim at once
     claimed: list[tuple[float, str]] = []
     lock = threading.Lock()
@@ -143,7 +142,7 @@ def test_claims_are_atomic_and_oldest_first(tmp_path):
         mine = JobStore(tmp_path / "jobs.sqlite")
         while (job := mine.claim_next()) is not None:
             with lock:
-                claimed.append((time.monotonic(), job["id"]))
+                claimed.append((time.monotonic(), job.id))
 
     threads = [threading.Thread(target=claim) for _ in range(6)]
     for t in threads:
@@ -151,12 +150,12 @@ def test_claims_are_atomic_and_oldest_first(tmp_path):
     for t in threads:
         t.join()
     assert sorted(i for _, i in claimed) == sorted(ids)  # every job exactly once
-    assert {j["status"] for j in first.list(limit=100)} == {"running"}
+    assert {j.status for j in first.list(limit=100)} == {"running"}
 
     # one claimer takes them in submission order, also within the same second
     again = JobStore(tmp_path / "again.sqlite")
-    ids = [again.submit("synthetic", "test", "full", i)["id"] for i in range(5)]
-    assert [again.claim_next()["id"] for _ in ids] == ids
+    ids = [again.submit("synthetic", "test", "full", i).id for i in range(5)]
+    assert [again.claim_next().id for _ in ids] == ids
 
 
 def test_a_file_that_is_not_the_job_database_is_refused(tmp_path):
@@ -178,7 +177,7 @@ def test_a_file_that_is_not_the_job_database_is_refused(tmp_path):
     # reopening a database of this version keeps its jobs
     kept = tmp_path / "kept.sqlite"
     job = JobStore(kept).submit("synthetic", "test", "full", 0)
-    assert JobStore(kept).get(job["id"])["status"] == "queued"
+    assert JobStore(kept).get(job.id).status == "queued"
 
 
 def test_a_running_job_is_interrupted_only_when_its_lease_is_gone(store, monkeypatch):
@@ -196,50 +195,50 @@ def test_a_running_job_is_interrupted_only_when_its_lease_is_gone(store, monkeyp
     }
     ids = {}
     for name, owner in owners.items():
-        ids[name] = store.submit("synthetic", "test", "full", 0)["id"]
-        assert store.claim_next(owner, lease_s=60)["id"] == ids[name]
+        ids[name] = store.submit("synthetic", "test", "full", 0).id
+        assert store.claim_next(owner, lease_s=60).id == ids[name]
     assert store.reap(owner_alive) == 2
-    status = {name: store.get(i)["status"] for name, i in ids.items()}
+    status = {name: store.get(i).status for name, i in ids.items()}
     assert status == {
         "elsewhere": "running",
         "alive": "running",
         "dead": "interrupted",
         "legacy": "interrupted",
     }
-    assert "no lease renewal" in store.get(ids["dead"])["error"]
+    assert "no lease renewal" in store.get(ids["dead"]).error
     # the owner renews; nobody else can; once the lease has run out another server takes it away
     assert store.renew(ids["elsewhere"], 1, owners["elsewhere"], 60)
     assert not store.renew(ids["elsewhere"], 1, owners["alive"], 60)
     assert store.renew(ids["elsewhere"], 1, owners["elsewhere"], -1)  # expired a second ago
-    assert store.reap(owner_alive) == 1 and store.get(ids["elsewhere"])["status"] == "interrupted"
+    assert store.reap(owner_alive) == 1 and store.get(ids["elsewhere"]).status == "interrupted"
     assert not store.renew(ids["elsewhere"], 1, owners["elsewhere"], 60)  # its owner learns it lost it
-    assert store.get(ids["alive"])["status"] == "running"
+    assert store.get(ids["alive"]).status == "running"
 
 
 def test_cancel_queue_count_and_retention(store):
     queued = store.submit("synthetic", "test", "full", 0)
     running = store.submit("synthetic", "test", "full", 0)
-    assert [job["status"] for job in store.list()].count("queued") == 2
-    assert store.claim_next("me", 60)["id"] == queued["id"]
-    assert store.cancel(queued["id"])["status"] == "cancelled"  # running: its owner's renewal now fails
-    assert not store.renew(queued["id"], 1, "me", 60)
-    assert not store.set_progress(queued["id"], 1, 0.5, "x")  # the worker's writes are ignored
-    assert store.cancel(running["id"])["status"] == "cancelled"  # queued: never claimed
+    assert [job.status for job in store.list()].count("queued") == 2
+    assert store.claim_next("me", 60).id == queued.id
+    assert store.cancel(queued.id).status == "cancelled"  # running: its owner's renewal now fails
+    assert not store.renew(queued.id, 1, "me", 60)
+    assert not store.set_progress(queued.id, 1, 0.5, "x")  # the worker's writes are ignored
+    assert store.cancel(running.id).status == "cancelled"  # queued: never claimed
     assert store.claim_next("me", 60) is None
-    assert [job["status"] for job in store.list()].count("queued") == 0
+    assert [job.status for job in store.list()].count("queued") == 0
     done = store.submit("synthetic", "test", "full", 0)
     store.claim_next("me", 60)
-    assert store.succeed(done["id"], 1, {}, {})
-    assert store.cancel(done["id"])["status"] == "succeeded"  # finished: left as it is
+    assert store.succeed(done.id, 1, {}, {})
+    assert store.cancel(done.id).status == "succeeded"  # finished: left as it is
     assert store.cancel("nope") is None
     fresh = store.submit("synthetic", "test", "full", 0)
     with sqlite3.connect(store.path) as db:  # two jobs finished 40 days ago
         db.execute(
             "UPDATE jobs SET finished_at = '2000-01-01T00:00:00+00:00' WHERE id IN (?, ?)",
-            (queued["id"], done["id"]),
+            (queued.id, done.id),
         )
     assert store.purge(30) == 2
-    assert [store.get(i) is None for i in (queued["id"], done["id"], running["id"], fresh["id"])] == [
+    assert [store.get(i) is None for i in (queued.id, done.id, running.id, fresh.id)] == [
         True,
         True,
         False,
@@ -261,8 +260,8 @@ def test_a_schema_1_database_is_migrated_and_its_running_job_interrupted(tmp_pat
             PRAGMA user_version = 1;
         """)
     store = JobStore(path)
-    assert store.get("old")["status"] == "running"
-    assert store.reap() == 1 and store.get("old")["status"] == "interrupted"
+    assert store.get("old").status == "running"
+    assert store.reap() == 1 and store.get("old").status == "interrupted"
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == 2
 
@@ -279,16 +278,16 @@ def test_the_runner_marks_cut_off_jobs_and_runs_queued_ones(store, tiny):
     runner = JobRunner(store, checkpoint, {"synthetic": data}, poll_s=0.2)
     runner.start()
     try:
-        assert store.get(cut_off["id"])["status"] == "interrupted"
+        assert store.get(cut_off.id).status == "interrupted"
         later = store.submit("synthetic", "val", "full", 0)
         runner.wake()
-        job = _wait(store, queued["id"], _finished)
-        assert job["status"] == "succeeded", job
-        assert job["progress"] == 1.0 and job["stage"] == "done" and job["error"] is None
+        job = _wait(store, queued.id, _finished)
+        assert job.status == "succeeded", job
+        assert job.progress == 1.0 and job.stage == "done" and job.error is None
         with sqlite3.connect(store.path) as db:
-            pid = db.execute("SELECT pid FROM jobs WHERE id = ?", (job["id"],)).fetchone()[0]
+            pid = db.execute("SELECT pid FROM jobs WHERE id = ?", (job.id,)).fetchone()[0]
         assert pid and pid != os.getpid()
-        metrics, report = job["metrics"], job["report"]
+        metrics, report = job.metrics, job.report
         assert set(metrics) == {"annotations", "ground_truth", "distractors"}
         for labels in ("annotations", "ground_truth"):
             assert report[labels]["retrieval"]["rsum"] == metrics[labels]["rsum"]
@@ -297,11 +296,11 @@ def test_the_runner_marks_cut_off_jobs_and_runs_queued_ones(store, tiny):
         assert report["format"] == "icr-evaluation" and report["data"]["images"] == 8
         assert report["checkpoint"]["path"] == str(checkpoint)
         json.dumps(report, allow_nan=False)  # servable as is
-        second = _wait(store, later["id"], _finished)
-        assert second["status"] == "succeeded" and second["report"]["data"]["split"] == "val"
+        second = _wait(store, later.id, _finished)
+        assert second.status == "succeeded" and second.report["data"]["split"] == "val"
     finally:
         runner.stop()
-    assert store.get(cut_off["id"])["status"] == "interrupted"  # still: nobody ran it
+    assert store.get(cut_off.id).status == "interrupted"  # still: nobody ran it
 
 
 def test_stop_in_the_middle_interrupts_the_job_and_ends_its_process(store, tiny):
@@ -311,20 +310,20 @@ def test_stop_in_the_middle_interrupts_the_job_and_ends_its_process(store, tiny)
     job = store.submit("synthetic", "test", "full", 200_000)  # the distractors take minutes
     queued = store.submit("synthetic", "test", "full", 0)
     runner.wake()
-    running = _wait(store, job["id"], lambda j: j["status"] == "running" and j["stage"] == "distractors")
-    assert 0 < running["progress"] < 1
+    running = _wait(store, job.id, lambda j: j.status == "running" and j.stage == "distractors")
+    assert 0 < running.progress < 1
     with sqlite3.connect(store.path) as db:
-        pid, attempt = db.execute("SELECT pid, attempt FROM jobs WHERE id = ?", (job["id"],)).fetchone()
+        pid, attempt = db.execute("SELECT pid, attempt FROM jobs WHERE id = ?", (job.id,)).fetchone()
     t0 = time.monotonic()
     runner.stop(timeout=5)
     assert time.monotonic() - t0 < 6
-    cut = store.get(job["id"])
-    assert cut["status"] == "interrupted" and "server shut down" in cut["error"], cut
-    assert cut["metrics"] is None and cut["finished_at"]
+    cut = store.get(job.id)
+    assert cut.status == "interrupted" and "server shut down" in cut.error, cut
+    assert cut.metrics is None and cut.finished_at
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the worker is gone (and reaped)
-    assert not store.succeed(job["id"], attempt, {}, {})
-    assert store.get(queued["id"])["status"] == "queued"  # left for the next start
+    assert not store.succeed(job.id, attempt, {}, {})
+    assert store.get(queued.id).status == "queued"  # left for the next start
 
 
 def test_a_broken_checkpoint_fails_the_job_with_a_message(store, tiny, tmp_path):
@@ -337,14 +336,14 @@ def test_a_broken_checkpoint_fails_the_job_with_a_message(store, tiny, tmp_path)
     try:
         job = store.submit("synthetic", "test", "full", 0)
         runner.wake()
-        failed = _wait(store, job["id"], _finished)
+        failed = _wait(store, job.id, _finished)
     finally:
         runner.stop()
-    assert failed["status"] == "failed" and failed["metrics"] is None and failed["report"] is None
+    assert failed.status == "failed" and failed.metrics is None and failed.report is None
     # names the file, relative to the checkpoint: never where the server keeps it
-    assert "\n" not in failed["error"] and "checkpoint/config.json" in failed["error"], failed["error"]
-    assert str(tmp_path) not in failed["error"]
-    assert failed["error"].split(":")[0].isidentifier()  # "ValueError: ...", not a traceback
+    assert "\n" not in failed.error and "checkpoint/config.json" in failed.error, failed.error
+    assert str(tmp_path) not in failed.error
+    assert failed.error.split(":")[0].isidentifier()  # "ValueError: ...", not a traceback
 
 
 class _Scripted(JobRunner):
@@ -373,10 +372,10 @@ def test_a_worker_that_dies_without_a_result_fails_its_job(store, script, says):
     try:
         job = store.submit("synthetic", "test", "full", 0)
         runner.wake()
-        failed = _wait(store, job["id"], _finished, timeout=20)
+        failed = _wait(store, job.id, _finished, timeout=20)
     finally:
         runner.stop()
-    assert failed["status"] == "failed" and says in failed["error"], failed["error"]
+    assert failed.status == "failed" and says in failed.error, failed.error
 
 
 def test_a_dataset_no_longer_configured_fails_the_job(store):
@@ -384,10 +383,10 @@ def test_a_dataset_no_longer_configured_fails_the_job(store):
     runner = JobRunner(store, Path("unused"), {"synthetic": Path("unused")}, poll_s=0.2)
     runner.start()
     try:
-        failed = _wait(store, job["id"], _finished, timeout=20)
+        failed = _wait(store, job.id, _finished, timeout=20)
     finally:
         runner.stop()
-    assert failed["status"] == "failed" and "'coco' is no longer configured" in failed["error"]
+    assert failed.status == "failed" and "'coco' is no longer configured" in failed.error
 
 
 _SERVER = """
@@ -414,9 +413,9 @@ def test_a_killed_server_takes_its_worker_along(store, tiny):
     job = store.submit("synthetic", "test", "full", 200_000)
     server = subprocess.Popen([sys.executable, "-c", _SERVER, str(store.path), str(checkpoint), str(data)])
     try:
-        _wait(store, job["id"], lambda j: j["stage"] == "distractors")
+        _wait(store, job.id, lambda j: j.stage == "distractors")
         with sqlite3.connect(store.path) as db:
-            pid = db.execute("SELECT pid FROM jobs WHERE id = ?", (job["id"],)).fetchone()[0]
+            pid = db.execute("SELECT pid FROM jobs WHERE id = ?", (job.id,)).fetchone()[0]
         assert _alive(pid)
     finally:
         server.kill()  # no shutdown: SIGKILL
@@ -425,13 +424,13 @@ def test_a_killed_server_takes_its_worker_along(store, tiny):
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)
-    assert store.get(job["id"])["status"] == "running"  # until a server sees its owner is gone
+    assert store.get(job.id).status == "running"  # until a server sees its owner is gone
     assert store.reap(owner_alive) == 1
 
 
 def test_a_worker_whose_server_is_gone_does_nothing(store):
     job = store.submit("synthetic", "test", "full", 0)
-    attempt = store.claim_next()["attempt"]
+    attempt = store.claim_next().attempt
     command = [
         sys.executable,
         "-m",
@@ -439,7 +438,7 @@ def test_a_worker_whose_server_is_gone_does_nothing(store):
         "--db",
         str(store.path),
         "--job",
-        job["id"],
+        job.id,
         "--attempt",
         str(attempt),
         "--checkpoint",
@@ -451,7 +450,7 @@ def test_a_worker_whose_server_is_gone_does_nothing(store):
     ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert store.get(job["id"])["stage"] == "starting"  # not even 'loading checkpoint'
+    assert store.get(job.id).stage == "starting"  # not even 'loading checkpoint'
 
 
 # --- the routes ------------------------------------------------------------------------------
@@ -574,6 +573,6 @@ def test_job_errors_show_no_server_paths(tmp_path) -> None:
     store = JobStore(tmp_path / "jobs.sqlite")
     job = store.submit("coco", "test", "full", 0)
     claimed = store.claim_next("server-a", lease_s=60)
-    assert claimed is not None and claimed["id"] == job["id"]
-    store.fail(job["id"], claimed["attempt"], f"ValueError: {tmp_path}/secret/model.pt is corrupt")
-    assert store.get(job["id"])["error"] == "ValueError: model.pt is corrupt"
+    assert claimed is not None and claimed.id == job.id
+    store.fail(job.id, claimed.attempt, f"ValueError: {tmp_path}/secret/model.pt is corrupt")
+    assert store.get(job.id).error == "ValueError: model.pt is corrupt"

@@ -17,14 +17,15 @@ import pytest
 from icr.training.analysis import paper_numbers as pn
 from icr.training.analysis.cocos import SYMBOLS
 from icr.training.analysis.compare import CALIBRATION_COLUMNS, MAIN_COLUMNS, TRUTH_COLUMNS
-from icr.training.analysis.paper_findings import (
+from icr.training.analysis.findings_catalogue import FINDINGS
+from icr.training.analysis.findings_report import build_findings, write_findings
+from icr.training.analysis.findings_verdict import (
     ABOVE,
     ANTI_RANKED,
     AT_LEAST,
     BELOW,
     DIFFERS,
     EQUALS,
-    FINDINGS,
     GREATER,
     INVERTED,
     MIXED,
@@ -36,9 +37,7 @@ from icr.training.analysis.paper_findings import (
     VERDICTS,
     WITHIN_NOISE,
     Finding,
-    build_findings,
     evaluate,
-    write_findings,
 )
 from icr.training.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS
 

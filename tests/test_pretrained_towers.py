@@ -378,12 +378,10 @@ def test_training_learns_the_logit_scale_and_checkpoints_load_without_the_folder
 
     shutil.rmtree(folder)  # loading needs neither the model folder nor its tokenizer or processor
     model, config = load_checkpoint(run / "last")
-    assert (
-        config["tokenizer"] == "tokenizer" and config["model"]["image"]["hf_config"]["model_type"] == "clip"
-    )
-    assert config["preprocessing"]["resize"] == 36 and config["preprocessing"]["resample"] == "bicubic"
+    assert config.tokenizer == "tokenizer" and config.model["image"]["hf_config"]["model_type"] == "clip"
+    assert config.preprocessing["resize"] == 36 and config.preprocessing["resample"] == "bicubic"
     assert model.logit_scale is not None and model.logit_scale.item() != pytest.approx(CLIP_LOGIT_SCALE)
-    learned = config["objective"]["learned_logit_scale"]  # beside the unused fixed temperature
+    learned = config.objective["learned_logit_scale"]  # beside the unused fixed temperature
     assert learned == pytest.approx(math.exp(model.logit_scale.item()), rel=1e-5)
     # the frozen first layer kept its pretrained weights; the trained last layer did not
     from safetensors.torch import load_file
@@ -412,7 +410,7 @@ def test_checkpoint_round_trip_embeds_equally_without_the_folder(
     for a, b in zip(embed(model, images, CAPTIONS), embed(loaded, images, CAPTIONS), strict=True):
         assert torch.equal(a, b)
     assert torch.equal(model.tokenize(CAPTIONS)["input_ids"], loaded.tokenize(CAPTIONS)["input_ids"])
-    assert loaded.config == model.config and config["model"] == model.config
+    assert loaded.config == model.config and config.model == model.config
     assert loaded.logit_scale is not None and torch.equal(loaded.logit_scale, model.logit_scale)
     assert loaded.config["image"]["finetune_last_n"] == 1
 

@@ -191,7 +191,7 @@ def test_images_come_from_files_and_the_distractor_generator(retriever: Retrieve
 
 def test_preflight_names_what_does_not_belong_together(built, tmp_path) -> None:
     checkpoint, config = preflight(built["images"], None, built["captions"])
-    assert checkpoint == built["checkpoint"] and config["embed_dim"] == 32
+    assert checkpoint == built["checkpoint"] and config.embed_dim == 32
     other = tmp_path / "other"
     shutil.copytree(built["checkpoint"], other)
     meta = json.loads((other / "config.json").read_text())

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from tiny_model import TINY_MODEL
 
 from icr.training.checkpoint import load_checkpoint
-from icr.training.config import load_config, loss_params, shipped_configs
+from icr.training.config import OptimSection, TrainConfig, load_config, shipped_configs
 from icr.training.losses import load_all
 from icr.training.train import Trainer, train
 
@@ -26,7 +26,7 @@ def data(tiny_benchmark) -> Path:
     return tiny_benchmark
 
 
-def tiny_config(data: Path, out: Path, *extra: str) -> dict:
+def tiny_config(data: Path, out: Path, *extra: str) -> TrainConfig:
     return load_config(
         None,
         [
@@ -52,7 +52,7 @@ def weights(run: Path, which: str = "last") -> dict[str, torch.Tensor]:
 def test_every_objective_trains_a_few_steps(data, tmp_path, name):
     cfg = tiny_config(data, tmp_path / "run", f'loss.name="{name}"', "train.max_steps=3", "train.epochs=1")
     if load_all()[name].sampling == "image":
-        cfg["train"]["batch_size"] = 4  # image-level batches: 4 images x 5 captions
+        cfg.train.batch_size = 4  # image-level batches: 4 images x 5 captions
     before = {k: v.cpu().clone() for k, v in Trainer(cfg, progress=False).model.state_dict().items()}
     summary = train(cfg, progress=False)
     assert summary["steps"] == 3
@@ -60,7 +60,7 @@ def test_every_objective_trains_a_few_steps(data, tmp_path, name):
     losses = [r["loss"] for r in records if r["event"] == "train"]
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
     model, config = load_checkpoint(tmp_path / "run" / "last")
-    assert config["objective"]["name"] == name
+    assert config.objective["name"] == name
     after = model.state_dict()
     changed = {k.split(".")[0] for k in before if not torch.equal(before[k], after[k])}
     assert {"image_encoder", "text_encoder"} <= changed  # the objective's gradient reached both towers
@@ -130,8 +130,8 @@ def test_same_seed_same_weights_and_validation_selects_best(data, tmp_path):
     vals = [r for r in vals if r["event"] == "val"]
     assert [r["epoch"] for r in vals] == [1, 2]
     _, config = load_checkpoint(tmp_path / "a" / "best")
-    assert config["val_metrics"]["rsum"] == max(r["rsum"] for r in vals)
-    assert config["data"]["fingerprint"] and config["step"] in (25, 50)
+    assert config.val_metrics["rsum"] == max(r["rsum"] for r in vals)
+    assert config.data["fingerprint"] and config.step in (25, 50)
 
 
 def test_swa_averages_the_snapshots_of_the_epoch_end(data, tmp_path):
@@ -218,8 +218,27 @@ def test_every_shipped_config_resolves(tmp_path):
     assert {"synthetic-ntxent"} <= set(names)
     for name in names:
         cfg = load_config(name)
-        normalize_model_config(cfg["model"])
-        build_loss(cfg["loss"]["name"], **loss_params(cfg))
+        normalize_model_config(cfg.model)
+        build_loss(cfg.loss.name, **cfg.loss.params())
+
+
+def test_the_config_is_a_typed_value_with_its_defaults():
+    from pydantic import ValidationError
+
+    cfg = load_config(None, ["train.epochs=3"])
+    assert isinstance(cfg, TrainConfig) and cfg.train.epochs == 3
+    # every other value is the model's default
+    defaults = TrainConfig().as_dict()
+    got = cfg.as_dict()
+    assert got["train"].pop("epochs") == 3 and defaults["train"].pop("epochs") == 30
+    assert got == defaults
+    # the JSON form round-trips (it is what checkpoints and train_state.pt record)
+    assert TrainConfig.model_validate(cfg.as_dict()) == cfg
+    # changed in code, a config is held to the same types as a file
+    with pytest.raises(ValidationError, match="batch_size"):
+        cfg.train.batch_size = 0
+    with pytest.raises(ValidationError, match="schedule"):
+        cfg.optim.schedule = "linearly"
 
 
 def test_config_errors_say_what_to_fix():
@@ -229,8 +248,8 @@ def test_config_errors_say_what_to_fix():
         load_config("no-such-config")
     with pytest.raises(ValueError, match="key=value"):
         load_config(None, ["train.epochs"])
-    assert load_config(None, ["train.out=runs/x"])["train"]["out"] == "runs/x"  # bare words are strings
-    assert load_config(None, ["optim.lr=3e-4"])["optim"]["lr"] == 3e-4
+    assert load_config(None, ["train.out=runs/x"]).train.out == "runs/x"  # bare words are strings
+    assert load_config(None, ["optim.lr=3e-4"]).optim.lr == 3e-4
     with pytest.raises(ValueError, match="not an objective"):
         load_config(None, ["loss.name=tripletz"])
     with pytest.raises(ValueError, match="one parameter table per objective"):
@@ -246,7 +265,7 @@ def test_config_errors_say_what_to_fix():
         load_config(None, ['optim.schedule="linearly"'])
     # parameters are kept per objective: switching the name does not inherit another one's
     cfg = load_config("synthetic-ntxent", ["loss.name=triplet"])
-    assert loss_params(cfg) == {} and cfg["loss"]["ntxent"] == {"temperature": 0.1}
+    assert cfg.loss.params() == {} and cfg.as_dict()["loss"]["ntxent"] == {"temperature": 0.1}
 
 
 def test_ground_truth_positives_reach_the_objective(data, tmp_path):
@@ -345,7 +364,7 @@ def test_precomp_region_features_train(tmp_path):
     summary = train(load_config(None, overrides), progress=False)
     assert summary["steps"] == 12 and summary["best_rsum"] is not None  # 60 captions / 10 x 2 epochs
     model, config = load_checkpoint(tmp_path / "run" / "best")
-    assert config["data"]["kind"] == "precomp" and model.config["image"]["kind"] == "precomp"
+    assert config.data["kind"] == "precomp" and model.config["image"]["kind"] == "precomp"
 
 
 def test_epoch_plans_are_pure_functions_of_seed_and_epoch(data):
@@ -385,7 +404,7 @@ def test_learning_rate_schedules_against_their_formulas():
 
     from icr.training.train import learning_rate
 
-    base = {"lr": 0.1, "gamma": 0.5, "lr_update": 2, "warmup_steps": 0}
+    base = OptimSection(lr=0.1, gamma=0.5, lr_update=2, warmup_steps=0)
     epochs, per_epoch = 4, 10
     total = epochs * per_epoch
     for step in range(total):
@@ -398,13 +417,13 @@ def test_learning_rate_schedules_against_their_formulas():
             "linear": 0.1 * (1 - step / total),
         }
         for schedule, want in expected.items():
-            got = learning_rate({**base, "schedule": schedule}, epochs, epoch, step, total)
+            got = learning_rate(base.model_copy(update={"schedule": schedule}), epochs, epoch, step, total)
             assert got == pytest.approx(want, abs=1e-12), (schedule, step)
     # cosine_step falls within every epoch, where cosine holds one value per epoch
-    cosine_step = {**base, "schedule": "cosine_step"}
+    cosine_step = base.model_copy(update={"schedule": "cosine_step"})
     cos_step = [learning_rate(cosine_step, epochs, s // per_epoch, s, total) for s in range(total)]
     assert all(a > b for a, b in zip(cos_step, cos_step[1:], strict=False)) and cos_step[-1] < 0.001
     # a linear warm-up scales the first steps of any schedule
-    warm = {**base, "schedule": "cosine_step", "warmup_steps": 4}
+    warm = base.model_copy(update={"schedule": "cosine_step", "warmup_steps": 4})
     assert learning_rate(warm, epochs, 0, 0, total) == pytest.approx(0.25 * 0.1)
     assert learning_rate(warm, epochs, 0, 4, total) == pytest.approx(cos_step[4])

@@ -322,7 +322,7 @@ def test_checkpoint_round_trip(tmp_path: Path, vocab: Vocabulary, image: dict, t
         assert torch.equal(
             model.encode_text(model.tokenize(CAPTIONS)), loaded.encode_text(loaded.tokenize(CAPTIONS))
         )
-    assert saved["model"] == model.config and saved["preprocessing"] == {
+    assert saved.model == model.config and saved.preprocessing == {
         "input": "features",
         "feature_dim": 16,
     }
@@ -404,4 +404,4 @@ def test_training_runs_and_the_checkpoint_evaluates(
     assert "no held-out caption has a relevant image" in calibrated["relevance"]["skipped"]
     assert calibrated["annotations"]["calibration"]["ece"] >= 0
     loaded, _ = load_checkpoint(out / "best")
-    assert loaded.config["image"]["kind"] == cfg["model"]["image"]["kind"]
+    assert loaded.config["image"]["kind"] == cfg.model["image"]["kind"]

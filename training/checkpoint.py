@@ -58,7 +58,7 @@ def _weights_to_save(model: DualEncoder) -> tuple[dict[str, torch.Tensor], dict[
     """
     kept: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
-    seen: dict[tuple, str] = {}
+    seen: dict[tuple[Any, ...], str] = {}
     for name, tensor in model.state_dict().items():
         key = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
         if tensor.numel() > 0 and key in seen:
@@ -129,13 +129,13 @@ def save_checkpoint(directory: str | os.PathLike[str], model: DualEncoder, meta:
 
 
 class CheckpointMeta(BaseModel):
-    """What ``config.json`` must hold for a checkpoint to load (checked by :func:`read_checkpoint_config`).
+    """A checkpoint's ``config.json``: what every reader relies on, then what the trainer records.
 
-    Readers keep the plain dict (its training keys, ``objective``, ``data``, ``val_metrics``, ... are
-    free-form and optional); this model only states the contract every reader relies on.
+    Returned by :func:`read_checkpoint_config` and :func:`load_checkpoint`. Keys a later version may
+    add are kept (``extra="allow"``) so an older reader can still load the model.
     """
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
     format: Literal["icr-checkpoint"]
     format_version: Literal[1]
     model: dict[str, Any]
@@ -145,6 +145,25 @@ class CheckpointMeta(BaseModel):
     embed_dim: int = Field(ge=1)
     metric: Literal["cosine", "inner_product"]
     weights_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # written by the trainer (``Trainer.checkpoint_meta``); absent from a checkpoint written otherwise
+    objective: dict[str, Any] | None = None  # name, params, the learned logit scale if any
+    decoding: dict[str, Any] | None = None  # the [decoding] section it trained with
+    data: dict[str, Any] | None = None  # path, kind, train_split, fingerprint of the training data
+    step: int | None = None
+    epoch: int | None = None
+    val_metrics: dict[str, float] | None = None  # the validation that made it best/ (None: last/)
+    train_config: dict[str, Any] | None = None  # the whole TrainConfig, as its JSON form
+
+    @property
+    def captions_per_image(self) -> int:
+        """``data.captions_per_image`` it was trained with (5, the default, when not recorded): every
+        later reader of the dataset (index build, calibrate, evaluate, COCOS) must use the same."""
+        data = (self.train_config or {}).get("data") or {}
+        return int(data.get("captions_per_image", 5))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``config.json`` document, every key it holds."""
+        return self.model_dump(mode="json")
 
 
 # --- reading --------------------------------------------------------------------------------------
@@ -157,7 +176,7 @@ def _checkpoint_dir(directory: str | os.PathLike[str]) -> Path:
     return directory
 
 
-def read_checkpoint_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
+def read_checkpoint_config(directory: str | os.PathLike[str]) -> CheckpointMeta:
     """The checkpoint's ``config.json``, checked for format and version; weights are not read."""
     path = _checkpoint_dir(directory) / CONFIG_FILE
     try:
@@ -180,15 +199,7 @@ def read_checkpoint_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path}: checkpoint format_version {version!r}, this code reads version {FORMAT_VERSION} "
             f"(use the icr release that wrote it). {HINT}"
         )
-    validated(CheckpointMeta, config, str(path), "checkpoint config", HINT)
-    return config
-
-
-def trained_captions_per_image(config: dict[str, Any]) -> int:
-    """``data.captions_per_image`` the checkpoint was trained with (5, the default, when not recorded):
-    every later reader of the dataset (index build, calibrate, evaluate, COCOS) must use the same."""
-    data = (config.get("train_config") or {}).get("data") or {}
-    return int(data.get("captions_per_image", 5))
+    return validated(CheckpointMeta, config, str(path), "checkpoint config", HINT)
 
 
 def checkpoint_sha256(directory: str | os.PathLike[str]) -> str:
@@ -196,7 +207,7 @@ def checkpoint_sha256(directory: str | os.PathLike[str]) -> str:
 
     Cheap: the weights are not re-hashed here; :func:`load_checkpoint` verifies the record.
     """
-    return str(read_checkpoint_config(directory)["weights_sha256"])
+    return read_checkpoint_config(directory).weights_sha256
 
 
 def _read_weights(path: Path, expected_sha: str) -> dict[str, torch.Tensor]:
@@ -245,8 +256,8 @@ def _load_weights(model: DualEncoder, weights: dict[str, torch.Tensor], path: Pa
 
 def load_checkpoint(
     directory: str | os.PathLike[str], device: str | torch.device = "cpu"
-) -> tuple[DualEncoder, dict[str, Any]]:
-    """(model in eval mode on ``device``, the full ``config.json``). Uses no training code.
+) -> tuple[DualEncoder, CheckpointMeta]:
+    """(model in eval mode on ``device``, its ``config.json``). Uses no training code.
 
     Checks the format version and the weights' sha256; every problem is a ValueError or
     FileNotFoundError naming the file and saying what to do.
@@ -254,20 +265,20 @@ def load_checkpoint(
     directory = _checkpoint_dir(directory)
     config = read_checkpoint_config(directory)
     config_path = directory / CONFIG_FILE
-    weights = _read_weights(directory / WEIGHTS_FILE, str(config["weights_sha256"]))
+    weights = _read_weights(directory / WEIGHTS_FILE, config.weights_sha256)
     vocab = None
-    if config["vocab"] is not None:
+    if config.vocab is not None:
         try:
-            vocab = Vocabulary.from_dict(config["vocab"])
+            vocab = Vocabulary.from_dict(config.vocab)
         except ValueError as err:
             raise ValueError(f"{config_path}: bad vocabulary: {err}. {HINT}") from None
     tokenizer_dir = None
-    if config["tokenizer"] is not None:
-        tokenizer_dir = directory / str(config["tokenizer"])
+    if config.tokenizer is not None:
+        tokenizer_dir = directory / config.tokenizer
         if not tokenizer_dir.is_dir():
             raise FileNotFoundError(f"{tokenizer_dir}: the checkpoint's tokenizer folder is missing. {HINT}")
     try:
-        model = build_model(config["model"], vocab, load_weights=False, tokenizer_dir=tokenizer_dir)
+        model = build_model(config.model, vocab, load_weights=False, tokenizer_dir=tokenizer_dir)
     except ValueError as err:
         raise ValueError(f"{config_path}: cannot rebuild the model: {err}. {HINT}") from None
     _load_weights(model, weights, directory / WEIGHTS_FILE)

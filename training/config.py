@@ -1,8 +1,8 @@
-"""Training configuration: TOML files plus ``--set key=value`` overrides, validated against defaults.
+"""Training configuration: TOML files plus ``--set key=value`` overrides, validated into a typed config.
 
-A config is a nested dict with the sections below. Unknown keys are errors (a typo must not
-silently train with a default); ``model`` and ``decoding`` are validated by the code that consumes
-them (the model builder, the target decoders). ``[loss]`` holds ``name`` plus one table of
+:class:`TrainConfig` holds every default and its description. Unknown keys are errors (a typo must
+not silently train with a default); ``model`` and ``decoding`` are validated by the code that
+consumes them (the model builder, the target decoders). ``[loss]`` holds ``name`` plus one table of
 parameters per objective (``[loss.ntxent] temperature = 0.05``), so ``--set loss.name=...`` switches
 objectives without tripping over another objective's parameters.
 """
@@ -10,7 +10,6 @@ objectives without tripping over another objective's parameters.
 from __future__ import annotations
 
 import copy
-import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -22,60 +21,126 @@ from icr.core.devices import Device
 from icr.training.losses import load_all
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "configs"
-_FREE_FORM = ("loss",)  # [loss.<objective>] tables: checked against the registry in _check
+_FREE_FORM = ("loss",)  # [loss.<objective>] tables: checked against the registry in _check_loss
+# Assignments are validated too, so a config changed in code is held to the same types as a file.
+_SECTION = ConfigDict(strict=True, extra="forbid", validate_assignment=True)
 
-DEFAULTS: dict[str, Any] = {
-    "name": "",
-    "data": {
-        "path": "icr-demo/data",  # Karpathy JSON (file or folder with images) or precomp folder
-        "train_split": "train",
-        "val_split": "val",
-        "captions_per_image": 5,
-        "val_images": 1000,  # validate on the first N images of the val split (0 = all)
-        "preload": "auto",  # decode all training images into memory when they fit in 2 GiB
-        "cache_dir": "",  # LTD targets; default: <data>/.icr-cache
-        # Which pairs of a batch are positives: "annotations" (a caption and its own image), or
-        # "ground_truth" (embedded benchmark: also every other image the caption is true of, so
-        # no relevant pair is ever used as a negative).
-        "positives": "annotations",
-    },
-    "model": {},  # see training.models (normalize_model_config fills the defaults)
-    "loss": {"name": "ntxent"},  # + [loss.<name>] tables of parameters
-    "decoding": {},  # kind = none | ltd | itd, mode = dual | constraint, ...: see target_decoding.py
-    "optim": {
-        "optimizer": "adam",  # adam | adamw
-        "lr": 2e-4,
-        "weight_decay": 0.0,
-        # step (x gamma every lr_update epochs) | cosine (one value per epoch) | cosine_step (per
-        # step, to 0 at the last) | linear (to 0) | constant
-        "schedule": "step",
-        "lr_update": 15,
-        "gamma": 0.1,
-        "warmup_steps": 0,  # linear lr warm-up
-        "grad_clip": 2.0,  # max gradient norm, 0 = off
-    },
-    "train": {
-        "epochs": 30,
-        "max_steps": 0,  # stop after this many optimizer steps in total (0 = no limit); resumable
-        "batch_size": 128,  # global batch (split over processes under torchrun)
-        "seed": 0,
-        "device": "auto",  # auto | cpu | cuda
-        "amp": "auto",  # auto (CUDA: bf16 if supported, else fp16; CPU: off) | bf16 | fp16 | on (fp16) | off
-        "workers": 0,  # DataLoader worker processes
-        "val_every": 1,  # epochs, and after the last epoch; 0 = never (last checkpoint only)
-        # Stop when validation rsum has not improved for this many epochs (0 = run all epochs):
-        # "until validation stops improving", the papers' protocol. Epochs stays the upper bound
-        # (and the length the lr schedule is laid out over).
-        "patience": 0,
-        "log_every": 20,  # steps between metrics.jsonl lines
-        "save_every": 500,  # steps between resumable training-state saves
-        "swa": False,  # average snapshots from the last 10% of every epoch (LTD setting)
-        "swa_fraction": 0.1,
-        "swa_snapshots": 5,
-        "out": "runs/default",
-        "threads": 0,  # torch CPU threads, 0 = torch's default
-    },
-}
+
+class DataSection(BaseModel):
+    """``[data]``: which dataset, which splits, how batches find their positives."""
+
+    model_config = _SECTION
+    path: str = Field(
+        "icr-demo/data", description="Karpathy JSON (file or folder with images) or precomp folder"
+    )
+    train_split: str = "train"
+    val_split: str = "val"
+    captions_per_image: int = Field(5, ge=1)
+    val_images: int = Field(
+        1000, ge=0, description="validate on the first N images of the val split (0 = all)"
+    )
+    preload: Literal["auto"] | bool = Field(
+        "auto", description="decode all training images into memory (auto: when they fit in 2 GiB)"
+    )
+    cache_dir: str = Field("", description="LTD targets; default: <data>/.icr-cache")
+    positives: Literal["annotations", "ground_truth"] = Field(
+        "annotations",
+        description="which pairs of a batch are positives: a caption and its own image (annotations), "
+        "or, on the embedded benchmark, every image the caption is true of (ground_truth), so no "
+        "relevant pair is ever used as a negative",
+    )
+
+
+class OptimSection(BaseModel):
+    """``[optim]``: the optimizer and its learning-rate schedule."""
+
+    model_config = _SECTION
+    optimizer: Literal["adam", "adamw"] = "adam"
+    lr: float = Field(2e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    schedule: Literal["step", "cosine", "cosine_step", "linear", "constant"] = Field(
+        "step",
+        description="step (x gamma every lr_update epochs) | cosine (one value per epoch) | cosine_step "
+        "(per step, to 0 at the last) | linear (to 0) | constant",
+    )
+    lr_update: int = Field(15, ge=1, description="epochs between step decays")
+    gamma: float = Field(0.1, gt=0)
+    warmup_steps: int = Field(0, ge=0, description="linear lr warm-up")
+    grad_clip: float = Field(2.0, ge=0, description="max gradient norm, 0 = off")
+
+
+class TrainSection(BaseModel):
+    """``[train]``: the loop, its device and precision, checkpoints and logs."""
+
+    model_config = _SECTION
+    epochs: int = Field(30, ge=1)
+    max_steps: int = Field(
+        0, ge=0, description="stop after this many optimizer steps in total (0 = no limit); resumable"
+    )
+    batch_size: int = Field(128, ge=1, description="global batch (split over processes under torchrun)")
+    seed: int = 0
+    device: Device = "auto"
+    amp: Literal["auto", "bf16", "fp16", "on", "off"] = Field(
+        "auto",
+        description="auto (CUDA: bf16 if supported, else fp16; CPU: off) | bf16 | fp16 | on (fp16) | off",
+    )
+    workers: int = Field(0, ge=0, description="DataLoader worker processes")
+    val_every: int = Field(
+        1,
+        ge=0,
+        description="epochs between validations, and after the last epoch; 0 = never (last checkpoint only)",
+    )
+    patience: int = Field(
+        0,
+        ge=0,
+        description="stop when validation rsum has not improved for this many epochs (0 = run all "
+        "epochs): the papers' 'until validation stops improving'; epochs stays the upper bound and "
+        "the length the lr schedule is laid out over",
+    )
+    log_every: int = Field(20, ge=1, description="steps between metrics.jsonl lines")
+    save_every: int = Field(500, ge=1, description="steps between resumable training-state saves")
+    swa: bool = Field(False, description="average snapshots from the last swa_fraction of every epoch (LTD)")
+    swa_fraction: float = Field(0.1, gt=0, le=1)
+    swa_snapshots: int = Field(5, ge=1)
+    out: str = "runs/default"
+    threads: int = Field(0, ge=0, description="torch CPU threads, 0 = torch's default")
+
+
+class LossSection(BaseModel):
+    """``[loss]``: the objective's name, plus one table of parameters per objective (the extras)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", validate_assignment=True)
+    name: str = Field("ntxent", description="a registered objective (icr train --list-losses)")
+
+    def params(self) -> dict[str, Any]:
+        """Parameters of the selected objective: its ``[loss.<name>]`` table (empty: the defaults)."""
+        return dict((self.model_extra or {}).get(self.name, {}))
+
+
+class TrainConfig(BaseModel):
+    """One training run's configuration, every default included (``icr train --show-config``)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", validate_assignment=True)
+    name: str = Field("", description="the run's name; a config file's stem by default")
+    data: DataSection = Field(default_factory=DataSection)
+    model: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the towers; training.models.normalize_model_config fills the defaults",
+    )
+    loss: LossSection = Field(default_factory=LossSection)
+    decoding: dict[str, Any] = Field(
+        default_factory=dict,
+        description="kind = none | ltd | itd, mode = dual | constraint, ...: see training.target_decoding",
+    )
+    optim: OptimSection = Field(default_factory=OptimSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plain JSON form, as checkpoints and the resumable state record it."""
+        return self.model_dump(mode="json")
+
+
+SECTIONS: dict[str, type[BaseModel]] = {"data": DataSection, "optim": OptimSection, "train": TrainSection}
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any], strict: bool, where: str = "") -> dict[str, Any]:
@@ -135,7 +200,7 @@ def apply_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, A
     return out
 
 
-def load_config(name_or_path: str | None, overrides: list[str] | None = None) -> dict[str, Any]:
+def load_config(name_or_path: str | None, overrides: list[str] | None = None) -> TrainConfig:
     """Defaults <- config file <- overrides, with unknown keys rejected."""
     user: dict[str, Any] = {}
     if name_or_path:
@@ -146,86 +211,35 @@ def load_config(name_or_path: str | None, overrides: list[str] | None = None) ->
             raise ValueError(f"{path}: not valid TOML ({e})") from None
         user.setdefault("name", path.stem)
     user = apply_overrides(user, overrides or [])
-    config = _merge(DEFAULTS, user, strict=True)
-    _check(config)
-    return config
+    return typed_config(_merge(TrainConfig().as_dict(), user, strict=True))
 
 
-class DataSection(BaseModel):
-    """``[data]``: which dataset, which splits, how batches find their positives."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-    path: str
-    train_split: str
-    val_split: str
-    captions_per_image: int = Field(ge=1)
-    val_images: int = Field(ge=0)
-    preload: Literal["auto"] | bool
-    cache_dir: str
-    positives: Literal["annotations", "ground_truth"]
-
-
-class OptimSection(BaseModel):
-    """``[optim]``: the optimizer and its learning-rate schedule."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-    optimizer: Literal["adam", "adamw"]
-    lr: float = Field(gt=0)
-    weight_decay: float = Field(ge=0)
-    schedule: Literal["step", "cosine", "cosine_step", "linear", "constant"]
-    lr_update: int = Field(ge=1)
-    gamma: float = Field(gt=0)
-    warmup_steps: int = Field(ge=0)
-    grad_clip: float = Field(ge=0)
-
-
-class TrainSection(BaseModel):
-    """``[train]``: the loop, its device and precision, checkpoints and logs."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-    epochs: int = Field(ge=1)
-    max_steps: int = Field(ge=0)
-    batch_size: int = Field(ge=1)
-    seed: int
-    device: Device
-    amp: Literal["auto", "bf16", "fp16", "on", "off"]
-    workers: int = Field(ge=0)
-    val_every: int = Field(ge=0)
-    patience: int = Field(ge=0)
-    log_every: int = Field(ge=1)
-    save_every: int = Field(ge=1)
-    swa: bool
-    swa_fraction: float = Field(gt=0, le=1)
-    swa_snapshots: int = Field(ge=1)
-    out: str
-    threads: int = Field(ge=0)
-
-
-SECTIONS: dict[str, type[BaseModel]] = {"data": DataSection, "optim": OptimSection, "train": TrainSection}
-
-
-def _check(config: dict[str, Any]) -> None:
+def typed_config(config: dict[str, Any]) -> TrainConfig:
+    """A complete config dict (every section present) as a :class:`TrainConfig`; ValueError naming the
+    section, every bad key and how to fix it."""
     source = f"config {config.get('name') or '(overrides only)'}"
-    for section, model in SECTIONS.items():
+    for section, model in SECTIONS.items():  # one section at a time, so the message names it
         fix = f"Fix it in the TOML file or with --set {section}.KEY=VALUE"
         validated(model, config[section], source, f"[{section}]", fix)
+    _check_loss(config["loss"])
+    typed = validated(
+        TrainConfig, config, source, "config", "Fix it in the TOML file or with --set KEY=VALUE"
+    )
+    if not typed.data.path:
+        raise ValueError("data.path is empty; set it to a dataset folder, e.g. --set data.path=icr-demo/data")
+    return typed
 
+
+def _check_loss(loss: Any) -> None:
     registry = load_all()
-    if config["loss"].get("name") not in registry:
+    name = loss.get("name") if isinstance(loss, dict) else None
+    if name not in registry:
         raise ValueError(
-            f"loss.name={config['loss'].get('name')!r} is not an objective; choose one of "
-            f"{', '.join(sorted(registry))}"
+            f"loss.name={name!r} is not an objective; choose one of {', '.join(sorted(registry))}"
         )
-    for key, value in config["loss"].items():
+    for key, value in loss.items():
         if key != "name" and (key not in registry or not isinstance(value, dict)):
             raise ValueError(
                 f"[loss] may hold name and one parameter table per objective "
                 f"([loss.ntxent] temperature = 0.05); {key!r} is neither"
             )
-    if not os.fspath(config["data"]["path"]):
-        raise ValueError("data.path is empty; set it to a dataset folder, e.g. --set data.path=icr-demo/data")
-
-
-def loss_params(config: dict[str, Any]) -> dict[str, Any]:
-    """Parameters of the selected objective: the ``[loss.<name>]`` table (empty: the defaults)."""
-    return dict(config["loss"].get(config["loss"]["name"], {}))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -93,15 +94,19 @@ def _gather(x: Tensor) -> Tensor:
 
 
 class _AllGatherWithGrad(torch.autograd.Function):
-    """Concatenate every rank's rows; backward keeps the gradient slice of this rank's rows."""
+    """Concatenate every rank's rows; backward keeps the gradient slice of this rank's rows.
+
+    ``ctx`` is typed Any, as torch types it: autograd's context takes whatever attributes forward
+    stores on it for backward (``rows`` here).
+    """
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # x: (B, ...)
+    def forward(ctx: Any, x: Tensor) -> Tensor:  # x: (B, ...)
         ctx.rows = x.shape[0]
         return _gather(x.contiguous())  # (world_size * B, ...)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # grad: (world_size * B, ...)
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # grad: (world_size * B, ...)
         # No all-reduce here: every rank computed the same global loss, so its own slice already is
         # dL/d(local rows); the cross-rank sum happens once, on the parameters (sum_gradients).
         start = rank() * ctx.rows
@@ -117,7 +122,8 @@ def all_gather_with_grad(x: Tensor) -> Tensor:
     if not is_distributed():
         return x
     _check_equal_shapes(x, "all_gather_with_grad")
-    return _AllGatherWithGrad.apply(x)
+    gathered: Tensor = _AllGatherWithGrad.apply(x)  # Function.apply is untyped: returns forward's result
+    return gathered
 
 
 def all_gather_nograd(x: Tensor) -> Tensor:

@@ -99,7 +99,7 @@ def embed_captions(
 def open_embeddings(path: str | Path, dim: int) -> np.ndarray:
     """A memory-mapped (N, ``dim``) float .npy of precomputed embeddings (e.g. distractors), checked."""
     try:
-        emb = np.load(path, mmap_mode="r")
+        emb: np.ndarray = np.load(path, mmap_mode="r")  # a .npy file: one memmap array
     except (OSError, ValueError) as err:
         raise ValueError(f"{path}: cannot read embeddings ({err}); expected an (N, D) float32 .npy") from None
     if emb.ndim != 2 or emb.shape[1] != dim or not np.issubdtype(emb.dtype, np.floating):

@@ -82,7 +82,8 @@ class LatentTargetDecoder(nn.Module):
 
     def forward(self, cap_emb: Tensor) -> Tensor:
         """``cap_emb`` (B, embed_dim) -> decoded target (B, target_dim)."""
-        return self.net(cap_emb)
+        decoded: Tensor = self.net(cap_emb)  # nn.Module calls are typed Any
+        return decoded
 
     @staticmethod
     def reconstruction_loss(decoded: Tensor, targets: Tensor) -> Tensor:
@@ -129,7 +130,8 @@ class InputTargetDecoder(nn.Module):
         """
         h0 = self.init_hidden(cap_emb).unsqueeze(0)  # (1, B, H)
         states, _ = self.gru(self.embed(tokens[:, :-1]), h0.contiguous())  # (B, T-1, H)
-        return self.out(states)  # (B, T-1, V)
+        logits: Tensor = self.out(states)  # (B, T-1, V)
+        return logits
 
     def forward(self, cap_emb: Tensor, tokens: Tensor) -> Tensor:
         """Next-token log-probabilities (B, T-1, V), normalised over the vocabulary."""
@@ -153,7 +155,7 @@ class InputTargetDecoder(nn.Module):
                 f"<start> <end>, and cannot be longer than the padded batch)"
             )
         tokens = tokens[:, : int(lengths.max())]  # fixed-width padding (for all-gather) costs nothing
-        log_probs = self(cap_emb, tokens)  # (B, T-1, V)
+        log_probs: Tensor = self(cap_emb, tokens)  # (B, T-1, V); nn.Module calls are typed Any
         target_logp = log_probs.gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, T-1)
         steps = torch.arange(tokens.shape[1] - 1, device=tokens.device)  # (T-1,)
         valid = steps[None, :] < (lengths[:, None] - 1)  # (B, T-1): targets tokens[:, 1:length]
@@ -430,7 +432,7 @@ def _load_cached_targets(cache_path: Path, meta: dict[str, Any]) -> np.ndarray |
         stored = json.loads(_cache_meta_path(cache_path).read_text(encoding="utf-8"))
         if stored != meta:
             return None
-        array = np.load(cache_path, allow_pickle=False)
+        array: np.ndarray = np.load(cache_path, allow_pickle=False)  # a .npy file: one array
     except (OSError, ValueError, EOFError):  # missing, truncated or garbage: recompute
         return None
     if array.shape != (meta["count"], LATENT_TARGET_DIM) or array.dtype != np.float32:

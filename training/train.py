@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,41 +25,24 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from icr.core.atomic import atomic_write
 from icr.core.devices import resolve_device
 from icr.core.memory import peak_rss_mb
 from icr.training import distributed as dist
 from icr.training.checkpoint import save_checkpoint
-from icr.training.config import loss_params
+from icr.training.config import OptimSection, TrainConfig
 from icr.training.data.synthetic.generate import SCENES_NAME, split_scene_table
 from icr.training.data.synthetic.ground_truth import PairTruth
 from icr.training.data.synthetic.parse import parse_caption
 from icr.training.data.training_data import PlannedBatch, SplitData, open_split, plan_epoch, synthetic_source
-from icr.training.data.vocab import build_vocab_from_split
+from icr.training.data.vocab import Vocabulary, build_vocab_from_split
 from icr.training.embedding import embed_captions, embed_images
 from icr.training.evaluation.retrieval import evaluate_embeddings
 from icr.training.losses import build_loss
 from icr.training.models import build_model, normalize_model_config
+from icr.training.run_state import STATE_FILE, RunState, read_state, write_state
 from icr.training.target_decoding import TargetDecoding, build_decoding, compute_latent_targets
 
-STATE_FILE = "train_state.pt"
 METRICS_FILE = "metrics.jsonl"
-
-
-class ConfigMismatchError(ValueError):
-    """``--resume`` of a run whose ``train_state.pt`` was written with another config."""
-
-
-@dataclass
-class RunState:
-    """What a resumed run must restore besides module and optimizer states."""
-
-    epoch: int = 0
-    step_in_epoch: int = 0
-    global_step: int = 0
-    best_rsum: float = -1.0
-    best_epoch: int = -1
-    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 def amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
@@ -78,59 +59,59 @@ def amp_dtype(setting: str, device: torch.device) -> torch.dtype | None:
 
 
 def learning_rate(
-    optim: dict[str, Any], epochs: int, epoch: int, global_step: int, total_steps: int = 0
+    optim: OptimSection, epochs: int, epoch: int, global_step: int, total_steps: int = 0
 ) -> float:
     """A pure function of the position, so resuming needs no scheduler object."""
-    lr = float(optim["lr"])
-    if optim["schedule"] == "step":
-        lr *= float(optim["gamma"]) ** (epoch // max(1, int(optim["lr_update"])))
-    elif optim["schedule"] == "cosine":  # one value per epoch
+    lr = optim.lr
+    if optim.schedule == "step":
+        lr *= optim.gamma ** (epoch // optim.lr_update)
+    elif optim.schedule == "cosine":  # one value per epoch
         lr *= 0.5 * (1.0 + math.cos(math.pi * epoch / max(1, epochs)))
-    elif optim["schedule"] == "cosine_step":  # per step, to 0 at the last: for runs of few epochs
+    elif optim.schedule == "cosine_step":  # per step, to 0 at the last: for runs of few epochs
         lr *= 0.5 * (1.0 + math.cos(math.pi * global_step / max(1, total_steps)))
-    elif optim["schedule"] == "linear":  # to 0 at train.max_steps (Cross-Example Softmax paper)
+    elif optim.schedule == "linear":  # to 0 at train.max_steps (Cross-Example Softmax paper)
         lr *= max(0.0, 1.0 - global_step / max(1, total_steps))
-    warmup = int(optim["warmup_steps"])
+    warmup = optim.warmup_steps
     if warmup > 0 and global_step < warmup:
         lr *= (global_step + 1) / warmup
     return lr
 
 
 class Trainer:
-    """Owns the model, objective, optimizer and data of one run (built from a config dict)."""
+    """Owns the model, objective, optimizer and data of one run (built from its typed config)."""
 
-    def __init__(self, config: dict[str, Any], *, progress: bool = True) -> None:
+    def __init__(self, config: TrainConfig, *, progress: bool = True) -> None:
         self.config = config
         self.progress = progress and dist.is_main()
-        tcfg, dcfg = config["train"], config["data"]
-        if int(tcfg["threads"]) > 0:
-            torch.set_num_threads(int(tcfg["threads"]))
-        self.device = torch.device(resolve_device(tcfg["device"], "train.device"))
-        self.amp_dtype = amp_dtype(tcfg["amp"], self.device)
-        self.seed = int(tcfg["seed"])
-        self.out = Path(tcfg["out"]).expanduser()
+        tcfg, dcfg = config.train, config.data
+        if tcfg.threads > 0:
+            torch.set_num_threads(tcfg.threads)
+        self.device = torch.device(resolve_device(tcfg.device, "train.device"))
+        self.amp_dtype = amp_dtype(tcfg.amp, self.device)
+        self.seed = tcfg.seed
+        self.out = Path(tcfg.out).expanduser()
         world = dist.world_size()
-        self.batch_size = int(tcfg["batch_size"])
+        self.batch_size = tcfg.batch_size
         if self.batch_size % world:
             raise ValueError(f"train.batch_size={self.batch_size} must be divisible by the {world} processes")
 
-        self.loss_fn = build_loss(config["loss"]["name"], **loss_params(config))
-        per_image = int(dcfg["captions_per_image"])
+        self.loss_fn = build_loss(config.loss.name, **config.loss.params())
+        per_image = dcfg.captions_per_image
         self.train_data = open_split(
-            dcfg["path"],
-            dcfg["train_split"],
+            dcfg.path,
+            dcfg.train_split,
             captions_per_image=per_image,
-            preload=dcfg["preload"],
+            preload=dcfg.preload,
             progress=self.progress,
         )
         self.val_data: SplitData | None = None
-        if int(tcfg["val_every"]) > 0:
+        if tcfg.val_every > 0:
             self.val_data = open_split(
-                dcfg["path"], dcfg["val_split"], captions_per_image=per_image, preload=False
-            ).head(int(dcfg["val_images"]))
+                dcfg.path, dcfg.val_split, captions_per_image=per_image, preload=False
+            ).head(dcfg.val_images)
 
-        self.pair_truth = self._pair_truth(dcfg["positives"])
-        model_cfg = normalize_model_config(config["model"])
+        self.pair_truth = self._pair_truth(dcfg.positives)
+        model_cfg = normalize_model_config(config.model)
         self.vocab = self._vocabulary(model_cfg)
         torch.manual_seed(self.seed)  # identical initial weights on every process and every run
         self.model = build_model(model_cfg, self.vocab).to(self.device)
@@ -144,8 +125,8 @@ class Trainer:
         self.train_transform = self.model.image_transform(train=True)
 
     # --- construction -----------------------------------------------------------------------
-    def _vocabulary(self, model_cfg: dict[str, Any]):
-        needs_vocab = model_cfg["text"]["kind"] == "gru" or self.config["decoding"].get("kind") == "itd"
+    def _vocabulary(self, model_cfg: dict[str, Any]) -> Vocabulary | None:
+        needs_vocab = model_cfg["text"]["kind"] == "gru" or self.config.decoding.get("kind") == "itd"
         if not needs_vocab:
             return None
 
@@ -186,18 +167,18 @@ class Trainer:
         return True
 
     def _decoding(self) -> TargetDecoding | None:
-        decoding = build_decoding(self.config["decoding"], embed_dim=self.model.embed_dim, vocab=self.vocab)
+        decoding = build_decoding(self.config.decoding, embed_dim=self.model.embed_dim, vocab=self.vocab)
         if decoding is None:
             return None
         decoding.to(self.device)
         if decoding.kind == "ltd":
-            cache_dir = self.config["data"]["cache_dir"] or str(_default_cache_dir(self.train_data))
+            cache_dir = self.config.data.cache_dir or str(_default_cache_dir(self.train_data))
             path = Path(cache_dir) / f"ltd-targets-{self.train_data.fingerprint[:16]}.npy"
             self.targets = compute_latent_targets(self.train_data.captions, path, progress=self.progress)
         return decoding
 
     def _optimizer(self) -> torch.optim.Optimizer:
-        ocfg = self.config["optim"]
+        ocfg = self.config.optim
         params = [p for p in self.model.encoder_parameters() if p.requires_grad]
         if self.decoding is not None:
             params += [p for p in self.decoding.decoder_parameters() if p.requires_grad]
@@ -210,8 +191,8 @@ class Trainer:
                 "nothing to train: every tower is frozen and there is no decoder or learned logit scale; "
                 "set model.image.finetune or model.text.finetune to true"
             )
-        cls = torch.optim.AdamW if ocfg["optimizer"] == "adamw" else torch.optim.Adam
-        return cls(groups, lr=float(ocfg["lr"]), weight_decay=float(ocfg["weight_decay"]))
+        cls = torch.optim.AdamW if ocfg.optimizer == "adamw" else torch.optim.Adam
+        return cls(groups, lr=ocfg.lr, weight_decay=ocfg.weight_decay)
 
     # --- batches ----------------------------------------------------------------------------
     def _local_slice(self, plan: PlannedBatch) -> PlannedBatch:
@@ -251,7 +232,7 @@ class Trainer:
         return batch
 
     def _batches(self, plans: list[PlannedBatch], epoch: int, start: int) -> Iterator[dict[str, Any]]:
-        workers = int(self.config["train"]["workers"])
+        workers = self.config.train.workers
         if workers == 0:
             for k in range(start, len(plans)):
                 yield self._make_batch(self._local_slice(plans[k]), epoch, k)
@@ -314,7 +295,7 @@ class Trainer:
         # are complete (every process computes the same global loss from the gathered rows)
         dist.sum_gradients(self.model.encoder_parameters())
         self.scaler.unscale_(self.optimizer)
-        clip = float(self.config["optim"]["grad_clip"])
+        clip = self.config.optim.grad_clip
         if clip > 0:
             nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]], clip)
         self.scaler.step(self.optimizer)
@@ -326,9 +307,9 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        tcfg = self.config["train"]
-        epochs, max_steps = int(tcfg["epochs"]), int(tcfg["max_steps"])
-        log_every, save_every = max(1, int(tcfg["log_every"])), max(1, int(tcfg["save_every"]))
+        tcfg = self.config.train
+        epochs, max_steps = tcfg.epochs, tcfg.max_steps
+        log_every, save_every = tcfg.log_every, tcfg.save_every
         if dist.is_main():
             self.out.mkdir(parents=True, exist_ok=True)
         self.model.train()
@@ -344,8 +325,8 @@ class Trainer:
                     f"({len(self.train_data.captions)} captions); lower it"
                 )
             self.loss_fn.on_epoch_start(epoch)
-            swa_from = len(plans) - max(1, int(len(plans) * float(tcfg["swa_fraction"])))
-            swa_every = max(1, (len(plans) - swa_from) // max(1, int(tcfg["swa_snapshots"])))
+            swa_from = len(plans) - max(1, int(len(plans) * tcfg.swa_fraction))
+            swa_every = max(1, (len(plans) - swa_from) // tcfg.swa_snapshots)
             bar = tqdm(
                 total=len(plans),
                 initial=self.state.step_in_epoch,
@@ -359,7 +340,7 @@ class Trainer:
                 self._batches(plans, epoch, self.state.step_in_epoch), start=self.state.step_in_epoch
             ):
                 lr = learning_rate(
-                    self.config["optim"],
+                    self.config.optim,
                     epochs,
                     epoch,
                     self.state.global_step,
@@ -370,7 +351,7 @@ class Trainer:
                 self.state.step_in_epoch = k + 1
                 n = len(plans[k].cap_idx)
                 samples, window_samples = samples + n, window_samples + n
-                if tcfg["swa"] and k >= swa_from and (k - swa_from) % swa_every == 0:
+                if tcfg.swa and k >= swa_from and (k - swa_from) % swa_every == 0:
                     self._swa_update()
                 if not math.isfinite(logged["loss"]):
                     raise FloatingPointError(
@@ -426,8 +407,8 @@ class Trainer:
             self.model.load_state_dict(self.swa.module.state_dict())
             self.swa = None
         self.state.epoch, self.state.step_in_epoch = epoch + 1, 0
-        val_every = int(self.config["train"]["val_every"])
-        last = epoch + 1 == int(self.config["train"]["epochs"])
+        val_every = self.config.train.val_every
+        last = epoch + 1 == self.config.train.epochs
         if val_every > 0 and ((epoch + 1) % val_every == 0 or last) and dist.is_main():
             metrics = self.validate()
             self.state.history.append({"epoch": epoch + 1, **metrics})
@@ -445,7 +426,7 @@ class Trainer:
 
     def _out_of_patience(self) -> bool:
         """``train.patience`` epochs have passed since validation rsum last improved."""
-        patience = int(self.config["train"]["patience"])
+        patience = self.config.train.patience
         if patience <= 0:  # every process knows this from the config: no collective needed
             return False
         best = self.state.best_epoch  # validation runs on rank 0 only: it decides for all
@@ -475,7 +456,7 @@ class Trainer:
                 "params": self.loss_fn.params(),
                 **self._learned_scale_meta(),
             },
-            "decoding": self.config["decoding"],
+            "decoding": self.config.decoding,
             "data": {
                 "path": str(self.train_data.source),
                 "kind": self.train_data.kind,
@@ -485,7 +466,7 @@ class Trainer:
             "step": self.state.global_step,
             "epoch": self.state.epoch,
             "val_metrics": metrics,
-            "train_config": self.config,
+            "train_config": self.config.as_dict(),
         }
 
     def _learned_scale_meta(self) -> dict[str, float]:
@@ -497,66 +478,33 @@ class Trainer:
         save_checkpoint(self.out / name, self.model, self.checkpoint_meta(metrics))
 
     def save_state(self) -> None:
-        """Everything a resume needs, written atomically (a crash mid-write keeps the previous state)."""
+        """Everything a resume needs (``training.run_state``), written by the main process."""
         if not dist.is_main():
             return
-        state = {
-            "format_version": 1,
-            "config": self.config,
-            "run": self.state.__dict__,
+        modules = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "decoding": self.decoding.state_dict() if self.decoding is not None else None,
             "swa": self.swa.state_dict() if self.swa is not None else None,
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            },
         }
-        atomic_write(self.out / STATE_FILE, lambda handle: torch.save(state, handle))
+        write_state(self.out / STATE_FILE, self.config, self.state, modules)
 
     def load_state(self) -> bool:
         """Restore ``train_state.pt`` from ``train.out`` if there is one; returns whether it did."""
-        path = self.out / STATE_FILE
-        if not path.is_file():
+        restored = read_state(self.out / STATE_FILE, self.config, self.device)
+        if restored is None:
             return False
-        try:
-            state = torch.load(path, map_location=self.device, weights_only=False)
-        except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
-            raise ValueError(f"{path}: cannot read the training state ({e}); delete it to restart") from None
-        if _comparable(state["config"]) != _comparable(self.config):
-            raise ConfigMismatchError(
-                f"{path} was written by a run with a different config; resume with the "
-                "same config and --set values, or choose a new train.out"
-            )
-        self.state = RunState(**state["run"])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
+        self.state, modules = restored
+        self.model.load_state_dict(modules["model"])
+        self.optimizer.load_state_dict(modules["optimizer"])
+        self.scaler.load_state_dict(modules["scaler"])
         if self.decoding is not None:
-            self.decoding.load_state_dict(state["decoding"])
-        if state["swa"] is not None:
+            self.decoding.load_state_dict(modules["decoding"])
+        if modules["swa"] is not None:
             self.swa = torch.optim.swa_utils.AveragedModel(self.model)
-            self.swa.load_state_dict(state["swa"])
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"].cpu())
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            # map_location moved the saved states to the GPU; the setter takes CPU byte tensors
-            torch.cuda.set_rng_state_all([state.cpu() for state in rng["cuda"]])
+            self.swa.load_state_dict(modules["swa"])
         return True
-
-
-def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """The config minus the keys that may change between a run and its resume."""
-    out = json.loads(json.dumps(config))
-    for key in ("max_steps", "epochs", "workers", "log_every", "save_every", "threads"):
-        out["train"].pop(key, None)
-    return out
 
 
 def _default_cache_dir(data: SplitData) -> Path:
@@ -564,10 +512,10 @@ def _default_cache_dir(data: SplitData) -> Path:
     return base / ".icr-cache"
 
 
-def train(config: dict[str, Any], *, resume: bool = False, progress: bool = True) -> dict[str, Any] | None:
-    """Train one model from a config dict (see ``training.config``); the summary (None off rank 0)."""
+def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict[str, Any] | None:
+    """Train one model from its config (``training.config.load_config``); the summary (None off rank 0)."""
     # the backend follows train.device, not the hardware: CPU processes on a GPU machine use gloo
-    cuda = resolve_device(config["train"]["device"], "train.device") == "cuda"
+    cuda = resolve_device(config.train.device, "train.device") == "cuda"
     started = dist.init_from_env(backend="nccl" if cuda else "gloo")
     try:
         trainer = Trainer(config, progress=progress)

@@ -11,7 +11,7 @@ import numpy as np
 from fastapi import APIRouter, Query, Request
 
 from icr.service.errors import ApiError
-from icr.service.jobs import QueueFull, owner_alive
+from icr.service.jobs import JobRow, JobStore, QueueFull, owner_alive
 from icr.service.routes.deps import settings_of
 from icr.service.schemas import BenchmarkJob, BenchmarkList, BenchmarkRequest, error_responses
 from icr.service.strict_json import StrictJSONRoute
@@ -21,6 +21,33 @@ from icr.training.evaluation.metrics.protocols import protocol_folds
 
 log = logging.getLogger("icr.service")
 router = APIRouter(prefix="/v1/benchmarks", tags=["benchmarks"], route_class=StrictJSONRoute)
+
+
+def _jobs(request: Request) -> JobStore:
+    """The app's job store, typed: ``app.state`` is not, and this lets mypy check the routes' use of it."""
+    jobs: JobStore = request.app.state.jobs
+    return jobs
+
+
+def job_body(job: JobRow) -> BenchmarkJob:
+    """The API's view of a job: its public columns, field by field (not the attempt, worker pid or
+    lease, which are the servers' bookkeeping; the report as read: None when read without it)."""
+    return BenchmarkJob(
+        id=job.id,
+        status=job.status,
+        dataset=job.dataset,
+        split=job.split,
+        protocol=job.protocol,
+        distractors=job.distractors,
+        progress=job.progress,
+        stage=job.stage,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        error=job.error,
+        metrics=job.metrics,
+        report=job.report,
+    )
 
 
 def _splits(data: Path) -> dict[str, int]:
@@ -126,7 +153,7 @@ def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
             f"distractors: at most {settings.max_benchmark_distractors} (ICR_MAX_BENCHMARK_DISTRACTORS)",
         )
     try:
-        job = request.app.state.jobs.submit(
+        job = _jobs(request).submit(
             body.dataset, body.split, body.protocol, body.distractors, max_queued=settings.max_queued_jobs
         )
     except QueueFull as full:
@@ -138,7 +165,7 @@ def submit(body: BenchmarkRequest, request: Request) -> BenchmarkJob:
             headers={"Retry-After": "60"},
         ) from None
     request.app.state.runner.wake()
-    return BenchmarkJob(**job)
+    return job_body(job)
 
 
 @router.get(
@@ -151,13 +178,13 @@ def list_jobs(
     request: Request, limit: Annotated[int, Query(ge=1, le=500, description="How many jobs.")] = 50
 ) -> BenchmarkList:
     _reap(request)
-    return BenchmarkList(jobs=[BenchmarkJob(**j) for j in request.app.state.jobs.list(limit)])
+    return BenchmarkList(jobs=[job_body(j) for j in _jobs(request).list(limit)])
 
 
 def _reap(request: Request) -> None:
     """Before a job is shown: a running job whose server process on this host is gone is marked
     interrupted now, not when its lease expires (a server on another host: when it expires)."""
-    if request.app.state.jobs.reap(owner_alive):
+    if _jobs(request).reap(owner_alive):
         log.warning("benchmark job(s) whose server is gone marked interrupted")
 
 
@@ -169,10 +196,10 @@ def _reap(request: Request) -> None:
 )
 def get_job(job_id: str, request: Request) -> BenchmarkJob:
     _reap(request)
-    job = request.app.state.jobs.get(job_id)
+    job = _jobs(request).get(job_id)
     if job is None:
         raise ApiError(404, "not_found", f"no benchmark job {job_id!r}; GET /v1/benchmarks lists them")
-    return BenchmarkJob(**job)
+    return job_body(job)
 
 
 @router.delete(
@@ -185,12 +212,12 @@ def cancel_job(job_id: str, request: Request) -> BenchmarkJob:
     """Cancel a job (the admin key, as for submission: service.access). A queued job never runs; a
     running one's worker is stopped by the server that runs it within a third of the job lease. A
     finished job: 409."""
-    before = request.app.state.jobs.get(job_id, with_report=False)
+    before = _jobs(request).get(job_id, with_report=False)
     if before is None:
         raise ApiError(404, "not_found", f"no benchmark job {job_id!r}; GET /v1/benchmarks lists them")
-    job = request.app.state.jobs.cancel(job_id)
-    if job["status"] != "cancelled" or before["status"] not in ("queued", "running"):
-        raise ApiError(
-            409, "job_finished", f"job {job_id} already ended ({job['status']}); nothing to cancel"
-        )
-    return BenchmarkJob(**job)
+    job = _jobs(request).cancel(job_id)
+    if job is None:  # deleted between the two reads: only the retention purge deletes, finished jobs
+        raise ApiError(409, "job_finished", f"job {job_id} already ended; nothing to cancel")
+    if job.status != "cancelled" or before.status not in ("queued", "running"):
+        raise ApiError(409, "job_finished", f"job {job_id} already ended ({job.status}); nothing to cancel")
+    return job_body(job)

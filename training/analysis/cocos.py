@@ -78,7 +78,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from icr.training.checkpoint import load_checkpoint, trained_captions_per_image
+from icr.training.checkpoint import load_checkpoint
 from icr.training.data.training_data import open_split, plan_epoch
 from icr.training.embedding import embed_captions, embed_images
 from icr.training.losses import build_loss
@@ -343,17 +343,17 @@ def run_cocos(
     if max_batches is not None and max_batches < 1:
         raise ValueError(f"cocos: max_batches must be >= 1 (or None for the whole split), got {max_batches}")
     model, config = load_checkpoint(checkpoint, device=device)
-    saved = config.get("objective") or {}
+    saved = config.objective or {}
     if objective is None:
         if not saved.get("name"):
             raise ValueError(f"{checkpoint}: the checkpoint records no objective; pass one (--objective)")
         objective = str(saved["name"])
     base = dict(saved.get("params") or {}) if objective == saved.get("name") else {}
     loss = build_loss(objective, **{**base, **dict(params or {})})
-    loss.on_epoch_start(int(config.get("epoch") or 0))
+    loss.on_epoch_start(config.epoch or 0)
     counter = _choose_counter(counter, loss)
     # the same captions per image as in training, so batches and positives match the trained ones
-    per_image = trained_captions_per_image(config)
+    per_image = config.captions_per_image
     # a few batches touch few images: decoding the whole split first (preload) would dominate
     split_data = open_split(
         data,

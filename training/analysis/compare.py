@@ -30,11 +30,12 @@ import numpy as np
 
 from icr.core.atomic import atomic_write_text
 from icr.training.analysis.cocos import run_cocos
-from icr.training.config import load_config
+from icr.training.config import TrainConfig, load_config
 from icr.training.evaluation.full_report import EvalOptions, evaluate_checkpoint
 from icr.training.evaluation.plots import plot_grouped_bars, plot_pr_curves
 from icr.training.losses import load_all
-from icr.training.train import STATE_FILE, train
+from icr.training.run_state import STATE_FILE
+from icr.training.train import train
 
 RESULT_FILE = "result.json"
 
@@ -126,7 +127,7 @@ class Regime:
         return self.patience * self._factor(variant)
 
 
-def run_config(regime: Regime, variant: Variant, seed: int, out: Path) -> dict[str, Any]:
+def run_config(regime: Regime, variant: Variant, seed: int, out: Path) -> TrainConfig:
     return load_config(
         regime.base_config,
         [
@@ -177,7 +178,7 @@ def run_one(
     run_dir = _run_dir(runs_dir, variant, seed)
     result_path = run_dir / RESULT_FILE
     if result_path.is_file():
-        result = json.loads(result_path.read_text())
+        result: dict[str, Any] = json.loads(result_path.read_text())
         if result.get("regime_key") != regime.key():
             raise ValueError(
                 f"{run_dir} was trained under another regime (epochs, batch size, config or overrides "
@@ -255,7 +256,7 @@ def _get(result: dict[str, Any], path: str) -> float | None:
         if not isinstance(node, dict) or part not in node:
             return None
         node = node[part]
-    return node
+    return float(node) if isinstance(node, int | float) else None
 
 
 def _table(

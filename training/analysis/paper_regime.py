@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from icr.training.analysis.compare import RESULT_FILE, Regime, Variant, compare
-from icr.training.analysis.paper_findings import goal_variant, load_reports, write_findings
+from icr.training.analysis.findings_catalogue import goal_variant
+from icr.training.analysis.findings_report import load_reports, write_findings
 
 ECIR = ("triplet", "triplet_hardest", "ntxent", "smoothap")
 CROSS_EXAMPLE = ("sampled_softmax", "cross_example_softmax", "cross_example_mining", "snm")

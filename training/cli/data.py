@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -219,7 +219,7 @@ def check(
         typer.echo(f"{name}: {n} images decoded, {dataset.split(name).num_captions} captions: ok")
 
 
-def dataset_statistics(path: Path, images: Path | None = None) -> dict:
+def dataset_statistics(path: Path, images: Path | None = None) -> dict[str, Any]:
     """Statistics of a Karpathy or precomp dataset, plus ground truth for synthetic ones."""
     from icr.training.data.karpathy import load_karpathy
     from icr.training.data.precomp import available_precomp_splits, is_precomp, load_precomp

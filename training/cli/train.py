@@ -58,7 +58,7 @@ def train_command(
         raise ValueError("pass --config FILE or a shipped config name (icr train --list-configs)")
     cfg = load_config(config, set_ or [])
     if show_config:
-        print_summary(cfg)
+        print_summary(cfg.as_dict())
         return
     from icr.training.train import train
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from icr.training.data.karpathy import KarpathyDataset
@@ -9,7 +11,7 @@ from icr.training.data.precomp import PrecompSplit
 from icr.training.data.vocab import build_training_vocab
 
 
-def _length_stats(token_lists: list[list[str]]) -> dict:
+def _length_stats(token_lists: list[list[str]]) -> dict[str, int | float]:
     lengths = np.asarray([len(t) for t in token_lists]) if token_lists else np.zeros(1)
     return {
         "mean_caption_tokens": round(float(lengths.mean()), 2),
@@ -19,7 +21,7 @@ def _length_stats(token_lists: list[list[str]]) -> dict:
     }
 
 
-def describe_karpathy(dataset: KarpathyDataset) -> dict:
+def describe_karpathy(dataset: KarpathyDataset) -> dict[str, Any]:
     """Images, captions and caption lengths per split; vocabulary size of the train split."""
     splits = {}
     for name, split in dataset.splits.items():
@@ -41,7 +43,7 @@ def describe_karpathy(dataset: KarpathyDataset) -> dict:
     return out
 
 
-def describe_precomp(splits: dict[str, PrecompSplit]) -> dict:
+def describe_precomp(splits: dict[str, PrecompSplit]) -> dict[str, Any]:
     """Feature shapes and caption counts per precomp split."""
     return {
         "splits": {

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from icr.core.devices import resolve_device
 from icr.core.top_k import padded_queries
-from icr.training.checkpoint import checkpoint_sha256, load_checkpoint, trained_captions_per_image
+from icr.training.checkpoint import checkpoint_sha256, load_checkpoint
 from icr.training.data.cxc import PRECOMP_TO_KARPATHY, cxc_relevance, intramodal_pairs, load_cxc, split_ids
 from icr.training.data.karpathy import load_karpathy
 from icr.training.data.precomp import available_precomp_splits, is_precomp
@@ -116,7 +116,8 @@ class EmbeddedSplit:
     @cached_property
     def sim(self) -> np.ndarray:
         """(N_img, N_cap) scores, computed once (calibration and metrics both read them)."""
-        return self.img_emb @ self.cap_emb.T
+        sim: np.ndarray = self.img_emb @ self.cap_emb.T
+        return sim
 
     def labels(self) -> tuple[str, Relevance]:
         """The best relevance available: ground truth when the dataset has it, else annotations."""
@@ -579,13 +580,13 @@ def evaluate_checkpoint(
     """Load ``checkpoint`` and :func:`evaluate_model` it; the report names the checkpoint."""
     options = replace(options, device=resolve_device(options.device))  # auto -> cuda or cpu
     model, config = load_checkpoint(checkpoint, options.device)
-    options = replace(options, captions_per_image=trained_captions_per_image(config))
+    options = replace(options, captions_per_image=config.captions_per_image)
     report = evaluate_model(model, data_path, options)
     report["checkpoint"] = {
         "path": str(checkpoint),
         "sha256": checkpoint_sha256(checkpoint),
-        "objective": config.get("objective"),
-        "decoding": config.get("decoding"),
-        "step": config.get("step"),
+        "objective": config.objective,
+        "decoding": config.decoding,
+        "step": config.step,
     }
     return report

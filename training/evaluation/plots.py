@@ -7,18 +7,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from icr.core.atomic import atomic_write
+
+if TYPE_CHECKING:  # annotations only: matplotlib is imported inside _figure (plots only)
+    from matplotlib.figure import Figure
 
 # Lines drawn per direction in the score-distribution plot: enough to see the spread, few enough
 # to stay readable (the percentile curves summarise all sampled queries).
 MAX_QUERY_LINES = 300
 
 
-def _figure(ncols: int = 1, width: float = 6.0, height: float = 4.5):
+def _figure(ncols: int = 1, width: float = 6.0, height: float = 4.5) -> tuple[ModuleType, Figure, np.ndarray]:
+    """``(pyplot, figure, axes)``: a headless figure with one row of ``ncols`` axes (an object array)."""
     import matplotlib  # noqa: PLC0415 (matplotlib: plots only)
 
     matplotlib.use("Agg", force=True)
@@ -28,7 +33,7 @@ def _figure(ncols: int = 1, width: float = 6.0, height: float = 4.5):
     return plt, fig, axes[0]
 
 
-def _save(plt, fig, path: str | Path) -> Path:
+def _save(plt: ModuleType, fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

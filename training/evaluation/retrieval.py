@@ -70,7 +70,8 @@ def similarity(img_emb: ArrayOrTensor, cap_emb: ArrayOrTensor) -> np.ndarray:
         raise ValueError(
             f"img_emb and cap_emb must have the same embedding size, got {img.shape[1]} and {cap.shape[1]}"
         )
-    return img @ cap.T  # (N_img, N_cap) float32
+    sim_np: np.ndarray = img @ cap.T  # (N_img, N_cap) float32
+    return sim_np
 
 
 def _check_layout(img_of_cap: np.ndarray | torch.Tensor, n_img: int, n_cap: int) -> Relevance:

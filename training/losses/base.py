@@ -18,18 +18,22 @@ Batch layouts (``sampling``):
 from __future__ import annotations
 
 import inspect
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 LOSSES: dict[str, type[ContrastiveLoss]] = {}
 
+# The class a decorator receives and returns unchanged, so the decorated class keeps its own type.
+_LossClass = TypeVar("_LossClass", bound="type[ContrastiveLoss]")
 
-def register(name: str):
+
+def register(name: str) -> Callable[[_LossClass], _LossClass]:
     """Class decorator: make a loss selectable by ``name`` (the user-facing vocabulary)."""
 
-    def decorate(cls: type[ContrastiveLoss]) -> type[ContrastiveLoss]:
+    def decorate(cls: _LossClass) -> _LossClass:
         if name in LOSSES:
             raise RuntimeError(f"loss {name!r} registered twice: {LOSSES[name].__name__}, {cls.__name__}")
         cls.name = name
@@ -95,9 +99,11 @@ class ContrastiveLoss(nn.Module):
         if self._learned_scale is not None:
             return sim * self._learned_scale.to(sim.dtype)
         if self.logit_scale_param == "temperature":
-            return sim / getattr(self, "temperature")  # noqa: B009 - set by the subclass
+            temperature: float = getattr(self, "temperature")  # noqa: B009 - set by the subclass
+            return sim / temperature
         if self.logit_scale_param == "scale":
-            return getattr(self, "scale") * sim  # noqa: B009 - set by the subclass
+            scale: float = getattr(self, "scale")  # noqa: B009 - set by the subclass
+            return scale * sim
         raise ValueError(f"{self.name} has no temperature or logit scale")
 
     def fixed_logit_scale(self) -> float | None:

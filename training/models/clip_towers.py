@@ -252,7 +252,8 @@ class _PretrainedTower(nn.Module):
 
     def _layers(self) -> nn.ModuleList:
         encoder: Any = self.model.encoder  # an HF encoder: its layers are a ModuleList
-        return encoder.layers
+        layers: nn.ModuleList = encoder.layers
+        return layers
 
     def _top(self) -> list[nn.Module]:
         """The final LayerNorm and the projection: trainable in every fine-tuning mode."""

@@ -196,7 +196,7 @@ def _opt_str(key: str, v: Any) -> str | None:
     return v
 
 
-def _opt_dict(key: str, v: Any) -> dict | None:
+def _opt_dict(key: str, v: Any) -> dict[str, Any] | None:
     if v is not None and not isinstance(v, dict):
         raise ValueError(f"{key} must be a JSON object or null (filled in by the model builder), got {v!r}")
     return copy.deepcopy(v)
@@ -303,9 +303,10 @@ def takes_features(image_cfg: dict[str, Any]) -> bool:
 
 def learns_logit_scale(cfg: dict[str, Any]) -> bool:
     """Whether a (normalised) model config has a learned logit scale (see the module docstring)."""
-    if cfg["logit_scale"] == "auto":
+    scale: str = cfg["logit_scale"]  # normalised: one of LOGIT_SCALES
+    if scale == "auto":
         return any(cfg[tower]["kind"] in PRETRAINED_PAIR_KINDS for tower in ("image", "text"))
-    return cfg["logit_scale"] == "learned"
+    return scale == "learned"
 
 
 def _normalize_tower(

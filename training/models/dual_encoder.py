@@ -83,11 +83,13 @@ class DualEncoder(nn.Module):
     def encode_image(self, images: Tensor) -> Tensor:
         """(B, 3, H, W) pixels, or features for precomp ((B, R, F) / (B, F)) and vsrn ((B, R, F))
         -> (B, D) unit rows."""
-        return self.image_encoder(images)
+        emb: Tensor = self.image_encoder(images)  # nn.Module calls are typed Any
+        return emb
 
     def encode_text(self, batch: dict[str, Tensor]) -> Tensor:
         """A batch from :meth:`tokenize` -> (B, D) unit rows."""
-        return self.text_encoder(batch)
+        emb: Tensor = self.text_encoder(batch)  # nn.Module calls are typed Any
+        return emb
 
     def forward(self, images: Tensor, text_batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         return self.encode_image(images), self.encode_text(text_batch)  # (B, D), (B', D)

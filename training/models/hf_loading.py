@@ -35,7 +35,8 @@ def _transformers() -> Any:
 def config_dict(config: Any) -> dict[str, Any]:
     """JSON-serialisable dict of an HF ``PretrainedConfig`` (label maps and local path dropped)."""
     data = {k: v for k, v in config.to_dict().items() if k not in _DROPPED_KEYS}
-    return json.loads(json.dumps(data))  # fails loudly on anything that is not plain JSON
+    plain: dict[str, Any] = json.loads(json.dumps(data))  # fails loudly on anything that is not plain JSON
+    return plain
 
 
 def _attn_kwargs(attention: bool) -> dict[str, str]:
@@ -54,9 +55,11 @@ def load_pretrained(path: str | Path, what: str, *, attention: bool) -> PreTrain
             "folder saved with save_pretrained (config.json + model.safetensors)"
         )
     try:
-        return transformers.AutoModel.from_pretrained(
+        # transformers is imported untyped (see _transformers), so name what AutoModel returns
+        model: PreTrainedModel = transformers.AutoModel.from_pretrained(
             str(folder), local_files_only=True, **_attn_kwargs(attention)
         )
+        return model
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise ValueError(f"{folder}: cannot load {what} from this folder: {err}") from None
 
@@ -70,7 +73,8 @@ def model_from_config_dict(data: dict[str, Any], what: str, *, attention: bool) 
         raise ValueError(f"the stored {what} config has no model_type; re-create the model from its folder")
     try:
         config = transformers.AutoConfig.for_model(model_type, **fields)
-        return transformers.AutoModel.from_config(config, **_attn_kwargs(attention))
+        model: PreTrainedModel = transformers.AutoModel.from_config(config, **_attn_kwargs(attention))
+        return model
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"cannot rebuild {what} from the stored config ({err})") from None
 

@@ -30,7 +30,8 @@ class _HFResNet(nn.Module):
         self.model = model
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.model(pixel_values=images).pooler_output.flatten(1)  # (B, F)
+        pooled: Tensor = self.model(pixel_values=images).pooler_output  # (B, F, 1, 1)
+        return pooled.flatten(1)  # (B, F)
 
 
 class _TorchvisionResNet(nn.Module):
@@ -39,7 +40,8 @@ class _TorchvisionResNet(nn.Module):
         self.model = model  # its fc is an Identity: the output is the pooled 2048-d feature
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.model(images)  # (B, F)
+        features: Tensor = self.model(images)  # (B, F)
+        return features
 
 
 def _torchvision_resnet(arch: str) -> tuple[nn.Module, int]:

@@ -44,7 +44,8 @@ class ReasoningLayer(nn.Module):
         """(B, N, D) -> (B, N, D)."""
         affinity = self.theta(v) @ self.phi(v).transpose(1, 2) / v.shape[1]  # (B, N, N)
         y = affinity @ self.g(v)  # (B, N, D)
-        wy = self.bn(self.w(y).transpose(1, 2)).transpose(1, 2)  # BN over channels, stats over B x N
+        # BN over channels, stats over B x N
+        wy: Tensor = self.bn(self.w(y).transpose(1, 2)).transpose(1, 2)
         return v + wy
 
 

@@ -102,7 +102,8 @@ class Backbone(nn.Module):
         """(B, 3, S, S) normalised pixels -> (B, dim, grid, grid) post-ReLU region features."""
         # channels_last: oneDNN's convolutions are faster on CPU in this layout; same values.
         x = self.trunk(images.contiguous(memory_format=torch.channels_last))  # (B, 4w, S/8, S/8)
-        return self.project(self.pool(x))  # (B, dim, g, g)
+        fmap: Tensor = self.project(self.pool(x))  # (B, dim, g, g)
+        return fmap
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
         """-> cell logits (B, L, g, g) and global logits (B, tones + counts)."""

@@ -115,7 +115,7 @@ def locate_source(folder: str | os.PathLike[str], manifest: dict[str, Any]) -> P
     """
     folder = Path(folder)
     source = manifest["source"]
-    candidates = [folder / source["relative"], Path(source["resolved"]), Path(source["path"])]
+    candidates: list[Path] = [folder / source["relative"], Path(source["resolved"]), Path(source["path"])]
     existing = [c for c in candidates if (c / SCENES_NAME).is_file() and (c / JSON_NAME).is_file()]
     for candidate in existing:
         if source_fingerprint(candidate) == source["fingerprint"]:

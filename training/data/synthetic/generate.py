@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,7 @@ def _png_bytes(image: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _progress(total: int, enabled: bool, desc: str):
+def _progress(total: int, enabled: bool, desc: str) -> tqdm:
     return tqdm(total=total, disable=not enabled, desc=desc, unit="img")
 
 
@@ -119,7 +120,7 @@ def write_dataset(
     progress: bool = False,
     tone_captions: float = 0.0,
     count_captions: float = 0.0,
-) -> dict:
+) -> dict[str, Any]:
     """Generate the benchmark into `out` and return its summary.
 
     ``tone_captions`` > 0 or ``count_captions`` > 0 write training data rather than the benchmark:
@@ -215,7 +216,7 @@ def _synth_items(
     return out
 
 
-def _ordered_map(fn: Callable[..., Any], args: Sequence[tuple], workers: int) -> Iterator[Any]:
+def _ordered_map(fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], workers: int) -> Iterator[Any]:
     """``fn(*a)`` for each ``a`` of ``args``, in order; ``workers`` > 1 runs them in that many
     processes, at most ``2 * workers`` ahead of the consumer."""
     if workers <= 1 or len(args) < 2:
@@ -225,7 +226,7 @@ def _ordered_map(fn: Callable[..., Any], args: Sequence[tuple], workers: int) ->
 
     # spawn, not fork: the parent may hold OpenMP/torch threads that a forked child would inherit
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        pending: deque = deque()
+        pending: deque[AsyncResult[Any]] = deque()
         for a in args:
             pending.append(pool.apply_async(fn, a))
             if len(pending) >= 2 * workers:
@@ -234,7 +235,7 @@ def _ordered_map(fn: Callable[..., Any], args: Sequence[tuple], workers: int) ->
             yield pending.popleft().get()
 
 
-def _write_json(path: Path, payload: dict) -> None:
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
     # Compact but stable: sorted keys are not used so the Karpathy field order stays familiar.
     path.write_text(json.dumps(payload, separators=(",", ":")), encoding="utf-8")
 
@@ -243,7 +244,7 @@ def _write_json(path: Path, payload: dict) -> None:
 class SyntheticScenes:
     """The scene structures stored beside a synthetic dataset."""
 
-    generator: dict
+    generator: dict[str, Any]  # scenes.json's "generator" record (see write_dataset)
     by_imgid: dict[int, Scene]
 
     @property

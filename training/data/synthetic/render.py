@@ -135,7 +135,8 @@ def noise_bits(rng: np.random.Generator, size: int) -> np.ndarray:
     """(size * size * 3,) uint16: the bits the pixel noise of one image is drawn from, the next
     ceil(size * size * 3 / 4) 64-bit outputs of ``rng``'s bit generator, cut into 16-bit words from
     the least significant end."""
-    return words_to_bits(rng.bit_generator.random_raw(noise_words(size))[None], size)[0]
+    bits: np.ndarray = words_to_bits(rng.bit_generator.random_raw(noise_words(size))[None], size)[0]
+    return bits
 
 
 def _window(shape: str, radius: float, size: int) -> tuple[int, int]:
@@ -150,7 +151,8 @@ def _window(shape: str, radius: float, size: int) -> tuple[int, int]:
 
 def _parity(q: np.ndarray) -> np.ndarray:
     """``q % 2`` of integer-valued floats, exactly, without numpy's slow float remainder."""
-    return q - 2 * np.floor(q * np.float32(0.5))
+    parity: np.ndarray = q - 2 * np.floor(q * np.float32(0.5))
+    return parity
 
 
 def _background(scenes: Sequence[Scene], size: int, out: np.ndarray) -> None:
@@ -229,7 +231,8 @@ def _coverage(
             inside = functools.reduce(np.maximum, (lines[e] for e in piece))
             d = inside if d is None else np.minimum(d, inside)
         assert d is not None
-    return np.clip(np.float32(0.5 + _GROW) - d, 0, 1)
+    coverage: np.ndarray = np.clip(np.float32(0.5 + _GROW) - d, 0, 1)
+    return coverage
 
 
 def render_batch(scenes: Sequence[Scene], size: int, bits: np.ndarray) -> np.ndarray:
@@ -298,4 +301,5 @@ def _render_chunk(scenes: Sequence[Scene], size: int, bits: np.ndarray) -> np.nd
 
 def render(scene: Scene, size: int, rng: np.random.Generator) -> np.ndarray:
     """(size, size, 3) uint8 image of ``scene``; ``rng`` gives only the noise bits (:func:`noise_bits`)."""
-    return render_batch([scene], size, noise_bits(rng, size)[None])[0]
+    image: np.ndarray = render_batch([scene], size, noise_bits(rng, size)[None])[0]
+    return image

@@ -35,7 +35,8 @@ def _background(bg: Background, size: int) -> np.ndarray:
         w = ((np.floor(xs / bg.period) + np.floor(ys / bg.period)) % 2).astype(np.float32)
     else:
         raise ValueError(f"unknown background texture {bg.texture!r}; expected {world.BACKGROUND_TEXTURES}")
-    return c1 * (1 - w[..., None]) + c2 * w[..., None]
+    background: np.ndarray = c1 * (1 - w[..., None]) + c2 * w[..., None]
+    return background
 
 
 def _polygon(o: SceneObject, cx: float, cy: float, r: float) -> list[tuple[float, float]]:
@@ -99,4 +100,5 @@ def render_v1(scene: Scene, size: int, rng: np.random.Generator) -> np.ndarray:
     rgb = np.where(alpha > 0, small[..., :3], 0.0)
     image = _background(scene.background, size) * (1 - alpha) + rgb * alpha
     image += rng.normal(0.0, scene.background.noise, size=image.shape).astype(np.float32)
-    return np.clip(np.rint(image), 0, 255).astype(np.uint8)
+    pixels: np.ndarray = np.clip(np.rint(image), 0, 255).astype(np.uint8)
+    return pixels

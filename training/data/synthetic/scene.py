@@ -4,6 +4,7 @@ decided from. Geometry is relative ([0, 1] image coordinates) so a scene renders
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class Scene:
     background: Background
     objects: tuple[SceneObject, ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         # what dataclasses.asdict gives (the fields are flat), without its recursive deep copy: the
         # index build writes a million of these (15 s per 100,000 through asdict)
         return {
@@ -56,7 +57,7 @@ class Scene:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> Scene:
+    def from_dict(cls, d: dict[str, Any]) -> Scene:
         bg = dict(d["background"])
         bg["rgb"], bg["rgb2"] = tuple(bg["rgb"]), tuple(bg["rgb2"])
         objects = tuple(SceneObject(**{**o, "rgb": tuple(o["rgb"])}) for o in d["objects"])

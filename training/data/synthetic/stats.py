@@ -8,6 +8,7 @@ of many images besides the one it was written for, exactly the false negatives t
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from icr.training.data.synthetic.ground_truth import relevance_matrix
 from icr.training.data.synthetic.scene import Scene, SceneTable
 
 
-def relevance_stats(split: CaptionSplit, scenes: list[Scene]) -> dict:
+def relevance_stats(split: CaptionSplit, scenes: list[Scene]) -> dict[str, Any]:
     """Per split: object counts, relevant images per caption, and a self-consistency check."""
     table = SceneTable.from_scenes(scenes)
     rel = relevance_matrix(split.captions, table)  # (5N, N) bool

@@ -41,7 +41,8 @@ class ScoreHistogram:
 
     @property
     def centres(self) -> np.ndarray:
-        return (self.edges[:-1] + self.edges[1:]) / 2
+        centres: np.ndarray = (self.edges[:-1] + self.edges[1:]) / 2
+        return centres
 
 
 def score_histogram(

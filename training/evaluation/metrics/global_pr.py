@@ -44,7 +44,8 @@ class PRCurve:
 
     @property
     def precision(self) -> np.ndarray:
-        return self.tp / np.maximum(self.tp + self.fp, 1)
+        precision: np.ndarray = self.tp / np.maximum(self.tp + self.fp, 1)
+        return precision
 
     @property
     def recall(self) -> np.ndarray:

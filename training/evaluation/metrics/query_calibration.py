@@ -113,11 +113,13 @@ def query_groups(group_by: str, texts: Sequence[str]) -> np.ndarray:
 def standardised(scores: np.ndarray) -> np.ndarray:
     """Each score standardised by the mean and spread of its own list's top ``STATS_DEPTH``."""
     top = scores[:, :STATS_DEPTH]
-    return (scores - top.mean(1, keepdims=True)) / (top.std(1, keepdims=True) + 1e-6)
+    u: np.ndarray = (scores - top.mean(1, keepdims=True)) / (top.std(1, keepdims=True) + 1e-6)
+    return u
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:
-    return np.logaddexp(0.0, x)
+    y: np.ndarray = np.logaddexp(0.0, x)
+    return y
 
 
 def _inputs(
@@ -165,7 +167,10 @@ class QueryCalibration:
         z = (z - self.feature_mean) / self.feature_std
         out = np.maximum(z @ self.w1 + self.b1, 0.0) @ self.w2 + self.b2  # (Q, 3)
         log_rank = np.log(np.arange(1, scores.shape[1] + 1, dtype=np.float64))  # (depth,)
-        return _softplus(out[:, :1]) * standardised(scores) + out[:, 1:2] - _softplus(out[:, 2:]) * log_rank
+        logits: np.ndarray = (
+            _softplus(out[:, :1]) * standardised(scores) + out[:, 1:2] - _softplus(out[:, 2:]) * log_rank
+        )
+        return logits
 
     def __call__(
         self, scores: np.ndarray, embeddings: np.ndarray | None = None, texts: Sequence[str] | None = None

@@ -93,15 +93,21 @@ class Relevance:
 
     def image_rows_at(self, images: np.ndarray) -> np.ndarray:
         """(len(images), N_cap) bool: captions relevant to the given image rows."""
+        rows: np.ndarray  # numpy types fancy indexing and broadcast == of untyped arrays as Any
         if self.dense is not None:
-            return self.dense[images]
-        return self._layout()[None, :] == np.asarray(images, dtype=np.int64)[:, None]
+            rows = self.dense[images]
+        else:
+            rows = self._layout()[None, :] == np.asarray(images, dtype=np.int64)[:, None]
+        return rows
 
     def caption_rows_at(self, captions: np.ndarray) -> np.ndarray:
         """(len(captions), N_img) bool: images relevant to the given caption columns."""
+        rows: np.ndarray  # as in image_rows_at: numpy gives these expressions no array type
         if self.dense is not None:
-            return np.ascontiguousarray(self.dense[:, captions].T)
-        return np.arange(self.n_img, dtype=np.int64)[None, :] == self._layout()[captions, None]
+            rows = np.ascontiguousarray(self.dense[:, captions].T)
+        else:
+            rows = np.arange(self.n_img, dtype=np.int64)[None, :] == self._layout()[captions, None]
+        return rows
 
     def num_pairs(self) -> int:
         """Number of relevant (image, caption) pairs."""
@@ -109,9 +115,12 @@ class Relevance:
 
     def positive_scores(self, sim: np.ndarray) -> np.ndarray:
         """(num_pairs,) scores of the relevant pairs, in no particular order."""
+        scores: np.ndarray  # numpy types fancy indexing of an untyped array as Any
         if self.dense is None:
-            return np.asarray(sim[self.img_of_cap, np.arange(self.n_cap)])
-        return np.asarray(sim)[self.dense]
+            scores = np.asarray(sim[self.img_of_cap, np.arange(self.n_cap)])
+        else:
+            scores = np.asarray(sim)[self.dense]
+        return scores
 
     def subset(self, images: np.ndarray, captions: np.ndarray) -> Relevance:
         """The relevance between a subset of image rows and caption columns (rows renumbered)."""
