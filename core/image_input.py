@@ -11,6 +11,8 @@ before anything is decoded or resized:
 * ``max_aspect_ratio``: longer side / shorter side, which bounds the size after the shorter side
   is scaled to the model's input size (at most ratio x size^2 pixels).
 
+A decoded image is turned upright by its EXIF orientation tag, as viewers show it.
+
 The service applies them to uploads (``ICR_MAX_IMAGE_PIXELS``, ``ICR_MAX_ASPECT_RATIO``) and
 gallery builds to every image file they read (:func:`training.data.karpathy.load_image`).
 """
@@ -23,7 +25,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 # What uploads may be: the formats browsers and cameras produce, decoded by PIL's own code.
 UPLOAD_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
@@ -84,7 +86,10 @@ def open_image(source: bytes | str | os.PathLike[str], limits: ImageLimits = Ima
             with warnings.catch_warnings():
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
                 image.load()
-                return image.convert("RGB")  # a copy, detached from the file
+                # the way every viewer shows it: a phone stores its photos sideways, with an EXIF
+                # orientation tag, and a model shown them sideways embeds something else
+                upright = ImageOps.exif_transpose(image)
+                return upright.convert("RGB")  # a copy, detached from the file
         except (Image.DecompressionBombWarning, Image.DecompressionBombError):
             raise _too_many_pixels((width, height), limits) from None
         except (OSError, ValueError, SyntaxError) as err:

@@ -16,6 +16,7 @@ from icr.service.cli import serve_command
 from icr.training.cli.analyze import analyze_app
 from icr.training.cli.data import data_app
 from icr.training.cli.evaluate import evaluate_command
+from icr.training.cli.model import model_app
 from icr.training.cli.train import train_command
 
 app = typer.Typer(
@@ -29,6 +30,7 @@ app.add_typer(data_app, name="data")
 app.command("train")(train_command)
 app.command("evaluate")(evaluate_command)
 app.add_typer(analyze_app, name="analyze")
+app.add_typer(model_app, name="model")
 app.command("embed")(embed_command)
 app.add_typer(index_app, name="index")
 app.command("serve")(serve_command)

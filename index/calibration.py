@@ -170,7 +170,17 @@ def _maps_block(maps: Any, fit: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _search_hits(index: Any, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+def searchable_index(index_dir: Path, manifest: Manifest) -> Any:
+    """The index folder's FAISS index, set to the nprobe the service searches it with."""
+    index, _, metadata = load_index_dir(index_dir)
+    metadata.close()
+    nprobe = manifest.recall_check.get("nprobe")
+    if nprobe and nprobe_of(index) is not None:
+        set_nprobe(index, int(nprobe))
+    return index
+
+
+def search_hits(index: Any, queries: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
     """(scores, ids) (Q, depth) from the FAISS index; short rows padded with their last score, id -1."""
     scores, ids = search(index, queries, depth)
     width = max(1, max(len(r) for r in scores))
@@ -199,11 +209,7 @@ def _calibrate_in_index(
     per_image: int,  # captions per image, as the checkpoint was trained
     n_generated: int,
 ) -> dict[str, Any]:
-    index, _, metadata = load_index_dir(index_dir)
-    metadata.close()
-    nprobe = manifest.recall_check.get("nprobe")
-    if nprobe and nprobe_of(index) is not None:
-        set_nprobe(index, int(nprobe))  # searched as the service searches it
+    index = searchable_index(index_dir, manifest)
     gallery_split = manifest.data["split"]
     tables = [split_scene_table(data, gallery_split)]
     if manifest.distractor_count:
@@ -215,7 +221,7 @@ def _calibrate_in_index(
         split_data = open_split(data, split, captions_per_image=per_image)
         captions = split_data.captions
         emb = embed_captions(model, captions, device=device, progress=progress)  # (Q, D)
-        scores, ids = _search_hits(index, emb, depth)
+        scores, ids = search_hits(index, emb, depth)
         # a caption's own image (when it is in this gallery) is not a hit on an unseen image
         own = split_data.img_of_cap if split == gallery_split else None
         hits = synthetic_hits(
@@ -228,7 +234,7 @@ def _calibrate_in_index(
         queries = generated_queries(load_scenes(data).seed, start, n)
         texts = [q.text for q in queries]
         emb = embed_captions(model, texts, device=device, progress=False)  # (n, D)
-        scores, ids = _search_hits(index, emb, depth)
+        scores, ids = search_hits(index, emb, depth)
         hits = synthetic_hits(texts, scores, ids, table, g, judge_distractors=False)
         return hits, emb, texts, [q.style for q in queries]
 
@@ -263,7 +269,7 @@ def _calibrate_in_index(
         ood = {}
         for group, texts in ood_groups(fit_texts).items():
             emb = embed_captions(model, texts, device=device, progress=False)  # (Q, D)
-            scores, _ = _search_hits(index, emb, depth)
+            scores, _ = search_hits(index, emb, depth)
             words = [model.unknown_words(t) for t in texts]
             ood[group] = mapped(maps.per_query, scores, emb, texts, maps.evidence, words)
         ood["held_out_kind"] = held_out_kind_relevance(
@@ -373,7 +379,7 @@ class CalibrationFile(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     format_version: Literal[2, 3]
     checkpoint_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    method: Literal["per_query"]
+    method: Literal["per_query", "global"]  # global: one map for every query (a user's labels)
     labels: str
     labels_note: str | None = None
     global_: dict[str, Any] = Field(alias="global")

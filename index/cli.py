@@ -324,6 +324,20 @@ def calibrate(
             "added to the fit, and as many others judged beside the evaluation (0: none)."
         ),
     ] = 2000,
+    labels: Annotated[
+        Path | None,
+        typer.Option(
+            help="Your labels (jsonl, csv or parquet: query, image, relevant): fit the map on them "
+            "instead, each value a Clopper-Pearson lower bound (see below)."
+        ),
+    ] = None,
+    confidence: Annotated[
+        float, typer.Option(help="--labels: confidence of each lower bound.", min=0.5, max=0.999)
+    ] = 0.95,
+    relevant_from: Annotated[
+        float, typer.Option(help="--labels: graded labels count as relevant from this grade up.")
+    ] = 1.0,
+    min_block: Annotated[int, typer.Option(help="--labels: labels per score block at least.", min=1)] = 10,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
     """Fit score -> probability of relevance where thresholds act; writes calibration.json.
@@ -339,14 +353,40 @@ def calibrate(
     the maps are fitted on the validation split's annotated pairs (relevance is then
     underestimated, and the file says so).
 
+    With --labels (your own collection): each labelled query searches the index to --depth as the
+    service does; the labelled hits, sorted by score, are cut into blocks of at least --min-block
+    labels, and each block's relevance is the one-sided Clopper-Pearson lower bound of its fraction
+    relevant (never more than its labels can back). The table shows, per min_relevance, where the
+    threshold falls, what the labels above it show, how many more labels would bring its bound to
+    +-0.05, and what the map delivers on labels whose query and image it was not fitted on.
+
     Examples:
 
       icr index calibrate indices/test
 
       icr index calibrate indices/test --depth 500 --eval-split none
+
+      icr index calibrate indices/my-photos --labels my-labels.jsonl
     """
     from icr.index.calibration import CALIBRATION_FILE, calibrate_index
 
+    if labels is not None:
+        from icr.index.label_calibration import calibrate_from_labels
+
+        out = calibrate_from_labels(
+            index_dir,
+            labels,
+            checkpoint=checkpoint,
+            depth=depth,
+            confidence=confidence,
+            min_block=min_block,
+            relevant_from=relevant_from,
+            device=device,
+            progress=not quiet,
+        )
+        typer.echo(format_label_report(out["label_report"]))
+        typer.echo(f"wrote {index_dir / CALIBRATION_FILE}")
+        return
     result = calibrate_index(
         index_dir,
         checkpoint=checkpoint,
@@ -363,6 +403,32 @@ def calibrate(
     if "evaluation" in result:
         typer.echo(format_evaluation(result["evaluation"]))
     typer.echo(f"wrote {index_dir / CALIBRATION_FILE}")
+
+
+def format_label_report(report: dict[str, Any]) -> str:
+    """What the labels support at each min_relevance, and what the map delivers out of fold."""
+    lines = [
+        f"{report['used']:,} of {report['labels']:,} labels used ({report['beyond_depth']:,} beyond the "
+        f"search depth), {report['relevant']:,} relevant, {report['queries']:,} queries, "
+        f"{report['images']:,} images; bounds at {report['confidence']:.0%} confidence",
+        f"  {'min_relevance':<14} {'score':>8} {'labels above':>13} {'precision':>10} "
+        f"{'more labels for +-0.05':>23} {'out of fold: passed':>20} {'delivered':>10}",
+    ]
+    oof = report["out_of_fold"]["targets"]
+    for target, t in report["thresholds"].items():
+        o = oof[target]
+        delivered = "-" if o["delivered"] is None else f"{o['delivered']:.3f}"
+        if not t["reached"]:
+            lines.append(
+                f"  {target:<14} {'not reached: the best bound is ' + format(t['best_bound'], '.3f'):>56} "
+                f"{o['passed']:>20,} {delivered:>10}"
+            )
+            continue
+        lines.append(
+            f"  {target:<14} {t['score']:>8.4f} {t['labels_above']:>13,} {t['precision_above']:>10.3f} "
+            f"{t['more_labels']:>23,} {o['passed']:>20,} {delivered:>10}"
+        )
+    return "\n".join(lines)
 
 
 def format_evaluation(evaluation: dict[str, Any]) -> str:

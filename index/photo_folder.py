@@ -86,15 +86,19 @@ def read_metadata(path: str | os.PathLike[str] | None) -> PhotoMetadata:
     if path is None:
         return PhotoMetadata()
     path = Path(path)
+    return _keyed(read_rows(path, "metadata"), str(path))
+
+
+def read_rows(path: Path, what: str) -> list[dict[str, Any]]:
+    """The rows of a jsonl, csv or parquet file (``what`` names it in errors: "metadata", "labels")."""
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: metadata file not found")
+        raise FileNotFoundError(f"{path}: {what} file not found")
     suffix = path.suffix.lower()
     if suffix not in METADATA_SUFFIXES:
         raise ValueError(
-            f"{path}: metadata must be {', '.join(METADATA_SUFFIXES)}, not {suffix or 'no suffix'}"
+            f"{path}: {what} must be {', '.join(METADATA_SUFFIXES)}, not {suffix or 'no suffix'}"
         )
-    rows = _read_jsonl(path) if suffix in (".jsonl", ".ndjson") else _read_table(path)
-    return _keyed(rows, str(path))
+    return _read_jsonl(path) if suffix in (".jsonl", ".ndjson") else _read_table(path)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -159,3 +159,51 @@ def test_fuzzed_images_decode_exactly_when_within_every_limit(
     assert image.mode == "RGB" and image.size == (width, height)
     assert width * height <= max_pixels and max(width, height) / min(width, height) <= max_aspect
     assert fmt != "TIFF"
+
+
+def _phone_photo(path: Path, orientation: int) -> np.ndarray:
+    """A 64 x 48 JPEG stored sideways with an EXIF orientation tag, as phones write them; returns the
+    pixels as stored (decoded without the tag)."""
+    pixels = np.zeros((48, 64, 3), dtype=np.uint8)
+    pixels[:, :32] = (220, 30, 30)  # left half red
+    pixels[:, 32:] = (30, 30, 220)  # right half blue
+    pixels[:8, :8] = (30, 220, 30)  # a green corner, so a flip is not mistaken for a rotation
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # Orientation
+    Image.fromarray(pixels).save(path, format="JPEG", quality=95, exif=exif)
+    with Image.open(path) as stored:
+        return np.asarray(stored.convert("RGB"))
+
+
+# EXIF orientation -> what a viewer does to the stored pixels (rows, columns), written independently
+# of PIL's transpose table: 6 = rotate 90 degrees clockwise, 8 = counter-clockwise, 3 = 180, 2 = mirror.
+UPRIGHT = {
+    1: lambda a: a,
+    2: lambda a: a[:, ::-1],
+    3: lambda a: a[::-1, ::-1],
+    6: lambda a: np.rot90(a, k=-1),
+    8: lambda a: np.rot90(a, k=1),
+}
+
+
+@pytest.mark.parametrize("orientation", sorted(UPRIGHT))
+def test_photos_are_decoded_upright_by_their_exif_orientation(tmp_path: Path, orientation: int) -> None:
+    path = tmp_path / f"phone-{orientation}.jpg"
+    stored = _phone_photo(path, orientation)
+    expected = UPRIGHT[orientation](stored)
+    for source in (path, path.read_bytes()):  # gallery files and uploads
+        image = open_image(source, ImageLimits(formats=GALLERY_FORMATS))
+        assert image.size == (expected.shape[1], expected.shape[0])
+        np.testing.assert_array_equal(np.asarray(image), expected)
+    if orientation == 6:  # the sideways photo every viewer shows 48 wide and 64 high
+        assert image.size == (48, 64)
+
+
+def test_every_gallery_reader_sees_the_photo_upright(tmp_path: Path) -> None:
+    from icr.index.photo_folder import decode_image
+    from icr.training.data.karpathy import load_image
+
+    path = tmp_path / "sideways.jpg"
+    expected = UPRIGHT[6](_phone_photo(path, 6))
+    for image in (load_image(path), decode_image(path)):
+        np.testing.assert_array_equal(np.asarray(image), expected)

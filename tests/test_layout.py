@@ -19,7 +19,7 @@ from icr.training.losses import load_all
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("core", "training", "index", "service")
 # What the server must never import: the training loop and its entry points, the objectives, target
-# decoding (LTD/ITD), the analysis tools, the CLI and the benchmarks.
+# decoding (LTD/ITD), the analysis tools, the import of stock models, the CLI and the benchmarks.
 NOT_FOR_THE_SERVER = (
     "icr.training.train",
     "icr.training.cli.train",
@@ -27,6 +27,8 @@ NOT_FOR_THE_SERVER = (
     "icr.training.target_decoding",
     "icr.training.analysis",
     "icr.training.cli.evaluate",
+    "icr.training.cli.model",
+    "icr.training.pretrained_import",
     "icr.cli",
     "icr.demo",
     "bench",

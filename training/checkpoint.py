@@ -69,8 +69,9 @@ def _weights_to_save(model: DualEncoder) -> tuple[dict[str, torch.Tensor], dict[
     return kept, aliases
 
 
-def _check_replaceable(directory: Path) -> None:
-    """Refuse to replace a non-empty directory that is not a checkpoint (it may hold user data)."""
+def check_replaceable(directory: Path) -> None:
+    """Refuse to replace a non-empty directory that is not a checkpoint (it may hold user data);
+    :func:`save_checkpoint` checks it, and a command may check it before minutes of work."""
     if not directory.exists():
         return
     if not directory.is_dir():
@@ -100,7 +101,7 @@ def save_checkpoint(directory: str | os.PathLike[str], model: DualEncoder, meta:
         json.dumps(meta)
     except (TypeError, ValueError) as err:
         raise ValueError(f"checkpoint meta must be JSON-serialisable: {err}") from None
-    _check_replaceable(directory)
+    check_replaceable(directory)
     with staged_dir(directory) as tmp:
         weights, aliases = _weights_to_save(model)
         weights_path = tmp / WEIGHTS_FILE

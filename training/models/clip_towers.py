@@ -112,6 +112,16 @@ def pretrained_model(cfg: dict[str, Any], tower: str, load_weights: bool, cache:
     return model
 
 
+def embedding_size(config: Any, tower: str) -> int:
+    """The size of the ``tower`` ("image" or "text") embeddings of a CLIP/SigLIP model's config: CLIP's
+    ``projection_dim``; SigLIP's vision width (its pooling head keeps it) or text ``projection_size``."""
+    if config.model_type == "clip":
+        return int(config.projection_dim)
+    if tower == "image":
+        return int(config.vision_config.hidden_size)
+    return int(config.text_config.projection_size)
+
+
 def _check_embed_dim(out_dim: int, embed_dim: int, tower: str, family: str) -> None:
     if out_dim != embed_dim:
         raise ValueError(
@@ -299,7 +309,6 @@ class ClipImageEncoder(_PretrainedTower):
         vision = full.config.vision_config
         if self.family == "clip":
             self.proj = full.visual_projection
-            out_dim = int(full.config.projection_dim)
         else:
             if not getattr(vision, "vision_use_head", True):
                 raise ValueError(
@@ -307,8 +316,7 @@ class ClipImageEncoder(_PretrainedTower):
                     "tower needs its pooled output"
                 )
             self.proj = None
-            out_dim = int(vision.hidden_size)
-        _check_embed_dim(out_dim, embed_dim, "image", self.family)
+        _check_embed_dim(embedding_size(full.config, "image"), embed_dim, "image", self.family)
         _check_last_n(cfg, "image", len(self._layers()))
         _fill_preprocessing(cfg, self.family, int(vision.image_size), load_weights)
         self.pretrained_logit_scale = _logit_scale(full)
@@ -344,13 +352,8 @@ class ClipTextEncoder(_PretrainedTower):
         self.family: str = full.config.model_type
         self.model = full.text_model
         text = full.config.text_config
-        if self.family == "clip":
-            self.proj = full.text_projection
-            out_dim = int(full.config.projection_dim)
-        else:
-            self.proj = None
-            out_dim = int(text.projection_size)
-        _check_embed_dim(out_dim, embed_dim, "text", self.family)
+        self.proj = full.text_projection if self.family == "clip" else None
+        _check_embed_dim(embedding_size(full.config, "text"), embed_dim, "text", self.family)
         _check_last_n(cfg, "text", len(self._layers()))
         positions = int(text.max_position_embeddings)
         if cfg["max_len"] is None:

@@ -45,6 +45,16 @@ def _attn_kwargs(attention: bool) -> dict[str, str]:
     return {"attn_implementation": "sdpa"} if attention else {}
 
 
+def load_config(path: str | Path, what: str) -> Any:
+    """``AutoConfig.from_pretrained`` on a local folder (every default filled in, no weights read);
+    ValueError naming the folder otherwise."""
+    transformers = _transformers()
+    try:
+        return transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"{path}: cannot read the config of {what}: {err}") from None
+
+
 def load_pretrained(path: str | Path, what: str, *, attention: bool) -> PreTrainedModel:
     """``AutoModel.from_pretrained`` on a local folder; ValueError naming the folder otherwise."""
     transformers = _transformers()
