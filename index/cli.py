@@ -184,6 +184,12 @@ def build(
         typer.echo(f"left out {len(skipped)} file(s) that did not decode (listed in the manifest), e.g.:")
         for item in skipped[:5]:
             typer.echo(f"  {item['error']}")
+    unmatched = manifest.data.get("metadata_unmatched") or 0
+    if unmatched:
+        names = ", ".join(manifest.data.get("metadata_unmatched_files") or [])
+        typer.echo(
+            f"{unmatched} metadata row(s) name no image in the folder (a typo or a missing file): {names}"
+        )
 
 
 @fail_cleanly

@@ -162,7 +162,8 @@ def _file_distractors(path: Path, dim: int, chunk: int, progress: bool) -> Strea
 
 def _layout_distractors(root: Path, dim: int, progress: bool) -> Stream:
     """Distractors from an embeddings folder (``icr embed`` or clip-retrieval layout), shard by
-    shard; sources are the image paths its metadata records (``distractor:{k}`` without one)."""
+    shard; sources are the image paths its metadata records (``distractor:{k}`` without one), and
+    its other metadata columns become the rows' captions and fields."""
     folder = open_embeddings_folder(root, dim)
 
     def chunks() -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
@@ -171,7 +172,13 @@ def _layout_distractors(root: Path, dim: int, progress: bool) -> Stream:
             for vectors, meta in folder.chunks():
                 rows = []
                 for m in meta:
-                    rows.append(_distractor_row(str(m.get("image_path") or f"distractor:{k}")))
+                    row = _distractor_row(str(m.get("image_path") or f"distractor:{k}"))
+                    # its caption, url and any other column are kept, as a gallery's are
+                    row["captions"] = list(m.get("captions") or ([m["caption"]] if m.get("caption") else []))
+                    row["fields"] = {
+                        c: v for c, v in m.items() if c not in ("image_path", "caption", "captions")
+                    }
+                    rows.append(row)
                     k += 1
                 bar.update(len(rows))
                 yield vectors, rows

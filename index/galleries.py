@@ -32,6 +32,8 @@ from icr.training.data.synthetic.generate import load_scenes
 from icr.training.data.training_data import open_split, synthetic_dir
 from icr.training.embedding import embed_image_batch
 
+UNMATCHED_SHOWN = 20  # metadata rows naming no image: how many the manifest and the CLI name
+
 
 @dataclass
 class Batch:
@@ -115,11 +117,14 @@ class PhotoGallery(FileGallery):
         self.skip_bad = skip_bad
         self.workers = workers or default_workers()
         self.count = len(self.paths)
+        unmatched = self.metadata.unmatched(self.relative)
         self.description = {
             "kind": "images",
             "path": str(self.root),
             "metadata": None if metadata is None else str(Path(metadata).resolve()),
-            "metadata_unmatched": len(self.metadata.unmatched(self.relative)),
+            "metadata_unmatched": len(unmatched),
+            # named, not only counted: a typo in a metadata row's path is found by its name
+            "metadata_unmatched_files": unmatched[:UNMATCHED_SHOWN],
         }
 
 

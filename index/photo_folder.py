@@ -263,7 +263,11 @@ def decode_batches(
                 if isinstance(result, DatasetError):
                     if not skip_bad:
                         raise result
-                    batch.failed.append((lo + j, str(result)))
+                    # left out as asked: the file and what is wrong, not the "pass --skip-bad" hint
+                    left_out = DatasetError(
+                        result.detail, path=result.path, line=result.line, column=result.column
+                    )
+                    batch.failed.append((lo + j, str(left_out)))
                 else:
                     batch.positions.append(lo + j)
                     batch.images.append(result)

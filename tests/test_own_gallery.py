@@ -107,12 +107,26 @@ def test_a_corrupt_photo_stops_the_build_by_name_or_is_skipped(tiny_checkpoint, 
     )
     assert manifest.gallery_count == len(FORMATS) == manifest.ntotal
     assert [s["file"] for s in manifest.data["skipped"]] == ["sub/broken.png"]
+    # the record names the file and what is wrong, not the "pass --skip-bad" that was passed
+    error = manifest.data["skipped"][0]["error"]
+    assert "broken.png" in error and "cannot decode" in error and "--skip-bad" not in error
     assert manifest.recall_check["query_modality"] == "image"  # no captions: its own images query
     _, _, store = load_index_dir(out)
     assert [Path(r["source"]).name for r in store.get(range(manifest.ntotal))] == [
         Path(n).name for n in sorted(FORMATS)
     ]
     store.close()
+
+
+def test_metadata_rows_that_name_no_image_are_named(tiny_checkpoint, gallery, tmp_path):
+    meta = tmp_path / "meta.jsonl"
+    rows = [*_metadata_rows(), {"file": "trip/missing.png", "album": "trip"}, {"file": "a.pgn", "year": 1}]
+    meta.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = build_photo_index(
+        tiny_checkpoint, images=gallery, metadata=meta, out=tmp_path / "idx", progress=False, gpu="off"
+    )
+    assert manifest.data["metadata_unmatched"] == 2
+    assert manifest.data["metadata_unmatched_files"] == ["a.pgn", "trip/missing.png"]
 
 
 def test_a_gallery_holds_common_photo_formats_only(tmp_path):
@@ -256,6 +270,40 @@ def test_foreign_float16_shards_are_distractors(tiny_checkpoint, gallery, tmp_pa
             progress=False,
             gpu="off",
         )
+
+
+def test_distractor_embeddings_keep_their_metadata_columns(tiny_checkpoint, gallery, tmp_path):
+    """clip-retrieval's metadata parquet (image_path, caption, url, ...) stays with each distractor."""
+    from pyarrow import Table, parquet
+
+    foreign = tmp_path / "foreign"
+    (foreign / "img_emb").mkdir(parents=True)
+    (foreign / "metadata").mkdir()
+    v = np.random.default_rng(1).normal(size=(3, 32))
+    np.save(
+        foreign / "img_emb" / "img_emb_0.npy",
+        (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float16),
+    )
+    rows = [
+        {"image_path": f"web/{i}.jpg", "caption": f"web photo {i}", "url": f"https://example.org/{i}.jpg"}
+        for i in range(3)
+    ]
+    parquet.write_table(Table.from_pylist(rows), foreign / "metadata" / "metadata_0.parquet")
+    build_photo_index(
+        tiny_checkpoint,
+        images=gallery,
+        distractor_embeddings=foreign,
+        out=tmp_path / "idx",
+        progress=False,
+        gpu="off",
+    )
+    _, _, store = load_index_dir(tmp_path / "idx")
+    stored = store.get(range(len(FORMATS), len(FORMATS) + 3))
+    store.close()
+    assert [r["source"] for r in stored] == ["web/0.jpg", "web/1.jpg", "web/2.jpg"]
+    assert all(r["is_distractor"] for r in stored)
+    assert [r["captions"] for r in stored] == [["web photo 0"], ["web photo 1"], ["web photo 2"]]
+    assert [r["fields"] for r in stored] == [{"url": f"https://example.org/{i}.jpg"} for i in range(3)]
 
 
 # --- filters ----------------------------------------------------------------------------------------
