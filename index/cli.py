@@ -344,6 +344,13 @@ def calibrate(
         float, typer.Option(help="--labels: graded labels count as relevant from this grade up.")
     ] = 1.0,
     min_block: Annotated[int, typer.Option(help="--labels: labels per score block at least.", min=1)] = 10,
+    transfer_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="Copy the calibration of another index of the same checkpoint (or its calibration.json), "
+            "marked as transferred in every answer: a prior for a collection with no labels yet."
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
     """Fit score -> probability of relevance where thresholds act; writes calibration.json.
@@ -373,9 +380,22 @@ def calibrate(
       icr index calibrate indices/test --depth 500 --eval-split none
 
       icr index calibrate indices/my-photos --labels my-labels.jsonl
+
+      icr index calibrate indices/my-photos --transfer-from indices/val
     """
     from icr.index.calibration import CALIBRATION_FILE, calibrate_index
 
+    if labels is not None and transfer_from is not None:
+        raise ValueError(
+            "--labels fits this collection's own calibration, --transfer-from copies one: pick one"
+        )
+    if transfer_from is not None:
+        from icr.index.calibration_transfer import transfer_calibration
+
+        out = transfer_calibration(index_dir, transfer_from)
+        typer.echo(out["labels_note"])
+        typer.echo(f"wrote {index_dir / CALIBRATION_FILE}")
+        return
     if labels is not None:
         from icr.index.label_calibration import calibrate_from_labels
 

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from icr import cli
 from icr.index.build import build_photo_index
 from icr.index.calibration import CALIBRATION_FILE, ServedCalibration
+from icr.index.calibration_transfer import transfer_calibration
 from icr.index.label_calibration import calibrate_from_labels, read_labels
 from icr.training.checkpoint import load_checkpoint
 from icr.training.data.karpathy import load_image, load_karpathy
@@ -130,3 +131,35 @@ def test_bad_labels_are_named_with_the_fix(photo_index, tiny_benchmark, tmp_path
         calibrate_from_labels(photo_index, labels(far), depth=1, device="cpu", progress=False)
     with pytest.raises(ValueError, match="no labelled hit is relevant"):
         calibrate_from_labels(photo_index, labels({**ok, "relevant": 0}), device="cpu", progress=False)
+
+
+def test_a_new_collection_gets_a_transferred_calibration_said_so(
+    tiny_checkpoint, tiny_benchmark, photo_index, tmp_path
+) -> None:
+    labels_file = tmp_path / "labels.jsonl"
+    _labels(tiny_benchmark, labels_file)
+    fitted = calibrate_from_labels(photo_index, labels_file, device="cpu", progress=False)
+    fresh = tmp_path / "fresh"
+    build_photo_index(tiny_checkpoint, images=tiny_benchmark / "images", out=fresh, progress=False, gpu="off")
+    out = transfer_calibration(fresh, photo_index)
+    served = ServedCalibration.read(fresh / CALIBRATION_FILE)
+    assert served.info["labels"] == "transferred" and "not on this one" in (served.labels_note or "")
+    assert out["transferred_from"]["labels"] == "user" and out["global"] == fitted["global"]
+    assert "label_report" not in out  # the source's evaluation measured another collection
+    # the applicability check comes along: a query unlike the fitted ones still gets nothing
+    assert served.evidence is not None and not served.evidence.assess("qwerty zxcvb").inside
+    # not empty: the best scores still get a relevance
+    assert served.relevance(np.array([max(fitted["global"]["x"])]), None)[0] > 0
+    # a transfer of a transfer names the first origin
+    again = tmp_path / "again"
+    build_photo_index(tiny_checkpoint, images=tiny_benchmark / "images", out=again, progress=False, gpu="off")
+    assert (
+        transfer_calibration(again, fresh / CALIBRATION_FILE)["transferred_from"] == out["transferred_from"]
+    )
+    # another checkpoint's calibration does not transfer
+    foreign = json.loads((photo_index / CALIBRATION_FILE).read_text()) | {"checkpoint_sha256": "0" * 64}
+    (tmp_path / "foreign.json").write_text(json.dumps(foreign))
+    with pytest.raises(ValueError, match="only transfers between indices of the same checkpoint"):
+        transfer_calibration(fresh, tmp_path / "foreign.json")
+    with pytest.raises(FileNotFoundError, match="no calibration to transfer"):
+        transfer_calibration(fresh, tmp_path)
