@@ -36,9 +36,8 @@ from icr.index.calibration import (
     search_hits,
     searchable_index,
 )
-from icr.index.index_folder import load_index_dir
 from icr.index.manifest import Manifest, check_compatible
-from icr.index.metadata import MetadataStore
+from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.photo_folder import read_rows
 from icr.training.checkpoint import load_checkpoint
 from icr.training.embedding import embed_captions
@@ -168,14 +167,14 @@ def calibrate_from_labels(
     device = resolve_device(device)
     model, config = load_checkpoint(checkpoint, device)
     check_compatible(manifest, config, index_dir=index_dir, checkpoint_path=checkpoint)
-    _, _, metadata = load_index_dir(index_dir)
-    with metadata:
+    index = searchable_index(index_dir, manifest)  # its files checked against the manifest first
+    with MetadataStore.open(index_dir / METADATA_FILE) as metadata:
         gallery = manifest.data.get("path")
         image_ids = resolve_images(labels, metadata, Path(gallery) if gallery else None)
 
     queries = sorted({label.query for label in labels})
     emb = embed_captions(model, queries, device=device, progress=progress)  # (Q, D)
-    scores, ids = search_hits(searchable_index(index_dir, manifest), emb, depth)  # (Q, depth)
+    scores, ids = search_hits(index, emb, depth)  # (Q, depth)
     served = {  # (query, image id) -> the score the service gives that hit
         (queries[q], int(i)): float(s)
         for q in range(len(queries))
