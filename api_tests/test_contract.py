@@ -74,7 +74,10 @@ def test_openapi_schema_is_valid_and_lists_every_endpoint(client: httpx.Client) 
         "/v1/info",
         "/v1/search/text",
         "/v1/search/image",
+        "/v1/search/similar",
+        "/v1/search/vector",
         "/v1/images/{image_id}",
+        "/v1/images/{image_id}/metadata",
         "/v1/benchmarks",
         "/v1/benchmarks/{job_id}",
         "/metrics",
@@ -92,9 +95,19 @@ def test_the_schema_states_this_servers_bounds_and_error_body(client: httpx.Clie
         assert props["offset"]["maximum"] == info["search_depth"] - info["max_k"], name
     assert props["k"]["type"] == "integer"
     # the filter names exactly the served index's fields (this one has only the built-in flag)
-    filter_schema = components["TextSearchRequest"]["properties"]["filter"]["anyOf"][0]
-    assert filter_schema["properties"] == {"is_distractor": {"type": "boolean"}}
-    assert filter_schema["additionalProperties"] is False
+    for name in ("TextSearchRequest", "SimilarSearchRequest", "VectorSearchRequest"):
+        filter_schema = components[name]["properties"]["filter"]["anyOf"][0]
+        assert filter_schema["properties"] == {"is_distractor": {"type": "boolean"}}, name
+        assert filter_schema["additionalProperties"] is False, name
+        props = components[name]["properties"]
+        assert (props["k"]["minimum"], props["k"]["maximum"]) == (1, info["max_k"]), name
+    # searches without text have no calibrated relevance to threshold; the index sets ids and dim
+    index = client.get("/v1/info").json()["index"]
+    for name in ("SimilarSearchRequest", "VectorSearchRequest"):
+        assert "min_relevance" not in components[name]["properties"], name
+    assert components["SimilarSearchRequest"]["properties"]["image_id"]["maximum"] == index["ntotal"] - 1
+    vector = components["VectorSearchRequest"]["properties"]["vector"]
+    assert vector["minItems"] == vector["maxItems"] == index["dim"] == 32
     text = json.dumps(schema)
     assert "HTTPValidationError" not in text  # FastAPI's default 422 body is not what the server sends
     documented = {
@@ -103,6 +116,9 @@ def test_the_schema_states_this_servers_bounds_and_error_body(client: httpx.Clie
         ("/v1/benchmarks", "post"): {401, 403, 404, 409, 413, 422, 429},
         ("/v1/benchmarks/{job_id}", "delete"): {401, 403, 404, 409},
         ("/v1/images/{image_id}", "get"): {404, 422, 503},
+        ("/v1/images/{image_id}/metadata", "get"): {404, 422, 503},
+        ("/v1/search/similar", "post"): {404, 409, 413, 422, 503},
+        ("/v1/search/vector", "post"): {413, 422, 503},
         ("/readyz", "get"): {503},
     }
     for (path, method), codes in documented.items():

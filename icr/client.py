@@ -7,6 +7,7 @@
         for hit in found.hits:
             print(hit.rank, hit.relevance, hit.metadata["source"])
         captions = icr.search_image("photo.jpg", k=3)
+        near = icr.search_similar(found.hits[0].id, k=5, filter={"album": "trip"})
         job = icr.wait_for_benchmark(icr.submit_benchmark("synthetic").id)
 
 Results are the server's own response models (``icr.service.schemas``). Every error is an
@@ -17,14 +18,23 @@ backoff (``retries`` times, honouring ``Retry-After``); other errors are raised 
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import httpx
 
-from icr.service.schemas import BenchmarkJob, BenchmarkList, ImageSearchResponse, TextSearchResponse
+from icr.service.schemas import (
+    BenchmarkJob,
+    BenchmarkList,
+    ImageMetadata,
+    ImageSearchResponse,
+    TextSearchResponse,
+    VectorSearchResponse,
+)
 
 KEY_HEADER = "X-API-Key"
 FINISHED = frozenset({"succeeded", "failed", "interrupted", "cancelled"})
@@ -88,9 +98,11 @@ class Client:
         min_score: float | None = None,
         min_relevance: float | None = None,
         include_images: bool = False,
+        filter: dict[str, Any] | None = None,  # noqa: A002 - the API's own name for it
     ) -> ImageSearchResponse:
         """Captions for an image (bytes of an image file, or its path); with ``include_images``, also
-        similar gallery images."""
+        similar gallery images, of which ``filter`` (as in :meth:`search_text`) selects the ones
+        searched."""
         content = image if isinstance(image, bytes) else Path(image).read_bytes()
         form = _without_none(
             k=k,
@@ -98,6 +110,8 @@ class Client:
             min_score=min_score,
             min_relevance=min_relevance,
             include_images=include_images,
+            # a form field carries text: the filter goes as its JSON
+            filter=json.dumps(filter) if filter is not None else None,
         )
         response = self._request(
             "POST",
@@ -110,10 +124,49 @@ class Client:
         )
         return ImageSearchResponse.model_validate(response.json())
 
+    def search_similar(
+        self,
+        image_id: int,
+        *,
+        k: int = 10,
+        offset: int = 0,
+        min_score: float | None = None,
+        filter: dict[str, Any] | None = None,  # noqa: A002 - the API's own name for it
+        include_self: bool = False,
+    ) -> VectorSearchResponse:
+        """The images nearest to a stored image (a hit's ``id``), itself left out unless
+        ``include_self``; thresholded by cosine only (no calibrated relevance without text)."""
+        body = _without_none(image_id=image_id, k=k, offset=offset, min_score=min_score, filter=filter)
+        body["include_self"] = include_self
+        response = self._request("POST", "/v1/search/similar", json=body)
+        return VectorSearchResponse.model_validate(response.json())
+
+    def search_vector(
+        self,
+        vector: Iterable[float],
+        *,
+        k: int = 10,
+        offset: int = 0,
+        min_score: float | None = None,
+        filter: dict[str, Any] | None = None,  # noqa: A002 - the API's own name for it
+    ) -> VectorSearchResponse:
+        """The images nearest to an embedding computed with the served checkpoint (a list, or a
+        1-D numpy array: anything iterable of numbers), normalised by the server; thresholded by
+        cosine only."""
+        values = [float(v) for v in vector]  # numpy floats are not JSON
+        body = _without_none(vector=values, k=k, offset=offset, min_score=min_score, filter=filter)
+        response = self._request("POST", "/v1/search/vector", json=body)
+        return VectorSearchResponse.model_validate(response.json())
+
     def image(self, image_id: int, *, thumbnail: bool = False) -> bytes:
         """The PNG of an indexed image (or its thumbnail)."""
         params = {"size": "thumb" if thumbnail else "full"}
         return self._request("GET", f"/v1/images/{int(image_id)}", params=params).content
+
+    def image_metadata(self, image_id: int) -> ImageMetadata:
+        """What the index stores about an image: its file relative to the gallery, fields, captions."""
+        response = self._request("GET", f"/v1/images/{int(image_id)}/metadata")
+        return ImageMetadata.model_validate(response.json())
 
     # --- server -----------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -127,6 +180,33 @@ class Client:
             return self._http.get("/readyz").status_code == 200
         except httpx.TransportError:
             return False
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
+        """The /readyz body once the server is ready, polling with backoff (``backoff`` seconds,
+        doubling up to 5 s, or the server's Retry-After); TimeoutError after ``timeout`` seconds,
+        saying what the server last answered (why it is not ready, or that it could not be
+        reached). Other error answers (401, 403: a key is needed) raise ApiError at once."""
+        deadline = time.monotonic() + timeout
+        delay = max(self.backoff, 0.05)
+        while True:
+            try:
+                response = self._http.get("/readyz")
+            except httpx.TransportError as err:
+                last = f"no answer from {self._http.base_url} ({type(err).__name__}: {err})"
+                wait = None
+            else:
+                if response.status_code == 200:
+                    body: dict[str, Any] = response.json()
+                    return body
+                if response.status_code != 503:
+                    raise _error(response)
+                last = f"503: {_error(response).message}"
+                wait = _retry_after(response)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the server was not ready after {timeout:g} s; it last said: {last}")
+            time.sleep(min(wait if wait is not None else delay, left))
+            delay = min(2 * delay, 5.0)
 
     # --- benchmark jobs ---------------------------------------------------------------------------
     def submit_benchmark(

@@ -352,6 +352,10 @@ def _write_index(
                 built["built_on"] = "cpu"
             else:
                 index = build_index(feed(streams, store, exact), dim, factory, gpu=gpu, report=built)
+            # what each field holds, recorded so the server can refuse a filter of the wrong kind
+            # without reading every row at load
+            stored = store.field_types()
+        field_types = {name: stored.get(name, []) for name in metadata_fields or []}
         n_distractors = extra.count if extra is not None else 0
         ntotal = gallery.count + n_distractors  # as delivered (see gallery_streams.feed)
         if index.ntotal != ntotal:
@@ -420,6 +424,7 @@ def _write_index(
             built_on="gpu" if built["built_on"] == "gpu" else "cpu",
             files={name: sha256_file(tmp / name) for name in written},
             metadata_fields=metadata_fields or [],
+            metadata_field_types=field_types,
             extra={
                 "embed_device": built_by.device,
                 **throughput,

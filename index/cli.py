@@ -344,6 +344,13 @@ def calibrate(
         float, typer.Option(help="--labels: graded labels count as relevant from this grade up.")
     ] = 1.0,
     min_block: Annotated[int, typer.Option(help="--labels: labels per score block at least.", min=1)] = 10,
+    from_feedback: Annotated[
+        Path | None,
+        typer.Option(
+            help="Fit on the labels given on the search page: the service's feedback.sqlite "
+            "(in its state directory), the labels of this index only."
+        ),
+    ] = None,
     transfer_from: Annotated[
         Path | None,
         typer.Option(
@@ -385,10 +392,8 @@ def calibrate(
     """
     from icr.index.calibration import CALIBRATION_FILE, calibrate_index
 
-    if labels is not None and transfer_from is not None:
-        raise ValueError(
-            "--labels fits this collection's own calibration, --transfer-from copies one: pick one"
-        )
+    if sum(x is not None for x in (labels, from_feedback, transfer_from)) > 1:
+        raise ValueError("--labels, --from-feedback and --transfer-from each make the calibration: pick one")
     if transfer_from is not None:
         from icr.index.calibration_transfer import transfer_calibration
 
@@ -396,12 +401,25 @@ def calibrate(
         typer.echo(out["labels_note"])
         typer.echo(f"wrote {index_dir / CALIBRATION_FILE}")
         return
-    if labels is not None:
+    feedback = None
+    if from_feedback is not None:
+        from icr.index.feedback_labels import FeedbackStore, index_key
+        from icr.index.manifest import Manifest
+
+        if not from_feedback.is_file():
+            raise FileNotFoundError(
+                f"{from_feedback}: no feedback file (the service writes it on the first label)"
+            )
+        manifest = Manifest.read(index_dir)
+        feedback = FeedbackStore(from_feedback).labels(
+            index_key(manifest.checkpoint_sha256, manifest.created)
+        )
+    if labels is not None or feedback is not None:
         from icr.index.label_calibration import calibrate_from_labels
 
         out = calibrate_from_labels(
             index_dir,
-            labels,
+            labels if labels is not None else feedback or [],
             checkpoint=checkpoint,
             depth=depth,
             confidence=confidence,

@@ -9,6 +9,10 @@ A filter is a JSON object; every entry must hold (AND)::
 
 Field names are the index's metadata fields (``Manifest.metadata_fields``) and ``is_distractor``;
 an unknown one is refused with the list of known ones, since a typo would otherwise match nothing.
+For the same reason a value of another kind than the field stores (``{"year": "2024"}`` on a field
+of integers: SQLite's text never equals a number) is refused, naming the field, the kind it holds
+and the value given, when the index's field kinds (``Manifest.metadata_field_types``) are known.
+Integers and other numbers compare with each other.
 The service turns a filter into the sorted ids it selects (:meth:`MetadataStore.matching_ids`) and
 searches only among them.
 """
@@ -19,7 +23,7 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from threading import Lock
 from typing import Any
@@ -49,6 +53,88 @@ class Filter:
 
 _INT64 = 2**63 - 1
 
+# The stored kinds a filter value of each kind can equal (numbers compare across int and float).
+_COMPARABLE = {
+    "string": {"string"},
+    "integer": {"integer", "number"},
+    "number": {"integer", "number"},
+    "boolean": {"boolean"},
+}
+_NUMERIC = {"integer", "number"}
+_PLURAL = {
+    "string": "strings",
+    "integer": "integers",
+    "number": "numbers",
+    "boolean": "booleans (true/false)",
+    "array": "lists",
+    "object": "objects",
+}
+# Field kinds as an index records them: field -> kinds of its non-null values (index.metadata).
+FieldTypes = Mapping[str, Collection[str]]
+
+
+def kind_of(value: Scalar) -> str | None:
+    """The JSON kind of a filter value (None for null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, str):
+        return "string"
+    return "integer" if isinstance(value, int) else "number"
+
+
+def _holds(kinds: Collection[str]) -> str:
+    names = [_PLURAL.get(k, k) for k in sorted(kinds)]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _given(value: Scalar) -> str:
+    kind = kind_of(value)
+    shown = json.dumps(value, ensure_ascii=False)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"the {kind} {shown}"
+
+
+def _fix(value: Scalar, kinds: set[str]) -> str:
+    """How to send ``value`` so it can match a field of ``kinds``, when there is an obvious way:
+    "2024" for a field of integers is 2024 unquoted; 3 for a field of strings is "3"."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            parsed = json.loads(text.lower() if text.lower() in ("true", "false") else text)
+        except (ValueError, RecursionError):
+            return ""
+        if isinstance(parsed, float) and not math.isfinite(parsed):
+            return ""
+        if isinstance(parsed, bool | int | float) and kinds & _COMPARABLE[str(kind_of(parsed))]:
+            return f" (send it without quotes: {json.dumps(parsed)})"
+        return ""
+    if "string" in kinds:
+        return f' (send it quoted: "{json.dumps(value)}")'
+    return ""
+
+
+def _check_kind(value: Scalar, field: str, where: str, types: FieldTypes | None) -> None:
+    """ValueError when ``value`` cannot equal any value ``field`` stores (no check when the field
+    kinds are unknown, or the field holds nothing but null)."""
+    kinds = set(types.get(field, ())) if types is not None else set()
+    given = kind_of(value)
+    if given is None or not kinds or kinds & _COMPARABLE[given]:
+        return
+    raise ValueError(
+        f'{where}: the index stores {_holds(kinds)} in "{field}"; got {_given(value)}{_fix(value, kinds)}'
+    )
+
+
+def _check_range(field: str, where: str, types: FieldTypes | None) -> None:
+    kinds = set(types.get(field, ())) if types is not None else set()
+    if kinds and not kinds & _NUMERIC:
+        raise ValueError(
+            f'{where}: the index stores {_holds(kinds)} in "{field}", and a range compares numbers; '
+            'filter on a value or {"in": [...]} instead'
+        )
+
 
 def _scalar(value: Any, where: str) -> Scalar:
     if isinstance(value, str):
@@ -72,31 +158,48 @@ def _number(value: Any, where: str) -> float | int:
     return value if abs(value) <= _INT64 else float(value)
 
 
-def filter_schema(fields: Sequence[str] | None) -> dict[str, Any]:
-    """JSON Schema of a filter on an index with these metadata ``fields`` (None: not known yet, any
-    name allowed), for the OpenAPI document."""
-    scalar = [{"type": "string"}, {"type": "number"}, {"type": "boolean"}]
+def _value_schema(kinds: Collection[str]) -> dict[str, Any]:
+    """JSON Schema of a condition on a field whose values have ``kinds`` (empty: unknown, or only
+    nulls: any scalar). JSON Schema's "number" includes integers, as the comparison does."""
+    held = set(kinds)
+    json_types = [
+        t
+        for t, fits in (("string", {"string"}), ("number", _NUMERIC), ("boolean", {"boolean"}))
+        if not held or held & fits
+    ]
+    scalar = [{"type": t} for t in json_types]
+    properties: dict[str, Any] = {}
+    if scalar:
+        properties["in"] = {"type": "array", "minItems": 1, "maxItems": IN_MAX, "items": {"anyOf": scalar}}
+    if not held or held & _NUMERIC:
+        properties.update({op: {"type": "number"} for op in RANGE_OPS})
     condition = {
         "type": "object",
-        "properties": {
-            "in": {"type": "array", "minItems": 1, "maxItems": IN_MAX, "items": {"anyOf": scalar}},
-            **{op: {"type": "number"} for op in RANGE_OPS},
-        },
+        "properties": properties,
         "additionalProperties": False,
         "minProperties": 1,
     }
-    value = {"anyOf": [*scalar, {"type": "null"}, condition]}
+    # a field of lists or objects only: no scalar equals them, and null (the field absent) is left
+    return {"anyOf": [*scalar, {"type": "null"}, *([condition] if properties else [])]}
+
+
+def filter_schema(fields: Sequence[str] | None, types: FieldTypes | None = None) -> dict[str, Any]:
+    """JSON Schema of a filter on an index with these metadata ``fields`` (None: not known yet, any
+    name allowed) holding ``types`` (None: unknown, any scalar), for the OpenAPI document."""
     schema: dict[str, Any] = {"type": "object", "properties": {"is_distractor": {"type": "boolean"}}}
     if fields is None:
-        schema["additionalProperties"] = value
+        schema["additionalProperties"] = _value_schema(())
     else:
-        schema["properties"].update(dict.fromkeys(fields, value))
+        schema["properties"].update(
+            {name: _value_schema(types.get(name, ()) if types is not None else ()) for name in fields}
+        )
         schema["additionalProperties"] = False
     return schema
 
 
-def parse_filter(spec: Any, known_fields: Sequence[str]) -> Filter | None:
-    """A :class:`Filter` from the request's JSON (None or {} -> None); ValueError saying what to fix."""
+def parse_filter(spec: Any, known_fields: Sequence[str], types: FieldTypes | None = None) -> Filter | None:
+    """A :class:`Filter` from the request's JSON (None or {} -> None); ValueError saying what to fix.
+    ``types``: the kinds each field stores (None: unknown, values of any kind are taken)."""
     if spec is None:
         return None
     if not isinstance(spec, dict):
@@ -111,7 +214,9 @@ def parse_filter(spec: Any, known_fields: Sequence[str]) -> Filter | None:
         if field == "is_distractor" and not isinstance(cond, bool):
             raise ValueError(f"{where}: true or false")
         if not isinstance(cond, dict):
-            conditions.append(Condition(field, "eq", _scalar(cond, where)))
+            value = _scalar(cond, where)
+            _check_kind(value, field, where, types)
+            conditions.append(Condition(field, "eq", value))
             continue
         if not cond:
             raise ValueError(f'{where}: an empty condition; give a value, {{"in": [...]}} or a range')
@@ -122,9 +227,13 @@ def parse_filter(spec: Any, known_fields: Sequence[str]) -> Filter | None:
                 values = [_scalar(v, f"{where}.in") for v in value]
                 if any(v is None for v in values):
                     raise ValueError(f"{where}.in: null cannot be listed; filter on {{{field!r}: null}}")
+                for i, v in enumerate(values):
+                    _check_kind(v, field, f"{where}.in[{i}]", types)
                 conditions.append(Condition(field, "in", values))
             elif op in RANGE_OPS:
-                conditions.append(Condition(field, op, _number(value, f"{where}.{op}")))
+                bound = _number(value, f"{where}.{op}")
+                _check_range(field, f"{where}.{op}", types)
+                conditions.append(Condition(field, op, bound))
             else:
                 raise ValueError(f"{where}: unknown operator {op!r}; use in, {', '.join(RANGE_OPS)}")
     if not conditions:

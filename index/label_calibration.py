@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,7 @@ def _image_id(
 
 def calibrate_from_labels(
     index_dir: str | os.PathLike[str],
-    labels_file: str | os.PathLike[str],
+    labels_file: str | os.PathLike[str] | Sequence[Label],
     *,
     checkpoint: str | os.PathLike[str] | None = None,
     depth: int = DEFAULT_DEPTH,
@@ -154,12 +155,18 @@ def calibrate_from_labels(
     device: str = "auto",
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Fit the lower-bound map on the labels, judge it out of fold, write ``calibration.json``
-    (replacing the one there, atomically); returns its content."""
+    """Fit the lower-bound map on the labels (a labels file, or :class:`Label` rows such as the
+    search page's feedback), judge it out of fold, write ``calibration.json`` (replacing the one
+    there, atomically); returns its content."""
     if depth < 1:
         raise ValueError(f"--depth must be >= 1, got {depth}")
     index_dir = Path(index_dir)
-    labels = read_labels(labels_file, relevant_from)
+    if isinstance(labels_file, str | os.PathLike):
+        labels, source = read_labels(labels_file, relevant_from), Path(labels_file).name
+    else:
+        labels, source = list(labels_file), "feedback"
+        if not labels:
+            raise ValueError(f"no labels for {index_dir} yet: mark hits relevant or not on the search page")
     manifest = Manifest.read(index_dir)
     if manifest.modality != "image":
         raise ValueError(f"{index_dir} holds {manifest.modality} vectors; labels calibrate an image index")
@@ -192,7 +199,7 @@ def calibrate_from_labels(
         raise ValueError(f"no labelled hit is relevant: {len(keep)} pairs, all judged not relevant")
     relevance_map, blocks = fit_label_map(pair_scores, relevant, confidence, min_block)
     report = {
-        "file": Path(labels_file).name,
+        "file": source,
         "labels": len(labels),
         "used": len(keep),
         "beyond_depth": len(labels) - len(keep),

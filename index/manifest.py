@@ -23,6 +23,8 @@ FORMAT_VERSION: Final = 1
 MANIFEST_FILE = "manifest.json"
 METRIC: Final = "inner_product"  # on L2-normalised vectors: cosine similarity
 Modality = Literal["image", "text"]
+# The kinds of JSON value a metadata field can hold (index.metadata.JSON_KINDS).
+FieldKind = Literal["string", "integer", "number", "boolean", "array", "object"]
 MODALITIES: tuple[Modality, ...] = ("image", "text")
 # The checkpoint's name for the same metric (its embeddings are normalised for cosine scoring).
 COMPATIBLE_CHECKPOINT_METRICS = ("cosine", METRIC)
@@ -90,6 +92,10 @@ class Manifest(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
     # the user's metadata fields stored per image (photo folder, embeddings): what filters may name
     metadata_fields: list[str] = Field(default_factory=list)
+    # {field: the JSON kinds its stored values have}, so a filter comparing a field with a value of
+    # another kind is refused instead of matching nothing. None: built before kinds were recorded
+    # (the server then reads them from metadata.sqlite once at load).
+    metadata_field_types: dict[str, list[FieldKind]] | None = None
     extra: dict[str, Any] = Field(default_factory=dict)  # free-form build details (not validated)
 
     @field_validator("recall_check")

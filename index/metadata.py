@@ -20,6 +20,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from icr.core.contracts import field_errors
+from icr.index.manifest import FieldKind
 
 METADATA_FILE = "metadata.sqlite"
 # Bumped when the table layout changes; stored as SQLite's user_version. Version 1 (no ``fields``
@@ -42,6 +43,18 @@ CREATE TABLE items (
 """
 _COLUMNS = ("id", "source", "captions", "is_distractor", "scene", "image_id", "fields")
 _READABLE = {1: _COLUMNS[:-1], SCHEMA_VERSION: _COLUMNS}  # schema version -> its columns
+# What a filter may compare a field's values with: SQLite's json_type of a stored value -> the JSON
+# kind an index records (index.filters checks a filter's values against it). null is no kind: a
+# filter on null asks for the field's absence, whatever the field holds elsewhere.
+JSON_KINDS: dict[str, FieldKind] = {
+    "text": "string",
+    "integer": "integer",
+    "real": "number",
+    "true": "boolean",
+    "false": "boolean",
+    "array": "array",
+    "object": "object",
+}
 
 
 class MetadataRow(BaseModel):
@@ -105,6 +118,7 @@ class MetadataStore:
         self._db = connection
         self.path = path
         self.writable = writable
+        self.version = version
         # a version-1 store has no fields column: select NULL in its place
         self._select = ", ".join(c if c in _READABLE[version] else "NULL" for c in _COLUMNS)
 
@@ -193,6 +207,23 @@ class MetadataStore:
         :func:`index.filters.to_sql`, with ``?`` placeholders for ``params``), ascending."""
         cursor = self._db.execute(f"SELECT id FROM items WHERE {where} ORDER BY id", list(params))
         return np.fromiter((r[0] for r in cursor), dtype=np.int64)
+
+    def field_types(self) -> dict[str, list[FieldKind]]:
+        """{field: the sorted JSON kinds (string, integer, number, boolean, array, object) its
+        non-null values have}, over every row: one pass over the table in SQLite (about 2 s per
+        million rows). A field whose every value is null has no entry; a version-1 store has none."""
+        if self.version < 2:
+            return {}
+        kinds: dict[str, set[FieldKind]] = {}
+        cursor = self._db.execute(
+            "SELECT j.key, j.type FROM items, json_each(items.fields) AS j "
+            "WHERE items.fields IS NOT NULL GROUP BY j.key, j.type"
+        )
+        for key, sql_type in cursor:
+            kind = JSON_KINDS.get(sql_type)
+            if kind is not None:
+                kinds.setdefault(str(key), set()).add(kind)
+        return {key: sorted(found) for key, found in sorted(kinds.items())}
 
     def count(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM items").fetchone()[0])

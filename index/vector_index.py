@@ -376,6 +376,28 @@ def _search_parameters(index: faiss.Index, nprobe: int | None, selector: Any) ->
 
 
 Rescorer = Callable[[np.ndarray, np.ndarray], np.ndarray]
+VectorReader = Callable[[np.ndarray], np.ndarray]
+
+
+def stored_vectors(index: faiss.Index) -> VectorReader | None:
+    """``read(ids (n,)) -> (n, D) float32``: the vectors stored under ``ids``, as the index holds
+    them (decoded from its codes for PQ or SQ: an approximation of what was added). An inverted
+    file gets its direct map (id -> list position, 8 bytes per vector). None when this index cannot
+    give its vectors back (FAISS GPU inverted files, an empty index)."""
+    if index.ntotal == 0:
+        return None
+    try:
+        ivf = _ivf(index)
+        if ivf is not None and ivf.direct_map.no():  # made once: the rescorer asks too
+            ivf.make_direct_map()
+        index.reconstruct_batch(np.zeros(1, np.int64))
+    except RuntimeError:
+        return None
+
+    def read(ids: np.ndarray) -> np.ndarray:
+        return np.asarray(index.reconstruct_batch(np.ascontiguousarray(ids, dtype=np.int64)), np.float32)
+
+    return read
 
 
 def batch_independent_rescorer(index: faiss.Index) -> Rescorer | None:
@@ -384,20 +406,14 @@ def batch_independent_rescorer(index: faiss.Index) -> Rescorer | None:
     searched in (FAISS picks a BLAS kernel by batch size, and its float32 sums then differ by ~1e-7,
     enough to move a hit across a threshold). None when this index cannot reconstruct its vectors
     (e.g. an IVF index on a GPU): FAISS's scores are used as they are."""
-    if index.ntotal == 0:
-        return None
-    try:
-        ivf = _ivf(index)
-        if ivf is not None:
-            ivf.make_direct_map()  # id -> list position, 8 bytes per vector
-        index.reconstruct_batch(np.zeros(1, np.int64))
-    except RuntimeError:
+    read = stored_vectors(index)
+    if read is None:
         return None
 
     def rescore(query: np.ndarray, ids: np.ndarray) -> np.ndarray:
         if len(ids) == 0:
             return np.zeros(0, np.float32)
-        vectors = index.reconstruct_batch(np.ascontiguousarray(ids, dtype=np.int64))  # (n, D)
+        vectors = read(ids)  # (n, D)
         return (vectors.astype(np.float64) @ np.asarray(query, np.float64)).astype(np.float32)  # (n,)
 
     return rescore

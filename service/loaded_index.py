@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,14 @@ from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
 from icr.index.metadata import MetadataStore
 from icr.index.vector_index import (
     Rescorer,
+    VectorReader,
     batch_independent_rescorer,
     has_gpu_form,
     nprobe_of,
     rescored,
     search,
     set_nprobe,
+    stored_vectors,
     use_gpu,
 )
 from icr.service.batcher import MicroBatcher
@@ -63,6 +66,30 @@ class LoadedIndex:
     gpu_resources: Any = None  # faiss.StandardGpuResources: must outlive the GPU index
     # the files read while serving (not only at load), as they were when loaded: see changed_in_place
     served_stats: dict[Path, Stat] = field(default_factory=dict)
+    # {metadata field: the JSON kinds its values have}: what a filter's values are checked against
+    field_types: dict[str, list[str]] = field(default_factory=dict)
+    # the stored vectors by id (searches by a stored image); None: this index cannot give them back
+    vectors: VectorReader | None = None
+
+    @property
+    def approximate_vectors(self) -> bool:
+        """Whether the stored vectors are compressed codes (PQ, SQ): read back, they approximate
+        the embeddings that were added."""
+        return any(code in self.manifest.factory for code in ("PQ", "SQ"))
+
+    def why_no_vectors(self) -> str:
+        """Why :attr:`vectors` is None, and what to do instead."""
+        if self.on_gpu:
+            held = f"served on the GPU as {self.manifest.factory}"
+            fix = "serve it on the CPU (icr serve --gpu off)"
+        else:  # the builder's factories all can on the CPU: this index was made some other way
+            held = f"a FAISS {type(self.index).__name__}"
+            fix = "rebuild it with icr index build"
+        return (
+            f"the index {self.directory.name!r} ({held}) cannot give back its stored vectors, so it "
+            f"cannot search from a stored image; {fix}, or send the image's embedding to POST "
+            "/v1/search/vector"
+        )
 
     def changed_in_place(self) -> list[Path]:
         """Served files rewritten on disk since they were loaded (same inode, other size or mtime):
@@ -94,6 +121,7 @@ class LoadedIndex:
             "name": self.directory.name,  # a name, never the server's absolute path
             "modality": m.modality,
             "factory": m.factory,
+            "dim": m.dim,
             "ntotal": m.ntotal,
             "gallery_count": m.gallery_count,
             "distractor_count": m.distractor_count,
@@ -101,6 +129,7 @@ class LoadedIndex:
             "nprobe": m.recall_check.get("nprobe"),
             "on_gpu": self.on_gpu,
             "metadata_fields": m.metadata_fields,
+            "metadata_field_types": self.field_types,
             "data": data,
         }
 
@@ -190,6 +219,7 @@ def load_index_folder(directory: Path, gpu: str, max_batch: int, faiss_threads: 
         resources = faiss.StandardGpuResources()
         index = faiss.index_cpu_to_gpu(resources, 0, index)
     served = snapshot([directory / name for name in READ_WHILE_SERVING if (directory / name).is_file()])
+    vectors = stored_vectors(index)
     rescore = batch_independent_rescorer(index)
     batcher = _batcher(index, rescore, max_batch, faiss_threads)
     filters = FilterCache(metadata, manifest.ntotal)
@@ -205,7 +235,29 @@ def load_index_folder(directory: Path, gpu: str, max_batch: int, faiss_threads: 
         resources is not None,
         resources,
         served,
+        field_types=_field_types(directory, manifest, metadata),
+        vectors=vectors,
     )
+
+
+def _field_types(directory: Path, manifest: Manifest, metadata: MetadataStore) -> dict[str, list[str]]:
+    """{field: kinds} as the build recorded them; an index built before they were recorded has them
+    read from its metadata once, here (one pass over metadata.sqlite, ~2 s per million rows)."""
+    recorded = manifest.metadata_field_types
+    if recorded is not None:
+        return {name: list(recorded.get(name, [])) for name in manifest.metadata_fields}
+    if not manifest.metadata_fields:
+        return {}
+    t0 = time.perf_counter()
+    stored = metadata.field_types()
+    log.info(
+        "%s: its manifest predates recorded field kinds; read them from %s in %.2f s "
+        "(a rebuild records them)",
+        directory.name,
+        metadata.path.name,
+        time.perf_counter() - t0,
+    )
+    return {name: list(stored.get(name, [])) for name in manifest.metadata_fields}
 
 
 def public_source(source: str, root: str | None) -> str:

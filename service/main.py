@@ -134,32 +134,15 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
         return app.openapi_schema
     schema = FastAPI.openapi(app)
     components = schema["components"]["schemas"]
-    for name in ("TextSearchRequest", "Body_search_image_v1_search_image_post"):
-        model = components[name]
-        props = model["properties"]  # the JSON body, and the image upload's form
-        props["k"].update(minimum=1, maximum=settings.max_k)
-        props["offset"].update(minimum=0, maximum=settings.search_depth - settings.max_k)
-        # never both thresholds; a form cannot send null: there a threshold is a number or absent
-        form = name.startswith("Body_")
-        for field, lo in (("min_score", -1.0), ("min_relevance", 0.0)):
-            props[field] = _bounded_number(props[field], lo, 1.0, nullable=not form)
-        numbers = {"min_score": {"type": "number"}, "min_relevance": {"type": "number"}}
-        model["not"] = {"required": ["min_score", "min_relevance"], "properties": numbers}
+    _search_bounds(components, settings)
     benchmark = components["BenchmarkRequest"]["properties"]
     benchmark["distractors"]["maximum"] = settings.max_benchmark_distractors
     if settings.datasets:  # the names this server has (a request may still name another: 404)
         benchmark["dataset"]["enum"] = sorted(settings.datasets)
     # an upload must have content
     components["Body_search_image_v1_search_image_post"]["properties"]["file"]["minLength"] = 1
-    # the filter names the served index's fields; until it is loaded any name is allowed and the
-    # document is not cached (a reload with other fields also drops it, see routes/admin.py)
     retriever = app.state.retriever
-    fields = retriever.images.manifest.metadata_fields if retriever is not None else None
-    search = components["TextSearchRequest"]["properties"]
-    search["filter"] = {
-        "anyOf": [filter_schema(fields), {"type": "null"}],
-        "description": search["filter"].get("description", ""),
-    }
+    _served_index_bounds(components, retriever)
     text = components["TextSearchRequest"]["properties"]["text"]
     # not blank (the server strips it), and at most ICR_MAX_TEXT_CHARS as sent
     text["pattern"] = NONBLANK_TEXT_PATTERN
@@ -187,6 +170,55 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
     if retriever is None:
         app.openapi_schema = None
     return schema
+
+
+_SEARCHES = (
+    "TextSearchRequest",
+    "Body_search_image_v1_search_image_post",
+    "SimilarSearchRequest",
+    "VectorSearchRequest",
+)
+
+
+def _search_bounds(components: dict[str, Any], settings: Settings) -> None:
+    """The paging bounds and thresholds of every search's body (and the image upload's form)."""
+    for name in _SEARCHES:
+        model = components[name]
+        props = model["properties"]
+        props["k"].update(minimum=1, maximum=settings.max_k)
+        props["offset"].update(minimum=0, maximum=settings.search_depth - settings.max_k)
+        # a form cannot send null: there a threshold is a number or absent
+        form = name.startswith("Body_")
+        for field, lo in (("min_score", -1.0), ("min_relevance", 0.0)):
+            if field in props:  # searches by vector have no calibrated relevance to threshold
+                props[field] = _bounded_number(props[field], lo, 1.0, nullable=not form)
+        if "min_relevance" in props:  # never both thresholds
+            numbers = {"min_score": {"type": "number"}, "min_relevance": {"type": "number"}}
+            model["not"] = {"required": ["min_score", "min_relevance"], "properties": numbers}
+
+
+def _served_index_bounds(components: dict[str, Any], retriever: Any) -> None:
+    """What the served index allows: the filter names its fields, each with values of the kinds
+    it holds, ids within it, vectors of its dim. Until it is loaded (``retriever`` None) any field
+    is allowed and the document is not cached (a reload with other fields also drops it, see
+    routes/admin.py)."""
+    fields = retriever.images.manifest.metadata_fields if retriever is not None else None
+    types = retriever.images.field_types if retriever is not None else None
+    for name in ("TextSearchRequest", "SimilarSearchRequest", "VectorSearchRequest"):
+        search = components[name]["properties"]
+        search["filter"] = {
+            "anyOf": [filter_schema(fields, types), {"type": "null"}],
+            "description": search["filter"].get("description", ""),
+        }
+    if retriever is None:
+        return
+    manifest = retriever.images.manifest
+    if manifest.ntotal:
+        components["SimilarSearchRequest"]["properties"]["image_id"]["maximum"] = manifest.ntotal - 1
+    vector = components["VectorSearchRequest"]["properties"]["vector"]
+    vector.update(minItems=manifest.dim, maxItems=manifest.dim)
+    # not all 0 (no direction to search in): some value above or below 0
+    vector["contains"] = {"type": "number", "anyOf": [{"exclusiveMinimum": 0}, {"exclusiveMaximum": 0}]}
 
 
 def _bounded_number(prop: dict[str, Any], lo: float, hi: float, nullable: bool) -> dict[str, Any]:

@@ -162,6 +162,18 @@ class Retriever:
             out: np.ndarray = self.model.encode_image(x).float().cpu().numpy()  # (1, D)
             return out
 
+    def stored_vector(self, target: LoadedIndex, item: int) -> np.ndarray:
+        """(1, D) float32: the unit vector of the item ``item`` of ``target``, the query of a search
+        by a stored image (normalised again: a compressed code reads back slightly off unit length).
+        KeyError when no such id; NotServable (saying why and what to do) when the index cannot give
+        its vectors back."""
+        if not 0 <= item < target.manifest.ntotal:
+            raise KeyError(item)
+        if target.vectors is None:
+            raise NotServable(target.why_no_vectors())
+        stored = target.vectors(np.array([item], np.int64))[0]  # (D,)
+        return unit_query(stored.tolist(), target.manifest.dim, "the stored vector")
+
     # --- searching --------------------------------------------------------------------------------
     def search(
         self,
@@ -176,6 +188,7 @@ class Retriever:
         calibrated: bool = True,
         text: str | None = None,
         filter_: Filter | None = None,
+        exclude: int | None = None,
         timings: dict[str, float],
     ) -> Page:
         """Top-``depth`` neighbours of ``query`` (1, D), thresholded, then hits [offset, offset + k).
@@ -184,6 +197,8 @@ class Retriever:
         image-image score has no such meaning. A text query (``text`` given, image index) is mapped
         by the calibration's per-query map when it has one; an image query (caption index) by its
         global map, as the per-query map reads a text query's words, embedding and score list.
+        ``exclude``: an id never returned nor counted (a stored image searching for its neighbours);
+        one more is retrieved in its place, so ``depth`` candidates are still searched.
         """
         calibration = target.calibration if calibrated else None
         evidence = None
@@ -196,9 +211,14 @@ class Retriever:
                 f"{target.directory.name!r} and "
                 "restart, or threshold by min_score"
             )
-        depth = max(1, min(depth, target.manifest.ntotal))
+        universe = target.manifest.ntotal  # the items the query could be given
+        extra = 0
+        if exclude is not None and 0 <= exclude < universe:
+            universe, extra = universe - 1, 1
+        depth = max(1, min(depth, universe))
         t0 = time.perf_counter()
-        scores, ids = target.batcher.search(query, depth)  # (n,) best first
+        # (n,) best first
+        scores, ids = _without(exclude, depth, *target.batcher.search(query, depth + extra))
         relevance = method = matched = None
         if filter_ is not None:
             selection, cached = target.filters.select(filter_)
@@ -206,7 +226,10 @@ class Retriever:
                 0.0 if cached else selection.seconds * 1000
             )
             matched = len(selection.ids)
-            f_scores, f_ids = self._filtered(target, query, depth, selection)
+            universe = matched - (extra if exclude is not None and _selected(selection.ids, exclude) else 0)
+            f_scores, f_ids = _without(
+                exclude, depth, *self._filtered(target, query, depth + extra, selection)
+            )
         t1 = time.perf_counter()
         if calibration is not None and (evidence is None or evidence.inside):
             if filter_ is None:
@@ -250,8 +273,7 @@ class Retriever:
         return Page(
             threshold=threshold,
             passed=passed,
-            passed_is_exact=passed < len(scores)
-            or len(scores) >= (target.manifest.ntotal if matched is None else matched),
+            passed_is_exact=passed < len(scores) or len(scores) >= universe,
             searched=len(scores),
             k=k,
             offset=offset,
@@ -314,6 +336,48 @@ class Retriever:
             "calibration": calibration_summary(self.images.calibration),
             "device": self.device,
         }
+
+
+def unit_query(values: list[float], dim: int, field: str = "vector") -> np.ndarray:
+    """(1, D) float32: a query vector normalised as the index's vectors are;
+    ValueError naming ``field`` and the fix for a vector of another length, a value that is not a
+    finite number, or a vector of norm 0 (no direction to search in).
+
+    The norm is taken after scaling by the largest magnitude, so neither 1e300 nor 1e-320 (both
+    finite, as JSON may carry them) overflows or vanishes on the way."""
+    if len(values) != dim:
+        raise ValueError(
+            f"{field}: {len(values)} values; this index's vectors have {dim} (the served checkpoint's "
+            "embed_dim): embed with the checkpoint GET /v1/info names"
+        )
+    v = np.asarray(values, np.float64)  # (D,)
+    bad = np.flatnonzero(~np.isfinite(v))
+    if len(bad):
+        raise ValueError(
+            f"{field}[{int(bad[0])}]: not a finite number (beyond the float range); send finite numbers"
+        )
+    scale = float(np.abs(v).max())
+    if scale == 0.0:
+        raise ValueError(f"{field}: every value is 0 (norm 0), which has no direction to search in")
+    unit = v / scale
+    out: np.ndarray = (unit / np.linalg.norm(unit)).astype(np.float32)[None, :]  # (1, D)
+    return out
+
+
+def _without(
+    exclude: int | None, depth: int, scores: np.ndarray, ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The best-first (scores, ids) without the id ``exclude`` (None: all of them), at most ``depth``."""
+    if exclude is not None:
+        keep = ids != exclude
+        scores, ids = scores[keep], ids[keep]
+    return scores[:depth], ids[:depth]
+
+
+def _selected(ids: np.ndarray, item: int) -> bool:
+    """Whether ``item`` is among the ascending ``ids`` of a filter's selection."""
+    at = int(np.searchsorted(ids, item))
+    return at < len(ids) and int(ids[at]) == item
 
 
 def _relevance_of_subset(

@@ -11,10 +11,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     StrictFloat,
     WithJsonSchema,
+    field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 from icr.service.config import DATASET_NAMES
 
@@ -22,6 +25,9 @@ from icr.service.config import DATASET_NAMES
 # so the message can name the setting).
 K_MAX = 1000
 OFFSET_MAX = 100_000
+# Values of a query vector: the served index's dim, checked in the handler (the schema states it
+# once the index is loaded); this bound only keeps a body of numbers from being parsed at length.
+VECTOR_MAX = 16_384
 
 
 # Whitespace controls a pasted caption may carry; every other control character (Unicode category
@@ -85,7 +91,9 @@ class Threshold(BaseModel):
     )
 
 
-class ThresholdFields(BaseModel):
+class ScoreFields(BaseModel):
+    """Paging and the raw-score threshold: what every search takes."""
+
     # a misspelt field (min_relevence) is refused, not ignored: ignored, it searched without a threshold
     model_config = ConfigDict(extra="forbid")
 
@@ -101,6 +109,9 @@ class ThresholdFields(BaseModel):
     min_score: StrictFloat | None = Field(
         None, ge=-1.0, le=1.0, allow_inf_nan=False, description="Keep hits with cosine >= this."
     )
+
+
+class ThresholdFields(ScoreFields):
     min_relevance: StrictFloat | None = Field(
         None,
         ge=0.0,
@@ -120,7 +131,9 @@ FILTER_DESCRIPTION = (
     "Only items whose metadata match are searched (before thresholds and pagination). A JSON object, every "
     'entry must hold: {"album": "holidays"} equality, {"camera": {"in": ["x100", "gr3"]}} one of, '
     '{"year": {"gte": 2019, "lt": 2023}} numeric range (gt, gte, lt, lte), {"is_distractor": false}. '
-    "Field names are the index's metadata fields (GET /v1/info: index.metadata_fields)."
+    "Field names are the index's metadata fields (GET /v1/info: index.metadata_fields), and values must "
+    "be of the kinds each holds (index.metadata_field_types; integers and other numbers compare): "
+    '{"year": "2024"} on a field of integers is refused, not an empty result.'
 )
 
 
@@ -132,6 +145,54 @@ class TextSearchRequest(ThresholdFields):
     )
     filter: dict[str, Any] | None = Field(
         None, description=FILTER_DESCRIPTION, examples=[{"is_distractor": False}]
+    )
+
+
+NO_RELEVANCE = (
+    "no calibrated relevance for a search by vector or by stored image: the calibration maps the "
+    "scores of text queries to a probability of relevance, and this query has no text"
+)
+
+
+class _UncalibratedSearch(ScoreFields):
+    """A search whose query is a vector, not a caption: raw-score threshold only."""
+
+    filter: dict[str, Any] | None = Field(
+        None, description=FILTER_DESCRIPTION, examples=[{"is_distractor": False}]
+    )
+
+    # Not part of the schema: declared only so that sending it is refused with the reason, rather
+    # than as an unknown field ("did you mean min_score?"). null means no threshold, as elsewhere.
+    min_relevance: SkipJsonSchema[Any] = None
+
+    @field_validator("min_relevance")
+    @classmethod
+    def _no_relevance(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError(f"{NO_RELEVANCE}; threshold by min_score (cosine) instead")
+
+
+class SimilarSearchRequest(_UncalibratedSearch):
+    image_id: JsonInt = Field(
+        ...,
+        ge=0,
+        description="A stored image's id (a hit's id; ids run from 0 to index.ntotal - 1 of GET /v1/info). "
+        "Its own stored vector is the query.",
+        examples=[17],
+    )
+    include_self: StrictBool = Field(
+        False, description="Also return the image itself (normally its own nearest neighbour)."
+    )
+
+
+class VectorSearchRequest(_UncalibratedSearch):
+    vector: list[StrictFloat] = Field(
+        ...,
+        min_length=1,
+        max_length=VECTOR_MAX,
+        description="An embedding computed with the served checkpoint (e.g. icr.load(...)'s embed): "
+        "index.dim finite numbers, not all 0. It is normalised to unit length before the search, as the "
+        "index's vectors are.",
     )
 
 
@@ -264,6 +325,50 @@ class TextSearchResponse(Assessment, PageInfo):
     query: str
     hits: list[ImageHit]
     timings: Timings
+
+
+class VectorQuery(BaseModel):
+    """What a search by vector or by stored image searched with."""
+
+    kind: Literal["vector", "image"] = Field(
+        ..., description="vector: the request's vector; image: a stored image's vector."
+    )
+    image_id: int | None = Field(None, description="The stored image searched from (kind image).")
+    include_self: bool = Field(False, description="Whether that image may be among the hits.")
+    approximate: bool = Field(
+        False,
+        description="True when the index stores compressed codes (PQ, SQ): the stored image's vector is "
+        "read back approximately, and so are its neighbours.",
+    )
+
+
+class VectorSearchResponse(Assessment, PageInfo):
+    """Images near a vector. ``relevance`` is null for every hit and ``calibration`` is null: there is
+    no text for the calibration to read (``quality.warnings`` says so where the index has one)."""
+
+    query: VectorQuery
+    hits: list[ImageHit]
+    timings: Timings
+
+
+class ImageMetadata(BaseModel):
+    """What the index stores about one image, without the server's paths."""
+
+    id: int
+    source: str = Field(
+        ...,
+        description="The image file relative to the gallery folder the index was built from, "
+        "distractor:{k} for a generated distractor, or features.npy#row for precomputed features.",
+    )
+    file_name: str | None = Field(None, description="The file's name (null: not a file).")
+    fields: dict[str, Any] = Field(
+        default_factory=dict, description="The index's own metadata fields for this image (filterable)."
+    )
+    captions: list[str] = Field(default_factory=list)
+    is_distractor: bool
+    image_id: int | None = Field(None, description="The dataset split image it is (null: a distractor).")
+    scene: dict[str, Any] | None = Field(None, description="The embedded benchmark's scene (null elsewhere).")
+    image_url: str | None = Field(None, description="Where GET /v1/images/{id} serves it (null: no pixels).")
 
 
 class ImageResults(PageInfo):

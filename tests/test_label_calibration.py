@@ -163,3 +163,64 @@ def test_a_new_collection_gets_a_transferred_calibration_said_so(
         transfer_calibration(fresh, tmp_path / "foreign.json")
     with pytest.raises(FileNotFoundError, match="no calibration to transfer"):
         transfer_calibration(fresh, tmp_path)
+
+
+def test_feedback_labels_are_kept_per_index_and_refit(photo_index, tiny_benchmark, tmp_path) -> None:
+    from icr.index.feedback_labels import FeedbackStore, index_key
+    from icr.index.manifest import Manifest
+
+    store = FeedbackStore(tmp_path / "state" / "feedback.sqlite")
+    manifest = Manifest.read(photo_index)
+    key = index_key(manifest.checkpoint_sha256, manifest.created)
+    store.add(key, "a red circle", 3, True, "ana")
+    store.add(key, "a red circle", 3, False, "ana")  # ana changes her mind: one verdict, the last
+    store.add(key, "a red circle", 4, True, "ana")
+    store.add(key, "a red circle", 4, False, "bo")  # a tie between judges: not relevant
+    store.add(key, "a blue square", 4, True, "bo")
+    store.add("another:index", "a red circle", 5, True, "ana")  # another index's label stays apart
+    again = FeedbackStore(tmp_path / "state" / "feedback.sqlite")  # reopened: nothing acknowledged is lost
+    assert sorted((x.query, x.image, x.relevant) for x in again.labels(key)) == [
+        ("a blue square", 4, True),
+        ("a red circle", 3, False),
+        ("a red circle", 4, False),
+    ]
+    counts = again.counts(key)
+    assert (counts.judgements, counts.hits, counts.queries, counts.relevant) == (4, 3, 2, 1)
+
+    # labels given on the page's served hits refit the index: the README's labels, given as feedback
+    rows, _ = _labels(tiny_benchmark, tmp_path / "labels.jsonl")
+    from icr.index.index_folder import load_index_dir
+
+    _, _, metadata = load_index_dir(photo_index)
+    with metadata:
+        ids = {Path(r["source"]).name: r["id"] for r in metadata.get(range(metadata.count()))}
+    fresh = FeedbackStore(tmp_path / "fresh.sqlite")
+    for r in rows:
+        fresh.add(key, r["query"], ids[Path(r["image"]).name], bool(r["relevant"]), "ana")
+    result = CliRunner().invoke(
+        cli.app,
+        [
+            "index",
+            "calibrate",
+            str(photo_index),
+            "--from-feedback",
+            str(tmp_path / "fresh.sqlite"),
+            "--quiet",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    written = json.loads((photo_index / CALIBRATION_FILE).read_text())
+    assert written["label_report"]["file"] == "feedback" and written["label_report"]["used"] == len(rows)
+    both = CliRunner().invoke(
+        cli.app,
+        [
+            "index",
+            "calibrate",
+            str(photo_index),
+            "--from-feedback",
+            str(tmp_path / "state" / "feedback.sqlite"),
+            "--labels",
+            "x.jsonl",
+        ],
+    )
+    assert both.exit_code != 0 and "pick one" in both.output

@@ -152,6 +152,40 @@ def test_filtered_search_matches_an_oracle_over_the_matching_items(retriever: Re
         assert strict.passed == int((page.relevance >= 0.3).sum()) and np.all(strict.relevance >= 0.3)
 
 
+@pytest.mark.parametrize("spec", [None, {"is_distractor": False}, {"is_distractor": True}])
+def test_a_search_from_a_stored_image_leaves_it_out_and_matches_a_numpy_oracle(
+    retriever: Retriever, spec
+) -> None:
+    """The query is the image's own stored vector; without it, the ranking is numpy's over every
+    other stored vector (among those the filter selects), ``depth`` of them still searched."""
+    from icr.index.filters import parse_filter
+
+    images = retriever.images
+    vectors = images.index.reconstruct_n(0, images.index.ntotal)  # (N, D)
+    ntotal, gallery = len(vectors), images.manifest.gallery_count
+    filter_ = parse_filter(spec, [])
+    for item in (0, 5, ntotal - 1):
+        query = retriever.stored_vector(images, item)  # (1, D)
+        np.testing.assert_allclose(query[0], vectors[item] / np.linalg.norm(vectors[item]), atol=1e-6)
+        scores = vectors @ query[0]  # (N,)
+        order = np.lexsort((np.arange(ntotal), -scores))
+        selected = np.ones(ntotal, bool) if spec is None else (order >= gallery) == spec["is_distractor"]
+        for exclude, depth in ((item, ntotal), (item, 20), (None, 20)):
+            keep = selected & (order != exclude)
+            want = min(depth, int(keep.sum()))
+            page = retriever.search(
+                images, query, k=1000, offset=0, depth=depth, calibrated=False, filter_=filter_,
+                exclude=exclude, timings={},
+            )  # fmt: skip
+            assert page.searched == page.passed == want
+            if exclude is not None:
+                assert item not in page.ids
+            assert page.passed_is_exact == (want == int(keep.sum()))
+            _same_up_to_ties(page.ids, page.scores, scores[order][keep][:want], order[keep][:want])
+    with pytest.raises(KeyError):
+        retriever.stored_vector(images, ntotal)
+
+
 def test_min_relevance_reports_the_equivalent_raw_score(retriever: Retriever) -> None:
     query = retriever.encode_text("a green triangle")
     page = retriever.search(

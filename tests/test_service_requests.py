@@ -1,22 +1,30 @@
-"""Strict request parsing, the text check, client addresses, path scrubbing and the refusal penalty,
-each against a naive implementation written here."""
+"""Strict request parsing, the text check, client addresses, path scrubbing, the refusal penalty and
+query vectors (normalised, and read back from each kind of index), each against a naive
+implementation written here."""
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 import sqlite3
 import time
 import unicodedata
+from decimal import Decimal, localcontext
 
+import faiss
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from icr.client import Client
 from icr.index.metadata import MetadataStore, MetadataUnreadable
+from icr.index.vector_index import build_index, stored_vectors
 from icr.service.client_address import client_of, trusted_networks
 from icr.service.errors import without_absolute_paths
 from icr.service.refusal_penalty import RefusalPenaltyMiddleware
+from icr.service.retriever import unit_query
 from icr.service.schemas import BLANK, check_text
 from icr.service.strict_json import MAX_INTEGER_DIGITS, parse_strict
 
@@ -173,3 +181,75 @@ def test_a_row_that_cannot_be_decoded_is_metadata_unreadable(tmp_path) -> None:
             store.get([0, 1])
         with pytest.raises(MetadataUnreadable, match=r"no metadata for ids \[7\]"):
             store.get([7])
+
+
+def _unit_by_decimals(values: list[float]) -> list[float]:
+    """The oracle: a vector over its Euclidean norm, in 80-digit decimal arithmetic (no overflow or
+    underflow at any float's magnitude)."""
+    with localcontext() as ctx:
+        ctx.prec = 80
+        exact = [Decimal(v) for v in values]
+        norm = sum(x * x for x in exact).sqrt()
+        return [float(x / norm) for x in exact]
+
+
+FINITE = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@given(st.lists(FINITE, min_size=1, max_size=12).filter(lambda v: any(x != 0 for x in v)))
+def test_a_query_vector_is_normalised_as_exact_arithmetic_normalises_it(values: list[float]) -> None:
+    got = unit_query(values, len(values))  # (1, D)
+    assert got.shape == (1, len(values)) and got.dtype == np.float32
+    np.testing.assert_allclose(got[0], np.float32(_unit_by_decimals(values)), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("values", "dim", "says"),
+    [
+        (
+            [1.0, 2.0],
+            3,
+            r"vector: 2 values; this index's vectors have 3 \(the served checkpoint's embed_dim\)",
+        ),
+        ([0.0, -0.0, 0.0], 3, r"vector: every value is 0 \(norm 0\), which has no direction"),
+        ([1.0, float("inf"), 0.0], 3, r"vector\[1\]: not a finite number"),
+        ([float("nan"), 1.0], 2, r"vector\[0\]: not a finite number"),
+    ],
+)
+def test_a_bad_query_vector_is_named_with_the_fix(values: list[float], dim: int, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        unit_query(values, dim)
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,Flat", "IVF4,PQ4", "HNSW8", "IVF4_HNSW8,Flat"])
+def test_stored_vectors_are_what_was_added(factory: str) -> None:
+    """Read back by id from every kind of index the builder makes; PQ codes only approximately."""
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((400, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    index = build_index(vectors, 16, factory, gpu="off")
+    read = stored_vectors(index)
+    assert read is not None
+    ids = np.array([5, 0, 399, 5], np.int64)
+    tolerance = 0.5 if "PQ" in factory else 1e-6  # PQ4 on 16 dims: a coarse code
+    np.testing.assert_allclose(read(ids), vectors[ids], atol=tolerance)
+    if "PQ" in factory:
+        assert np.abs(read(ids) - vectors[ids]).max() > 1e-6  # approximate: what `approximate` says
+
+
+def test_an_index_that_cannot_give_vectors_back_has_no_reader() -> None:
+    ids_only = faiss.IndexIDMap(faiss.IndexFlatIP(4))  # stores vectors under ids it cannot invert
+    ids_only.add_with_ids(np.eye(4, dtype=np.float32), np.array([10, 11, 12, 13], np.int64))
+    assert stored_vectors(ids_only) is None
+    assert stored_vectors(faiss.IndexFlatIP(4)) is None  # empty
+
+
+def test_wait_ready_gives_up_saying_what_it_last_heard() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with Client(f"http://127.0.0.1:{port}", backoff=0.05) as client:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"not ready after 0.5 s; it last said: no answer from"):
+            client.wait_ready(timeout=0.5)
+        assert 0.5 <= time.monotonic() - t0 < 3.0

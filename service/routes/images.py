@@ -1,15 +1,22 @@
-"""GET /v1/images/{id}: a gallery or distractor image (or its thumbnail) for display."""
+"""GET /v1/images/{id}: a gallery or distractor image (or its thumbnail), and what the index stores about it.
+
+``/v1/images/{id}`` serves the pixels for display, ``/v1/images/{id}/metadata`` the stored row.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from fastapi import APIRouter, Request, Response
 
 from icr.core.image_input import GALLERY_FORMATS, ImageLimits
 from icr.service.errors import ApiError
+from icr.service.gallery_images import DISTRACTOR_PREFIX
+from icr.service.loaded_index import public_source
+from icr.service.retriever import Retriever
 from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
-from icr.service.schemas import error_responses
+from icr.service.schemas import ImageMetadata, error_responses
 
 router = APIRouter(prefix="/v1/images", tags=["images"])
 
@@ -30,10 +37,43 @@ def get_image(image_id: int, request: Request, size: Literal["full", "thumb"] = 
     try:
         png = retriever.gallery.png(image_id, thumb, limits, decode_slots_of(request).slot())
     except KeyError:
-        raise ApiError(
-            404, "not_found", f"no image {image_id}: ids run from 0 to {retriever.images.manifest.ntotal - 1}"
-        ) from None
+        raise _not_found(retriever, image_id) from None
     except OSError as err:  # precomputed features, or a gallery file moved or damaged since the build
         raise ApiError(404, "no_pixels", f"image {image_id} has no viewable file: {err}") from None
     # Index images never change under a given id while the server runs.
     return Response(png, media_type="image/png", headers={"Cache-Control": "public, max-age=3600"})
+
+
+def _not_found(retriever: Retriever, image_id: int) -> ApiError:
+    ntotal = retriever.images.manifest.ntotal
+    valid = f"ids run from 0 to {ntotal - 1}" if ntotal else "the index is empty"
+    return ApiError(404, "not_found", f"no image {image_id}: {valid}")
+
+
+@router.get(
+    "/{image_id}/metadata",
+    response_model=ImageMetadata,
+    summary="What the index stores about an image",
+    responses=error_responses(404, 422, 503),
+)
+def image_metadata(image_id: int, request: Request) -> ImageMetadata:
+    """The stored row of an image: its source relative to the gallery folder (never the server's
+    path), file name, metadata fields, captions, whether it is a distractor, and where its pixels
+    are served. 404 naming the valid ids for an id outside the index."""
+    retriever = retriever_of(request)
+    if not 0 <= image_id < retriever.images.manifest.ntotal:  # also keeps ids beyond SQLite's int64 out
+        raise _not_found(retriever, image_id)
+    row = retriever.images.metadata.get([image_id])[0]
+    source = public_source(row["source"], retriever.images.source_root)
+    is_file = not row["source"].startswith(DISTRACTOR_PREFIX) and "#" not in row["source"]
+    return ImageMetadata(
+        id=image_id,
+        source=source,
+        file_name=Path(source).name if is_file else None,
+        fields=row.get("fields") or {},
+        captions=row["captions"],
+        is_distractor=row["is_distractor"],
+        image_id=row["image_id"],
+        scene=row["scene"],
+        image_url=f"/v1/images/{image_id}" if retriever.gallery.has_pixels(row) else None,
+    )

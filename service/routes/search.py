@@ -1,4 +1,8 @@
-"""POST /v1/search/text (text -> images) and POST /v1/search/image (uploaded image -> captions)."""
+"""POST /v1/search/text (text -> images), /image (upload -> captions), /similar and /vector (-> images).
+
+``/similar`` searches from a stored image's own vector, ``/vector`` from an embedding the client
+computed; neither has text, so neither gets a calibrated relevance.
+"""
 
 from __future__ import annotations
 
@@ -17,24 +21,31 @@ from icr.service.config import Settings
 from icr.service.errors import ApiError, validation_message
 from icr.service.loaded_index import LoadedIndex, NotServable, public_source
 from icr.service.quality import query_quality
-from icr.service.retriever import Page, Retriever
+from icr.service.retriever import Page, Retriever, unit_query
 from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
 from icr.service.schemas import (
     BLANK,
+    FILTER_DESCRIPTION,
+    NO_RELEVANCE,
     ImageResults,
     ImageSearchResponse,
+    ScoreFields,
+    SimilarSearchRequest,
     TextSearchRequest,
     TextSearchResponse,
     ThresholdFields,
     Timings,
+    VectorQuery,
+    VectorSearchRequest,
+    VectorSearchResponse,
     error_responses,
 )
-from icr.service.strict_json import StrictJSONRoute
+from icr.service.strict_json import StrictJSONRoute, parse_strict
 
 router = APIRouter(prefix="/v1/search", tags=["search"], route_class=StrictJSONRoute)
 
 
-def _json(response: TextSearchResponse | ImageSearchResponse) -> Response:
+def _json(response: TextSearchResponse | ImageSearchResponse | VectorSearchResponse) -> Response:
     """``response`` as the JSON FastAPI would send for it, serialised here, once.
 
     The model was validated when it was built; returning a Response skips FastAPI's second
@@ -64,24 +75,36 @@ def _check_paging(settings: Settings, k: int, offset: int) -> None:
         )
 
 
+def _check_filter(target: LoadedIndex, filter_spec: Any) -> None:
+    """422 for a filter ``target`` cannot run (an unknown field, a value of the wrong kind), answered
+    before any search work."""
+    try:
+        parse_filter(filter_spec, target.manifest.metadata_fields, target.field_types)
+    except ValueError as err:
+        raise ApiError(422, "invalid_request", str(err)) from None
+
+
 def _search(
     retriever: Retriever,
     target: LoadedIndex,
     query: np.ndarray,  # (1, D)
-    fields: ThresholdFields,
+    fields: ScoreFields,
     settings: Settings,
     timings: dict[str, float],
     cross_modal: bool = True,
     text: str | None = None,
     filter_spec: Any = None,
+    exclude: int | None = None,
 ) -> Page:
-    """``cross_modal=False`` (image -> similar images): relevance is left out and only min_score
-    thresholds, as the calibration is of caption-image scores. ``text``: the query's words (text
-    queries), which the per-query calibration reads. ``filter_spec``: the request's filter (JSON)."""
+    """``cross_modal=False`` (image -> similar images, vector queries): relevance is left out and
+    only min_score thresholds, as the calibration is of caption-image scores. ``text``: the query's
+    words (text queries), which the per-query calibration reads. ``filter_spec``: the request's
+    filter (JSON), checked against ``target``'s fields and their kinds. ``exclude``: an id left out."""
     try:
-        filter_ = parse_filter(filter_spec, target.manifest.metadata_fields)
+        filter_ = parse_filter(filter_spec, target.manifest.metadata_fields, target.field_types)
     except ValueError as err:
         raise ApiError(422, "invalid_request", str(err)) from None
+    min_relevance = fields.min_relevance if isinstance(fields, ThresholdFields) and cross_modal else None
     try:
         return retriever.search(
             target,
@@ -90,10 +113,11 @@ def _search(
             offset=fields.offset,
             depth=settings.search_depth,
             min_score=fields.min_score,
-            min_relevance=fields.min_relevance if cross_modal else None,
+            min_relevance=min_relevance,
             calibrated=cross_modal,
             text=text,
             filter_=filter_,
+            exclude=exclude,
             timings=timings,
         )
     except NotServable as err:  # min_relevance without a calibration
@@ -293,9 +317,16 @@ def search_image(
     min_score: Annotated[float | None, Form()] = None,
     min_relevance: Annotated[float | None, Form()] = None,
     include_images: Annotated[bool, Form(description="Also return similar gallery images.")] = False,
+    filter: Annotated[  # noqa: A002 - the API's own name for it, as in text search
+        str | None,
+        Form(
+            description="Only with include_images=true: a JSON object selecting the similar gallery "
+            "images searched, as text search's filter. " + FILTER_DESCRIPTION
+        ),
+    ] = None,
 ) -> Response:
     """Captions for an uploaded image, thresholded and paginated like text search (and, with
-    ``include_images``, similar gallery images, which carry no relevance).
+    ``include_images``, similar gallery images, which carry no relevance; ``filter`` selects which).
 
     With a calibration, ``calibration`` (always ``global`` here: the per-query map is fitted on text
     queries), ``expected_precision``, ``expected_relevant`` and ``quality.warnings`` describe the
@@ -307,7 +338,16 @@ def search_image(
     except ValidationError as err:
         raise ApiError(422, "invalid_request", validation_message(err.errors())) from None
     _check_paging(settings, fields.k, fields.offset)
+    filter_spec = _form_filter(filter)
+    if filter_spec is not None and not include_images:
+        raise ApiError(
+            422,
+            "invalid_request",
+            "filter: selects gallery images by their metadata, which image search returns with "
+            "include_images=true (captions carry no gallery metadata); send include_images=true",
+        )
     retriever = retriever_of(request)
+    _check_filter(retriever.images, filter_spec)  # before the upload is decoded
     if not retriever.accepts_images:
         raise ApiError(
             409,
@@ -339,6 +379,7 @@ def search_image(
             settings,
             timings,
             cross_modal=False,
+            filter_spec=filter_spec,
         )
         similar = ImageResults.model_validate({"hits": _image_hits(retriever, page), **_page_info(page)})
     if retriever.captions is not None:
@@ -353,4 +394,154 @@ def search_image(
         {"hits": hits, "similar_images": similar, "timings": _timings(timings, start), **info, **assessment}
     )
     request.app.state.telemetry.observe_stages("image", response.timings.model_dump())
+    return _json(response)
+
+
+def _form_filter(value: str | None) -> Any:
+    """The image search's ``filter`` form field as JSON (None when absent or blank: a form cannot
+    send null), read as strictly as a JSON body; 422 naming the field otherwise."""
+    if value is None or not value.strip(BLANK):
+        return None
+    try:
+        return parse_strict(value.encode("utf-8", "surrogatepass"))
+    except ValueError as err:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors too
+        raise ApiError(
+            422,
+            "invalid_request",
+            f'filter: not a JSON object ({err}); send e.g. {{"album": "holidays"}} as the form field',
+        ) from None
+
+
+def _vector_page_response(
+    retriever: Retriever,
+    page: Page,
+    query: VectorQuery,
+    timings: dict[str, float],
+    start: float,
+) -> VectorSearchResponse:
+    """The response of a search by vector or stored image: no relevance (no text to calibrate), said
+    in ``quality.warnings`` where the index has a calibration a text query would get."""
+    warnings = []
+    if retriever.images.calibration is not None:
+        warnings.append(f"{NO_RELEVANCE}: relevance is null and only min_score thresholds")
+    if query.approximate:
+        warnings.append(
+            f"the index stores compressed vectors ({retriever.images.manifest.factory}): image "
+            f"{query.image_id}'s vector is read back approximately, so its neighbours are approximate too"
+        )
+    return VectorSearchResponse.model_validate(
+        {
+            "query": query,
+            "hits": _image_hits(retriever, page),
+            "timings": _timings(timings, start),
+            **_page_info(page),
+            "calibration": None,
+            "expected_precision": None,
+            "expected_relevant": None,
+            "quality": {"warnings": warnings},
+        }
+    )
+
+
+@router.post(
+    "/similar",
+    response_model=VectorSearchResponse,
+    summary="A stored image -> the nearest images, thresholded, paginated",
+    responses=error_responses(404, 408, 409, 413, 422, 503),
+)
+async def search_similar(body: SimilarSearchRequest, request: Request) -> Response:
+    """Images nearest to a stored image's own vector (not including the image itself unless
+    ``include_self``), thresholded by ``min_score`` and paginated like text search; ``filter``
+    selects which images are searched. No calibrated relevance: there is no text to calibrate. 404
+    for an id outside the index; 409 when the index cannot give its stored vectors back (a GPU
+    inverted file), with what to do instead."""
+    start = time.perf_counter()
+    settings = settings_of(request)
+    _check_paging(settings, body.k, body.offset)
+    retriever = retriever_of(request)
+    images = retriever.images
+    ntotal = images.manifest.ntotal
+    if not 0 <= body.image_id < ntotal:
+        raise ApiError(
+            404, "not_found", f"image_id: no image {body.image_id}; ids run from 0 to {ntotal - 1}"
+        )
+    if images.vectors is None:
+        raise ApiError(409, "no_stored_vectors", images.why_no_vectors())
+    _check_filter(images, body.filter)
+    return await run_in_threadpool(_similar_results, retriever, body, settings, request, start)
+
+
+def _similar_results(
+    retriever: Retriever, body: SimilarSearchRequest, settings: Settings, request: Request, start: float
+) -> Response:
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    try:
+        query = retriever.stored_vector(retriever.images, body.image_id)  # (1, D)
+    except NotServable as err:  # checked on the event loop already; kept for a reload in between
+        raise ApiError(409, "no_stored_vectors", str(err)) from None
+    timings["encode_ms"] = (time.perf_counter() - t0) * 1000
+    page = _search(
+        retriever,
+        retriever.images,
+        query,
+        body,
+        settings,
+        timings,
+        cross_modal=False,
+        filter_spec=body.filter,
+        exclude=None if body.include_self else body.image_id,
+    )
+    about = VectorQuery(
+        kind="image",
+        image_id=body.image_id,
+        include_self=body.include_self,
+        approximate=retriever.images.approximate_vectors,
+    )
+    response = _vector_page_response(retriever, page, about, timings, start)
+    request.app.state.telemetry.observe_stages("similar", response.timings.model_dump())
+    return _json(response)
+
+
+@router.post(
+    "/vector",
+    response_model=VectorSearchResponse,
+    summary="An embedding -> the nearest images, thresholded, paginated",
+    responses=error_responses(408, 413, 422, 503),
+)
+async def search_vector(body: VectorSearchRequest, request: Request) -> Response:
+    """Images nearest to an embedding the client computed with the served checkpoint: ``vector``
+    must have the index's dim (GET /v1/info: index.dim, the checkpoint's embed_dim), finite values
+    and a norm above 0; it is normalised to unit length, as the index's vectors are. Thresholded by
+    ``min_score`` and paginated like text search; ``filter`` selects which images are searched. No
+    calibrated relevance: there is no text to calibrate."""
+    start = time.perf_counter()
+    settings = settings_of(request)
+    _check_paging(settings, body.k, body.offset)
+    retriever = retriever_of(request)
+    t0 = time.perf_counter()
+    try:
+        query = unit_query(body.vector, retriever.images.manifest.dim)  # (1, D)
+    except ValueError as err:
+        raise ApiError(422, "invalid_request", str(err)) from None
+    timings = {"encode_ms": (time.perf_counter() - t0) * 1000}
+    _check_filter(retriever.images, body.filter)
+    return await run_in_threadpool(_vector_results, retriever, body, query, timings, settings, request, start)
+
+
+def _vector_results(
+    retriever: Retriever,
+    body: VectorSearchRequest,
+    query: np.ndarray,
+    timings: dict[str, float],
+    settings: Settings,
+    request: Request,
+    start: float,
+) -> Response:
+    images = retriever.images
+    page = _search(
+        retriever, images, query, body, settings, timings, cross_modal=False, filter_spec=body.filter
+    )
+    response = _vector_page_response(retriever, page, VectorQuery(kind="vector"), timings, start)
+    request.app.state.telemetry.observe_stages("vector", response.timings.model_dump())
     return _json(response)
