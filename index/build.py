@@ -360,6 +360,9 @@ def _write_index(
         ntotal = gallery.count + n_distractors  # as delivered (see gallery_streams.feed)
         if index.ntotal != ntotal:
             raise RuntimeError(f"index holds {index.ntotal} vectors, {ntotal} were streamed")
+        if ntotal != planned:  # files left out (--skip-bad) after the factory was chosen for the listing
+            left_out = planned - ntotal
+            reason += f" (chosen for the {planned:,} items listed; {left_out:,} left out, {ntotal:,} indexed)"
         t0 = time.perf_counter()
         trials: dict[str, Any] = {}
         ef_search = None
@@ -398,7 +401,8 @@ def _write_index(
         manifest = Manifest(
             modality=built_by.modality,
             checkpoint_sha256=config.weights_sha256,
-            checkpoint_path=str(built_by.checkpoint),
+            # absolute: the index is served, calibrated and rebuilt from other working directories
+            checkpoint_path=str(Path(built_by.checkpoint).resolve()),
             dim=dim,
             factory=factory,
             factory_reason=reason,

@@ -107,6 +107,8 @@ def test_a_corrupt_photo_stops_the_build_by_name_or_is_skipped(tiny_checkpoint, 
     )
     assert manifest.gallery_count == len(FORMATS) == manifest.ntotal
     assert [s["file"] for s in manifest.data["skipped"]] == ["sub/broken.png"]
+    # the factory was chosen for the 9 files listed: the reason says 8 were indexed, not 9
+    assert f"{len(FORMATS) + 1} items listed; 1 left out, {len(FORMATS)} indexed" in manifest.factory_reason
     # the record names the file and what is wrong, not the "pass --skip-bad" that was passed
     error = manifest.data["skipped"][0]["error"]
     assert "broken.png" in error and "cannot decode" in error and "--skip-bad" not in error
@@ -116,6 +118,19 @@ def test_a_corrupt_photo_stops_the_build_by_name_or_is_skipped(tiny_checkpoint, 
         Path(n).name for n in sorted(FORMATS)
     ]
     store.close()
+
+
+def test_an_index_built_from_a_relative_checkpoint_serves_from_anywhere(
+    tiny_checkpoint, gallery, tmp_path, monkeypatch
+):
+    import shutil
+
+    shutil.copytree(tiny_checkpoint, tmp_path / "runs" / "ckpt")
+    monkeypatch.chdir(tmp_path)
+    manifest = build_photo_index(
+        Path("runs/ckpt"), images=gallery, out=Path("idx"), progress=False, gpu="off"
+    )
+    assert manifest.checkpoint_path == str(tmp_path / "runs" / "ckpt")  # not "runs/ckpt"
 
 
 def test_metadata_rows_that_name_no_image_are_named(tiny_checkpoint, gallery, tmp_path):
