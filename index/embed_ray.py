@@ -39,7 +39,7 @@ import torch
 
 from icr.index.embed_shards import ShardRun
 from icr.index.galleries import FileGallery
-from icr.index.photo_folder import ImageRef, decode_image
+from icr.index.photo_folder import ImageRef, decode_image, left_out
 from icr.training.checkpoint import load_checkpoint
 from icr.training.data.errors import DatasetError
 from icr.training.embedding import embed_captions
@@ -190,7 +190,7 @@ def _decode(batch: dict[str, np.ndarray], transform: Any) -> dict[str, np.ndarra
         result = decode_image(item)
         failed = isinstance(result, DatasetError)
         ok.append(not failed)
-        errors.append(str(result) if failed else "")
+        errors.append(str(result) if failed else "")  # with its hint: it stops a run without --skip-bad
         if not failed:
             images.append(result)
     mask = np.asarray(ok, dtype=bool)
@@ -309,7 +309,7 @@ def _write(
             vectors.append(vector)
             texts.append(text)
         else:
-            failed.append((gallery.relative[j], error))
+            failed.append((gallery.relative[j], left_out(error)))
     dim = int(run.manifest["dim"])
     image_emb = np.stack(vectors) if vectors else np.zeros((0, dim), np.float32)  # (r, D)
     text_emb = (np.stack(texts) if texts else np.zeros((0, dim), np.float32)) if run.text else None  # (r, D)

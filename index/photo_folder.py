@@ -220,6 +220,12 @@ def _limits() -> Any:
 _HINT = "Fix or remove the file, or pass --skip-bad to leave such files out."
 
 
+def left_out(error: str) -> str:
+    """A file's decode error as recorded when ``--skip-bad`` left it out: the file and what is wrong,
+    without the hint to pass ``--skip-bad`` (it was passed)."""
+    return error.removesuffix(" " + _HINT)
+
+
 def decode_image(item: Path | ImageRef) -> Any:
     """The RGB PIL image of ``item``, or the DatasetError (naming it) that says why not; never raises
     for a bad file. Accepted formats: :func:`photo_formats`."""
@@ -263,11 +269,7 @@ def decode_batches(
                 if isinstance(result, DatasetError):
                     if not skip_bad:
                         raise result
-                    # left out as asked: the file and what is wrong, not the "pass --skip-bad" hint
-                    left_out = DatasetError(
-                        result.detail, path=result.path, line=result.line, column=result.column
-                    )
-                    batch.failed.append((lo + j, str(left_out)))
+                    batch.failed.append((lo + j, left_out(str(result))))
                 else:
                     batch.positions.append(lo + j)
                     batch.images.append(result)
