@@ -148,7 +148,8 @@ def make_server(artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory):
                 str(artifacts.captions),
                 *(extra_args or []),
             ],
-            server_env(artifacts, jobs_db or folder / "jobs.sqlite", **env),
+            # the server's own state (feedback.sqlite) in the test's folder, never the user's home
+            server_env(artifacts, jobs_db or folder / "jobs.sqlite", **{"ICR_STATE_DIR": str(folder), **env}),
             folder / "server.log",
         )
         started.append(server)

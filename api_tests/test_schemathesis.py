@@ -23,13 +23,18 @@ def _requests(metrics: str, method: str, route: str, status: int) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("keys", [False, True], ids=["open", "with-keys"])
-def test_schemathesis_finds_nothing(make_server, keys: bool) -> None:
+def test_schemathesis_finds_nothing(make_server, artifacts, tmp_path: Path, keys: bool) -> None:
     """With keys, Schemathesis sends the admin key and also checks that leaving it out is refused.
     The server has the synthetic dataset (conftest's server_env), so schema-valid submissions are
     accepted until the queue of 2 is full (then 429), and the stateful phase follows the 202's links
     to real jobs; few distractors, so the jobs it submits finish in seconds."""
     env = {"ICR_API_KEY": "reader", "ICR_ADMIN_KEY": "admin"} if keys else {}
-    server = make_server(ICR_MAX_QUEUED_JOBS="2", ICR_MAX_BENCHMARK_DISTRACTORS="100", **env).start()
+    # a copy of the index: the labels it posts can be refitted, which replaces calibration.json
+    index = tmp_path / "images"
+    shutil.copytree(artifacts.images, index)
+    server = make_server(
+        index=index, ICR_MAX_QUEUED_JOBS="2", ICR_MAX_BENCHMARK_DISTRACTORS="100", **env
+    ).start()
     st = Path(sys.executable).with_name("st")
     command = [
         str(st) if st.exists() else shutil.which("st") or "st",

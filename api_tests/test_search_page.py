@@ -306,3 +306,67 @@ def test_the_page_of_a_keyed_server_asks_for_the_key(make_server, driver) -> Non
     assert src.startswith("blob:")  # fetched with the key, not by <img src>
     assert driver.execute_script("return sessionStorage.getItem('icr-api-key')") == "reader"
     driver.execute_script("sessionStorage.clear()")
+
+
+def test_labelling_hits_on_the_page_and_refitting(make_server, artifacts, driver, tmp_path: Path) -> None:
+    """ "Label hits" on: each hit's relevant / not relevant button records a judgement (the counts
+    line follows it), then "Refit" fits the calibration on them and the page says what it supports.
+    On a copy of the index: the refit replaces its calibration.json."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    index = tmp_path / "images"
+    shutil.copytree(artifacts.images, index)
+    server = make_server(index=index).start()
+    wait = WebDriverWait(driver, WAIT_S)
+    driver.set_window_size(1200, 1000)
+    query = _gallery_caption(server.url)
+    driver.get(server.url + "/")
+    driver.execute_script("sessionStorage.clear()")
+    wait.until(lambda d: d.find_element(By.ID, "info").get_attribute("data-state") == "ready")
+    driver.execute_script(SET_SLIDER, driver.find_element(By.ID, "slider"), "0.00")
+    # past the slider's debounce (150 ms): its rerun would otherwise search again once the query is
+    # typed and replace the cards this test holds
+    time.sleep(0.5)
+    box = driver.find_element(By.ID, "query")
+    box.send_keys(query, Keys.ENTER)
+    wait.until(lambda d: d.execute_script(GRID_SETTLED))
+    cards = driver.find_elements(By.CSS_SELECTOR, "#results .hit")
+    assert len(cards) >= 8
+    assert not cards[0].find_element(By.CSS_SELECTOR, ".label-yes").is_displayed()  # off by default
+    assert not driver.find_element(By.ID, "refit").is_displayed()
+
+    driver.find_element(By.ID, "label-toggle").click()
+    counts = driver.find_element(By.ID, "label-counts")
+    wait.until(lambda _d: counts.is_displayed() and counts.get_attribute("data-judgements") == "0")
+    assert driver.find_element(By.ID, "refit").is_displayed()
+    relevant = 0
+    for i, item in enumerate(cards[:8]):
+        # a hit is relevant when the query is its caption (the first hit counts as one, so one is)
+        is_relevant = item.get_attribute("title") == query or i == 0
+        relevant += is_relevant
+        item.find_element(By.CSS_SELECTOR, ".label-yes" if is_relevant else ".label-no").click()
+        expected = "relevant" if is_relevant else "not-relevant"
+        wait.until(lambda _d, item=item, expected=expected: item.get_attribute("data-label") == expected)
+        wait.until(lambda _d, n=i + 1: counts.get_attribute("data-judgements") == str(n))
+        pressed = item.find_element(By.CSS_SELECTOR, ".label-yes").get_attribute("aria-pressed")
+        assert pressed == str(is_relevant).lower()
+    assert counts.get_attribute("data-relevant") == str(relevant)
+    assert "8 judgements on 8 hits of 1 queries" in counts.text, counts.text
+    # the page's labels are the server's
+    assert httpx.get(server.url + "/v1/feedback", timeout=10).json()["counts"]["judgements"] == 8
+
+    driver.find_element(By.ID, "refit").click()
+    notice = driver.find_element(By.ID, "label-notice")
+    WebDriverWait(driver, 120).until(lambda _d: notice.get_attribute("data-state") in ("done", "error"))
+    assert notice.get_attribute("data-state") == "done", notice.text
+    assert notice.text.startswith("Refitted in") and "new calibration is served" in notice.text, notice.text
+    assert "fitted on 8 of them" in counts.text and "relevance 0.5" in counts.text, counts.text
+    assert driver.find_element(By.ID, "slider").get_attribute("value") == "0"  # the user's threshold stays
+    assert httpx.get(server.url + "/v1/info", timeout=10).json()["calibration"]["labels"] == "user"
+    wait.until(lambda d: d.execute_script(GRID_SETTLED))  # searched again under the new calibration
+    assert not driver.find_element(By.ID, "error").is_displayed()
+    shot = tmp_path / "search_page_labelling.png"
+    assert driver.save_screenshot(str(shot))
+    print(f"\nlabelling screenshot: {shot}")  # noqa: T201

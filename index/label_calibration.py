@@ -107,7 +107,10 @@ def resolve_images(labels: list[Label], metadata: MetadataStore, gallery: Path |
             name = Path(source).name
             names[name] += 1
             by_name[name] = int(row["id"])
-    known = set(ids.tolist())
+    # An id names any image the index holds, distractors included: a distractor the search page
+    # showed and someone judged is as much evidence as a gallery hit. Paths and names resolve among
+    # the gallery's own files only (a distractor has no file of the user's).
+    known = range(metadata.count())
     out, unknown = np.empty(len(labels), np.int64), []
     for k, label in enumerate(labels):
         found = _image_id(label.image, known, by_source, by_name, names, gallery)
@@ -126,7 +129,7 @@ def resolve_images(labels: list[Label], metadata: MetadataStore, gallery: Path |
 
 def _image_id(
     image: int | str,
-    known: set[int],
+    known: range,
     by_source: dict[str, int],
     by_name: dict[str, int],
     names: Counter[str],

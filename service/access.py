@@ -2,7 +2,8 @@
 
 * **read** (search, images, info, listing jobs): open, or with ``ICR_API_KEY`` set, the
   ``X-API-Key`` header must carry it (or the admin key);
-* **admin** (submitting and cancelling benchmark jobs, reloading artifacts): with ``ICR_ADMIN_KEY``
+* **admin** (submitting and cancelling benchmark jobs, reloading artifacts, labelling hits and
+  refitting the calibration from the labels): with ``ICR_ADMIN_KEY``
   set, that key; unset, clients on this machine only (a job costs minutes of CPU), where the client
   is the TCP peer, or the address a proxy in ``ICR_TRUSTED_PROXIES`` forwarded
   (:mod:`service.client_address`);
@@ -32,7 +33,9 @@ _ADMIN = {
     ("POST", re.compile(r"^/v1/benchmarks/?$")),
     ("DELETE", re.compile(r"^/v1/benchmarks/[^/]+$")),
     ("POST", re.compile(r"^/v1/admin/")),
+    ("POST", re.compile(r"^/v1/feedback(/refit)?/?$")),
 }
+ADMIN_KEY_IDENTITY = "admin-key"  # who labelled, when the admin key was used (never the key itself)
 KEY_HEADER = "X-API-Key"
 
 
@@ -58,6 +61,23 @@ def _same(given: str, key: str | None) -> bool:
     return key is not None and hmac.compare_digest(given.encode(), key.encode())
 
 
+def _given_key(scope: Scope) -> str | None:
+    given = dict(scope["headers"]).get(KEY_HEADER.lower().encode())
+    return given.decode("latin-1") if given is not None else None
+
+
+def admin_identity(scope: Scope, settings: Settings) -> str | None:
+    """Who this request is as an admin, by the rule the middleware applies: ``"admin-key"`` when
+    ``ICR_ADMIN_KEY`` is set and was sent, the client's address when it is unset and the client is
+    on this machine; None when the request has no admin rights. Short and never secret: it is
+    stored with each label (who judged) and tells the search page whether it may label."""
+    if settings.admin_key is not None:
+        given = _given_key(scope)
+        return ADMIN_KEY_IDENTITY if given is not None and _same(given, settings.admin_key) else None
+    client = client_of(scope, tuple(settings.trusted_proxies))
+    return (client.address or "local") if client.is_local else None
+
+
 class AccessMiddleware:
     """Reads the settings from the app's state at each request (``app.state.settings``)."""
 
@@ -78,9 +98,7 @@ class AccessMiddleware:
         need = access_of(scope["method"], scope["path"], settings)
         if need == "open" or (need == "read" and settings.api_key is None):  # nothing to check
             return None
-        headers = dict(scope["headers"])
-        given = headers.get(KEY_HEADER.lower().encode())
-        given_text = given.decode("latin-1") if given is not None else None
+        given_text = _given_key(scope)
         admin_ok = given_text is not None and _same(given_text, settings.admin_key)
         if need == "read":
             read_ok = given_text is not None and _same(given_text, settings.api_key)
@@ -110,4 +128,6 @@ def _admin_action(path: str) -> str:
     """What an admin request does, for its refusal."""
     if path.startswith("/v1/admin/"):
         return f"the admin request {path}"
+    if path.startswith("/v1/feedback"):
+        return "labelling hits or refitting the calibration from the labels"
     return "submitting or cancelling benchmark jobs"

@@ -163,7 +163,8 @@ class Settings(BaseSettings):
     datasets: dict[str, Path] = Field(default_factory=dict, description="Benchmark datasets by name.")
     state_dir: Path | None = Field(
         None,
-        description="Where the server keeps its own state (the job database); default "
+        description="Where the server keeps its own state (the job database, the relevance labels "
+        "given on the search page: feedback.sqlite); default "
         "$XDG_STATE_HOME/icr or ~/.local/state/icr, never inside an index folder that a rebuild replaces.",
     )
     jobs_db: Path | None = Field(

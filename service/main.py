@@ -29,7 +29,7 @@ from icr.service.headers import SecurityHeadersMiddleware
 from icr.service.jobs import JobRunner, JobStore
 from icr.service.loaded_index import preflight
 from icr.service.refusal_penalty import RefusalPenaltyMiddleware
-from icr.service.routes import admin, benchmarks, health, images, page, search
+from icr.service.routes import admin, benchmarks, feedback, health, images, page, search
 from icr.service.routes.deps import DecodeSlots
 from icr.service.schemas import NONBLANK_TEXT_PATTERN
 from icr.service.serving import install_retriever, load_retriever, without_paths
@@ -143,10 +143,11 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
     components["Body_search_image_v1_search_image_post"]["properties"]["file"]["minLength"] = 1
     retriever = app.state.retriever
     _served_index_bounds(components, retriever)
-    text = components["TextSearchRequest"]["properties"]["text"]
-    # not blank (the server strips it), and at most ICR_MAX_TEXT_CHARS as sent
-    text["pattern"] = NONBLANK_TEXT_PATTERN
-    text["maxLength"] = settings.max_text_chars
+    for model, field in (("TextSearchRequest", "text"), ("FeedbackRequest", "query")):
+        text = components[model]["properties"][field]
+        # not blank (the server strips it), and at most ICR_MAX_TEXT_CHARS as sent
+        text["pattern"] = NONBLANK_TEXT_PATTERN
+        text["maxLength"] = settings.max_text_chars
     error_ref = {"$ref": "#/components/schemas/ErrorBody"}
     for operations in schema["paths"].values():
         for operation in operations.values():
@@ -214,7 +215,8 @@ def _served_index_bounds(components: dict[str, Any], retriever: Any) -> None:
         return
     manifest = retriever.images.manifest
     if manifest.ntotal:
-        components["SimilarSearchRequest"]["properties"]["image_id"]["maximum"] = manifest.ntotal - 1
+        for name in ("SimilarSearchRequest", "FeedbackRequest"):
+            components[name]["properties"]["image_id"]["maximum"] = manifest.ntotal - 1
     vector = components["VectorSearchRequest"]["properties"]["vector"]
     vector.update(minItems=manifest.dim, maxItems=manifest.dim)
     # not all 0 (no direction to search in): some value above or below 0
@@ -246,7 +248,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.telemetry = Telemetry()
     app.state.decode_slots = DecodeSlots(settings.max_concurrent_decodes, settings.decode_wait_seconds)
     install_error_handlers(app)
-    for module in (health, search, images, benchmarks, admin, page):
+    for module in (health, search, images, benchmarks, admin, feedback, page):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=page.STATIC_DIR), name="static")
     app.openapi = lambda: _openapi_with_limits(app, settings)  # type: ignore[method-assign]

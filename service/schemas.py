@@ -185,6 +185,26 @@ class SimilarSearchRequest(_UncalibratedSearch):
     )
 
 
+class FeedbackRequest(BaseModel):
+    """One judgement of a served hit: was image ``image_id`` relevant to the text query ``query``?"""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: Text = Field(
+        ...,
+        description="The text query the hit was returned for, as searched (POST /v1/search/text's text; "
+        "blank around it is stripped, as the search strips it).",
+        examples=["a red circle left of a blue square"],
+    )
+    image_id: JsonInt = Field(
+        ...,
+        ge=0,
+        description="The hit's id (ids run from 0 to index.ntotal - 1 of GET /v1/info).",
+        examples=[17],
+    )
+    relevant: StrictBool = Field(..., description="true: the image matches the query; false: it does not.")
+
+
 class VectorSearchRequest(_UncalibratedSearch):
     vector: list[StrictFloat] = Field(
         ...,

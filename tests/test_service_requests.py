@@ -11,6 +11,7 @@ import sqlite3
 import time
 import unicodedata
 from decimal import Decimal, localcontext
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -21,11 +22,13 @@ from hypothesis import strategies as st
 from icr.client import Client
 from icr.index.metadata import MetadataStore, MetadataUnreadable
 from icr.index.vector_index import build_index, stored_vectors
+from icr.service.access import ADMIN_KEY_IDENTITY, access_of, admin_identity
 from icr.service.client_address import client_of, trusted_networks
+from icr.service.config import Settings
 from icr.service.errors import without_absolute_paths
 from icr.service.refusal_penalty import RefusalPenaltyMiddleware
 from icr.service.retriever import unit_query
-from icr.service.schemas import BLANK, check_text
+from icr.service.schemas import BLANK, FeedbackRequest, check_text
 from icr.service.strict_json import MAX_INTEGER_DIGITS, parse_strict
 
 JSON_VALUES = st.recursive(
@@ -125,6 +128,64 @@ def test_the_client_is_the_peer_or_what_a_trusted_proxy_forwarded(
 ) -> None:
     client = client_of(_scope(peer, forwarded), proxies)
     assert (client.address, client.is_local) == (address, local)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "need"),
+    [
+        ("POST", "/v1/feedback", "admin"),
+        ("POST", "/v1/feedback/", "admin"),
+        ("POST", "/v1/feedback/refit", "admin"),
+        ("GET", "/v1/feedback", "read"),  # counts: anyone who may search
+        ("POST", "/v1/feedbackx", "read"),  # not the route: 404 for a reader, as any unknown path
+    ],
+)
+def test_labelling_and_refitting_need_admin_rights(method: str, path: str, need: str) -> None:
+    assert access_of(method, path, Settings(index=Path("index"))) == need
+
+
+@pytest.mark.parametrize(
+    ("admin_key", "peer", "sent", "who"),
+    [
+        (None, "127.0.0.1", None, "127.0.0.1"),  # no admin key: the local client, by its address
+        (None, "::1", "anything", "::1"),
+        (None, "10.0.0.9", None, None),  # remote, no admin key configured: no rights
+        ("admin", "127.0.0.1", None, None),  # a key configured: only the key gives rights
+        ("admin", "10.0.0.9", "admin", ADMIN_KEY_IDENTITY),  # never the key itself
+        ("admin", "127.0.0.1", "wrong", None),
+    ],
+)
+def test_who_labels_is_short_and_never_the_key(
+    admin_key: str | None, peer: str, sent: str | None, who: str | None
+) -> None:
+    scope = _scope(peer)
+    if sent is not None:
+        scope["headers"].append((b"x-api-key", sent.encode()))
+    settings = Settings(index=Path("index"), admin_key=admin_key)
+    assert admin_identity(scope, settings) == who
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"query": "a cat", "image_id": "3", "relevant": True}, "not a string or boolean"),
+        ({"query": "a cat", "image_id": True, "relevant": True}, "not a string or boolean"),
+        ({"query": "a cat", "image_id": -1, "relevant": True}, "greater than or equal to 0"),
+        ({"query": "a cat", "image_id": 3, "relevant": "true"}, "valid boolean"),
+        ({"query": "a cat", "image_id": 3, "relevant": 1}, "valid boolean"),
+        ({"query": "a\x07cat", "image_id": 3, "relevant": True}, "the control character U.0007; remove it"),
+        ({"query": "a cat", "image_id": 3, "relevant": True, "who": "me"}, "Extra inputs"),
+        ({"image_id": 3, "relevant": True}, "query"),
+    ],
+)
+def test_a_bad_label_is_refused_naming_the_field(body: dict, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        FeedbackRequest.model_validate(body)
+
+
+def test_a_label_reads_an_integral_number_as_the_id() -> None:
+    label = FeedbackRequest.model_validate({"query": "a cat", "image_id": 3.0, "relevant": False})
+    assert (label.image_id, label.relevant) == (3, False)
 
 
 def test_a_bad_trusted_proxy_is_named() -> None:

@@ -7,10 +7,12 @@ import threading
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 
+from icr.service.config import Settings
 from icr.service.errors import ApiError
 from icr.service.loaded_index import preflight
+from icr.service.retriever import Retriever
 from icr.service.routes.deps import settings_of
 from icr.service.schemas import error_responses
 from icr.service.serving import install_retriever, load_retriever, without_paths
@@ -31,11 +33,25 @@ def reload(request: Request) -> dict[str, Any]:
     them in one step; requests already running finish on the previous ones, so none fails. If the
     new artifacts do not load, nothing changes: 409 with the reason. Needs the admin key
     (ICR_ADMIN_KEY; unset: clients on this machine only)."""
-    settings = settings_of(request)
-    if not _reloading.acquire(blocking=False):
+    started = time.perf_counter()
+    fresh = reload_artifacts(request.app, settings_of(request))
+    return {
+        "status": "reloaded",
+        "seconds": round(time.perf_counter() - started, 3),
+        "index": fresh.images.summary(),
+        "caption_index": fresh.captions.summary() if fresh.captions is not None else None,
+    }
+
+
+def reload_artifacts(app: FastAPI, settings: Settings, wait_s: float = 0.0) -> Retriever:
+    """Load the configured artifacts again and serve them (this route, and the refit of
+    routes/feedback.py once it has written a new calibration.json); returns what is served now.
+    One reload at a time: ApiError 409 when another one is still running after ``wait_s``, and
+    409 with the reason when the artifacts do not load (the served ones stay)."""
+    acquired = _reloading.acquire(timeout=wait_s) if wait_s > 0 else _reloading.acquire(blocking=False)
+    if not acquired:
         raise ApiError(409, "reload_in_progress", "a reload is already running; retry when it has finished")
     try:
-        started = time.perf_counter()
         try:
             preflight(settings.index, settings.checkpoint, settings.caption_index)
             fresh = load_retriever(settings)
@@ -45,24 +61,19 @@ def reload(request: Request) -> dict[str, Any]:
             raise ApiError(
                 409,
                 "reload_failed",
-                f"the new artifacts did not load ({reason}); {_served_now(request)}",
+                f"the new artifacts did not load ({reason}); {_served_now(app)}",
             ) from None
-        install_retriever(request.app, fresh)
-        if request.app.state.watcher is not None:
-            request.app.state.watcher.rebase()  # what is served is what is on disk now
-        return {
-            "status": "reloaded",
-            "seconds": round(time.perf_counter() - started, 3),
-            "index": fresh.images.summary(),
-            "caption_index": fresh.captions.summary() if fresh.captions is not None else None,
-        }
+        install_retriever(app, fresh)
+        if app.state.watcher is not None:
+            app.state.watcher.rebase()  # what is served is what is on disk now
+        return fresh
     finally:
         _reloading.release()
 
 
-def _served_now(request: Request) -> str:
+def _served_now(app: FastAPI) -> str:
     """What the server serves after a failed reload, truthfully."""
-    state = request.app.state
+    state = app.state
     retriever = state.retriever
     if retriever is None:
         return "nothing is served: the artifacts have not loaded since the server started"

@@ -31,6 +31,10 @@
     captions: $("caption-results"),
     similarHeading: $("similar-heading"),
     similar: $("similar"),
+    labelToggle: $("label-toggle"),
+    refit: $("refit"),
+    labelCounts: $("label-counts"),
+    labelNotice: $("label-notice"),
   };
 
   const DEBOUNCE_MS = 150;
@@ -111,7 +115,8 @@
       const code = body && body.error ? body.error : `http_${response.status}`;
       const message =
         body && body.message ? body.message : text.slice(0, 300) || response.statusText || "request failed";
-      if (response.status === 401 || response.status === 403) askForKey();
+      // Labelling needs admin rights that a read key cannot give: its refusals are shown as a notice
+      if ((response.status === 401 || response.status === 403) && !options.noKeyPrompt) askForKey();
       throw new ApiError(code, message, response.status);
     }
     if (body === null) throw new ApiError("bad_response", `${path} answered with something that is not JSON`);
@@ -369,6 +374,130 @@
     return item;
   }
 
+  // --- labelling -------------------------------------------------------------------------------
+  // With "Label hits" on, each text-search hit gets two buttons that record a judgement (POST
+  // /v1/feedback, admin rights); the line below the toggle says what the labels hold and support
+  // (GET /v1/feedback), and "Refit" fits the calibration on them (POST /v1/feedback/refit).
+  function showLabelNotice(text, level, stateName) {
+    el.labelNotice.replaceChildren(node("p", "notice-facts", text));
+    el.labelNotice.dataset.level = level;
+    el.labelNotice.dataset.state = stateName;
+    el.labelNotice.hidden = false;
+  }
+
+  function supportsText(supports) {
+    if (!supports) return "";
+    const parts = [];
+    for (const [target, t] of Object.entries(supports.thresholds || {})) {
+      if (t.reached) {
+        const more = t.more_labels > 0 ? `; ~${t.more_labels} more labels for ±0.05` : "; within ±0.05";
+        parts.push(
+          `relevance ${target}: from score ${fmtScore(t.score)} (${t.labels_above} labels above, ` +
+            `${fmtPct(t.precision_above)} relevant${more})`
+        );
+      } else {
+        const best = typeof t.best_bound === "number" ? ` (best bound ${t.best_bound.toFixed(2)})` : "";
+        parts.push(`relevance ${target}: not reached${best}`);
+      }
+    }
+    return ` The served calibration is fitted on ${supports.used} of them: ${parts.join(" · ")}.`;
+  }
+
+  function showCounts(counts, supports) {
+    el.labelCounts.dataset.judgements = String(counts.judgements);
+    el.labelCounts.dataset.relevant = String(counts.relevant);
+    el.labelCounts.textContent =
+      `Labels on this index: ${counts.judgements} judgements on ${counts.hits} hits of ` +
+      `${counts.queries} queries, ${counts.relevant} relevant.` + supportsText(supports);
+    el.labelCounts.hidden = false;
+  }
+
+  async function loadFeedback() {
+    try {
+      const f = await api("/v1/feedback");
+      showCounts(f.counts, f.supports);
+      if (!f.can_label) {
+        showLabelNotice(
+          "This browser has no admin rights on this server: labels are refused (enter the admin key " +
+            "above, or open the page on the server's machine).",
+          "warn",
+          "no-rights"
+        );
+      }
+      clearError("feedback");
+    } catch (err) {
+      showError("feedback", err);
+    }
+  }
+
+  function labelButtons(item, hit, query) {
+    const row = node("div", "label-row");
+    const yes = node("button", "label-yes", "✓ relevant");
+    const no = node("button", "label-no", "✗ not relevant");
+    for (const [button, relevant] of [[yes, true], [no, false]]) {
+      button.type = "button";
+      button.setAttribute("aria-pressed", "false");
+      button.title = relevant ? "This image matches the query" : "This image does not match the query";
+      button.addEventListener("click", () => label(item, query, hit.id, relevant, yes, no));
+      row.append(button);
+    }
+    item.append(row);
+    return item;
+  }
+
+  async function label(item, query, imageId, relevant, yes, no) {
+    item.dataset.label = "saving";
+    try {
+      const r = await api("/v1/feedback", {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ query, image_id: imageId, relevant }),
+        noKeyPrompt: true,
+      });
+      item.dataset.label = relevant ? "relevant" : "not-relevant";
+      yes.setAttribute("aria-pressed", String(relevant));
+      no.setAttribute("aria-pressed", String(!relevant));
+      showCounts(r.counts, null);
+      el.labelNotice.hidden = true;
+      loadFeedback(); // what the served calibration supports, beside the new counts
+    } catch (err) {
+      item.dataset.label = "error";
+      const rights = err.status === 401 || err.status === 403;
+      showLabelNotice(`${rights ? "Not recorded (admin rights needed)" : "Not recorded"}: ${err.message}`, "warn", "refused");
+    }
+  }
+
+  async function refit() {
+    el.refit.disabled = true;
+    const caption = el.refit.textContent;
+    el.refit.textContent = "Refitting…";
+    showLabelNotice("Fitting the calibration on the labels…", "info", "running");
+    try {
+      const r = await api("/v1/feedback/refit", { method: "POST", noKeyPrompt: true });
+      showCounts(r.counts, r.supports);
+      const seconds = r.seconds < 1 ? r.seconds.toFixed(2) : r.seconds.toFixed(1);
+      showLabelNotice(
+        `Refitted in ${seconds} s on ${r.counts.hits} labelled hits; the new calibration is served ` +
+          "(what it supports: the line above).",
+        "info",
+        "done"
+      );
+      const threshold = el.slider.value; // the user's threshold stays across the new calibration
+      const wasCalibrated = state.calibrated;
+      await loadInfo();
+      if (wasCalibrated && state.calibrated) {
+        el.slider.value = threshold;
+        showSliderValue();
+      }
+      if (state.query) runText(); // the hits' relevance under the new calibration
+    } catch (err) {
+      showLabelNotice(`Refit refused: ${err.message}`, "warn", "error");
+    } finally {
+      el.refit.disabled = false;
+      el.refit.textContent = caption;
+    }
+  }
+
   // --- text search ------------------------------------------------------------------------------
   function updatePager(r) {
     const k = r ? r.k : Number(el.k.value);
@@ -407,7 +536,7 @@
       });
       if (controller !== state.textController) return; // a newer request owns the grid
       clearError("text");
-      el.results.replaceChildren(...r.hits.map(card));
+      el.results.replaceChildren(...r.hits.map((hit) => labelButtons(card(hit), hit, r.query)));
       el.summary.textContent = passedText(r);
       el.summary.dataset.passed = String(r.passed);
       renderNotice(el.notice, r);
@@ -535,6 +664,18 @@
     el.preview.hidden = false;
     runImage();
   });
+
+  el.labelToggle.addEventListener("change", () => {
+    const on = el.labelToggle.checked;
+    el.results.dataset.labelling = on ? "on" : "off";
+    el.refit.hidden = !on;
+    if (on) loadFeedback();
+    else {
+      el.labelCounts.hidden = true;
+      el.labelNotice.hidden = true;
+    }
+  });
+  el.refit.addEventListener("click", refit);
 
   el.keyForm.addEventListener("submit", (event) => {
     event.preventDefault();

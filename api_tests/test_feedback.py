@@ -1,0 +1,136 @@
+"""Labelling where the user is, against a real `icr serve`: hits labelled through POST /v1/feedback are
+on disk (read back with FeedbackStore, and after a restart), GET /v1/feedback counts them, and POST
+/v1/feedback/refit fits a calibration on them that the server serves before it answers. Bad input is
+a 4xx naming the fix; a refit without labels is a 409 saying what to do."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+
+from icr.index.feedback_labels import FEEDBACK_FILE, FeedbackStore, index_key
+from icr.index.manifest import Manifest
+
+QUERIES = ("a red circle", "a blue square", "a green triangle", "a yellow star")
+
+
+def served_copy(artifacts, folder: Path) -> Path:
+    """A copy of the session's image index: a refit replaces its calibration.json."""
+    copy = folder / "images"
+    shutil.copytree(artifacts.images, copy)
+    return copy
+
+
+def label_hits(c: httpx.Client, per_query: int = 8) -> tuple[int, set[str], int]:
+    """Labels hits of several gallery captions as a user would: a hit is relevant when the query is
+    one of its captions. Returns (judgements, queries, relevant)."""
+    captions: list[str] = []
+    for seed in QUERIES:
+        for hit in c.post("/v1/search/text", json={"text": seed, "k": 20}).json()["hits"]:
+            first = (hit["metadata"].get("captions") or [None])[0]
+            if not hit["is_distractor"] and first and first not in captions:
+                captions.append(first)
+                break
+    assert len(captions) >= 3, captions
+    judged, relevant = 0, 0
+    for query in captions:
+        r = c.post("/v1/search/text", json={"text": query, "k": per_query})
+        assert r.status_code == 200, r.text
+        for hit in r.json()["hits"]:
+            is_relevant = query in (hit["metadata"].get("captions") or [])
+            body = {"query": query, "image_id": hit["id"], "relevant": is_relevant}
+            answer = c.post("/v1/feedback", json=body)
+            assert answer.status_code == 200, answer.text
+            judged += 1
+            relevant += is_relevant
+            assert answer.json()["recorded"] == body
+            assert answer.json()["counts"]["judgements"] == judged
+    return judged, set(captions), relevant
+
+
+def test_labels_are_stored_counted_kept_and_refit(make_server, artifacts, tmp_path) -> None:
+    index = served_copy(artifacts, tmp_path)
+    state = tmp_path / "state"
+    server = make_server(index=index, ICR_STATE_DIR=str(state)).start()
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        ntotal = c.get("/v1/info").json()["index"]["ntotal"]
+        # bad input first, while there are no labels
+        r = c.post("/v1/feedback/refit")
+        assert r.status_code == 409 and r.json()["error"] == "no_labels", r.text
+        assert "mark hits relevant or not" in r.json()["message"]
+        r = c.post("/v1/feedback", json={"query": "a red circle", "image_id": ntotal, "relevant": True})
+        assert r.status_code == 404 and f"ids run from 0 to {ntotal - 1}" in r.json()["message"], r.text
+        for body, says in (
+            ({"query": "a red circle", "image_id": "3", "relevant": True}, "image_id"),
+            ({"query": "a red circle", "image_id": 3, "relevant": "yes"}, "relevant"),
+            ({"query": " \t", "image_id": 3, "relevant": True}, "query: empty"),
+            ({"query": "x" * 20_000, "image_id": 3, "relevant": True}, "ICR_MAX_TEXT_CHARS"),
+            ({"query": "a red circle", "image_id": 3}, "relevant"),
+            ({"query": "a red circle", "image_id": 3, "relevant": True, "who": "me"}, "who"),
+            ({"query": "a\x00b", "image_id": 3, "relevant": True}, "control character"),
+        ):
+            r = c.post("/v1/feedback", json=body)
+            assert r.status_code in (413, 422) and says in r.json()["message"], (body, r.text)
+        empty = c.get("/v1/feedback").json()
+        assert empty["counts"] == {"judgements": 0, "hits": 0, "queries": 0, "relevant": 0}
+        assert empty["can_label"] is True  # localhost, no ICR_ADMIN_KEY
+
+        judged, queries, relevant = label_hits(c)
+        assert judged >= 20 and relevant >= 1
+        counts = c.get("/v1/feedback").json()["counts"]
+        assert counts == {"judgements": judged, "hits": judged, "queries": len(queries), "relevant": relevant}
+        # judging a hit again replaces the verdict: no new judgement
+        query = sorted(queries)[0]
+        first_id = c.post("/v1/search/text", json={"text": query, "k": 1}).json()["hits"][0]["id"]
+        again = c.post("/v1/feedback", json={"query": query, "image_id": first_id, "relevant": True})
+        assert again.json()["counts"]["judgements"] == judged
+        relevant = again.json()["counts"]["relevant"]
+
+    # on disk: read by the store itself, then by a restarted server
+    manifest = Manifest.read(index)
+    key = index_key(manifest.checkpoint_sha256, manifest.created)
+    labels = FeedbackStore(state / FEEDBACK_FILE).labels(key)
+    assert len(labels) == judged and {label.query for label in labels} == queries
+    server.stop()
+    server = make_server(index=index, ICR_STATE_DIR=str(state)).start()
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        assert c.get("/v1/feedback").json()["counts"]["judgements"] == judged
+        assert c.get("/v1/info").json()["calibration"]["labels"] != "user"
+
+        r = c.post("/v1/feedback/refit")
+        assert r.status_code == 200, r.text
+        result = r.json()
+        assert result["status"] == "refitted" and result["calibration"]["labels"] == "user"
+        assert result["supports"]["used"] == judged and result["supports"]["relevant"] == relevant
+        for target in ("0.5", "0.8", "0.9"):
+            entry = result["supports"]["thresholds"][target]
+            assert "reached" in entry and ("more_labels" in entry or "best_bound" in entry), entry
+        # served already when the refit answered
+        assert c.get("/v1/info").json()["calibration"]["labels"] == "user"
+        feedback = c.get("/v1/feedback").json()
+        assert feedback["calibration_labels"] == "user" and feedback["supports"] == result["supports"]
+        r = c.post("/v1/search/text", json={"text": query, "k": 5, "min_relevance": 0.5})
+        assert r.status_code == 200, r.text
+        assert r.json()["calibration"] is not None
+    server.stop()
+    assert "Traceback" not in server.log_text()
+
+
+def test_labelling_needs_the_admin_key_when_one_is_set(make_server, artifacts, tmp_path) -> None:
+    index = served_copy(artifacts, tmp_path)
+    server = make_server(index=index, ICR_ADMIN_KEY="admin", ICR_STATE_DIR=str(tmp_path / "state")).start()
+    body = {"query": "a red circle", "image_id": 0, "relevant": True}
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        r = c.post("/v1/feedback", json=body)
+        assert r.status_code == 401 and "ICR_ADMIN_KEY" in r.json()["message"], r.text
+        assert c.post("/v1/feedback/refit", headers={"X-API-Key": "wrong"}).status_code == 403
+        assert c.get("/v1/feedback").json()["can_label"] is False  # reading is open
+        r = c.post("/v1/feedback", json=body, headers={"X-API-Key": "admin"})
+        assert r.status_code == 200, r.text
+        assert c.get("/v1/feedback", headers={"X-API-Key": "admin"}).json()["can_label"] is True
+    manifest = Manifest.read(index)
+    key = index_key(manifest.checkpoint_sha256, manifest.created)
+    with FeedbackStore(tmp_path / "state" / FEEDBACK_FILE)._connect() as db:
+        assert db.execute("SELECT who FROM labels WHERE index_key = ?", (key,)).fetchall() == [("admin-key",)]
