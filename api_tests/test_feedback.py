@@ -9,7 +9,9 @@ import shutil
 from pathlib import Path
 
 import httpx
+import pytest
 
+from icr.client import ApiError, Client
 from icr.index.feedback_labels import FEEDBACK_FILE, FeedbackStore, index_key
 from icr.index.manifest import Manifest
 
@@ -134,3 +136,28 @@ def test_labelling_needs_the_admin_key_when_one_is_set(make_server, artifacts, t
     key = index_key(manifest.checkpoint_sha256, manifest.created)
     with FeedbackStore(tmp_path / "state" / FEEDBACK_FILE)._connect() as db:
         assert db.execute("SELECT who FROM labels WHERE index_key = ?", (key,)).fetchall() == [("admin-key",)]
+
+
+def test_the_client_labels_and_refits(make_server, artifacts, tmp_path) -> None:
+    server = make_server(
+        index=served_copy(artifacts, tmp_path), ICR_STATE_DIR=str(tmp_path / "state")
+    ).start()
+    with Client(server.url, timeout=120) as icr:
+        with pytest.raises(ApiError) as refused:
+            icr.refit()
+        assert refused.value.status == 409 and refused.value.error == "no_labels"
+        # a gallery caption as the query: its own image is among the hits, relevant
+        seed = icr.search_text(QUERIES[0], k=20)
+        query = next(
+            h.metadata["captions"][0] for h in seed.hits if not h.is_distractor and h.metadata.get("captions")
+        )
+        hits = icr.search_text(query, k=6).hits
+        for n, hit in enumerate(hits, 1):
+            answer = icr.label(query, hit.id, relevant=query in (hit.metadata.get("captions") or []))
+            assert answer["counts"]["judgements"] == n
+        held = icr.feedback()
+        assert held["can_label"] and held["counts"]["hits"] == len(hits) and held["counts"]["relevant"] >= 1
+        result = icr.refit()
+        assert result["status"] == "refitted" and result["calibration"]["labels"] == "user"
+        assert icr.info()["calibration"]["labels"] == "user"
+    server.stop()

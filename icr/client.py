@@ -208,6 +208,25 @@ class Client:
             time.sleep(min(wait if wait is not None else delay, left))
             delay = min(2 * delay, 5.0)
 
+    # --- labels -----------------------------------------------------------------------------------
+    def label(self, query: str, image_id: int, relevant: bool) -> dict[str, Any]:
+        """Record whether a hit is relevant to a query (admin rights, as on the search page); the
+        answer says what was recorded and what the labels now hold."""
+        body = {"query": query, "image_id": int(image_id), "relevant": bool(relevant)}
+        recorded: dict[str, Any] = self._request("POST", "/v1/feedback", json=body).json()
+        return recorded
+
+    def feedback(self) -> dict[str, Any]:
+        """The labels of the served index: counts, whether this client may label, and what a
+        calibration fitted on them supports at each min_relevance."""
+        held: dict[str, Any] = self._request("GET", "/v1/feedback").json()
+        return held
+
+    def refit(self) -> dict[str, Any]:
+        """Fit the calibration on the labels and serve it (admin rights); answers once it is served."""
+        refitted: dict[str, Any] = self._request("POST", "/v1/feedback/refit").json()
+        return refitted
+
     # --- benchmark jobs ---------------------------------------------------------------------------
     def submit_benchmark(
         self, dataset: str, *, split: str = "test", protocol: str = "full", distractors: int = 0
