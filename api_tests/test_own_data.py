@@ -90,6 +90,7 @@ def test_the_readme_walk_through_runs_against_a_real_server(tmp_path: Path) -> N
             for hit in found.hits:
                 assert hit.metadata["fields"]["album"] == "trip" and hit.metadata["fields"]["year"] >= 2023
             assert icr.info()["index"]["metadata_fields"] == ["album", "year", "camera"]
+            assert icr.info()["calibration"]["labels"] == "user"  # fitted on my-labels.jsonl
             thumb = icr.image(found.hits[0].id, thumbnail=True)
             assert thumb[:8] == b"\x89PNG\r\n\x1a\n"
             everything = icr.search_text("a red circle", k=50)

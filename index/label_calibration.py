@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,22 +97,19 @@ def resolve_images(labels: list[Label], metadata: MetadataStore, gallery: Path |
     """(n,) index id of each label's image; ValueError listing images the index does not hold."""
     ids = metadata.matching_ids("is_distractor = 0", [])
     by_source: dict[str, int] = {}
-    names: Counter[str] = Counter()
-    by_name: dict[str, int] = {}
+    by_name: dict[str, list[tuple[str, int]]] = {}  # file name -> (source, id) of every file so named
     for start in range(0, len(ids), 10_000):
         for row in metadata.get(ids[start : start + 10_000].tolist()):
             source = str(row["source"])
             by_source[source] = int(row["id"])
-            name = Path(source).name
-            names[name] += 1
-            by_name[name] = int(row["id"])
+            by_name.setdefault(Path(source).name, []).append((source, int(row["id"])))
     # An id names any image the index holds, distractors included: a distractor the search page
     # showed and someone judged is as much evidence as a gallery hit. Paths and names resolve among
     # the gallery's own files only (a distractor has no file of the user's).
     known = range(metadata.count())
     out, unknown = np.empty(len(labels), np.int64), []
     for k, label in enumerate(labels):
-        found = _image_id(label.image, known, by_source, by_name, names, gallery)
+        found = _image_id(label.image, known, by_source, by_name, gallery)
         if found is None:
             unknown.append(f"row {label.row}: {label.image!r}")
         else:
@@ -131,8 +127,7 @@ def _image_id(
     image: int | str,
     known: range,
     by_source: dict[str, int],
-    by_name: dict[str, int],
-    names: Counter[str],
+    by_name: dict[str, list[tuple[str, int]]],
     gallery: Path | None,
 ) -> int | None:
     if isinstance(image, int) or image.isdigit():
@@ -142,8 +137,11 @@ def _image_id(
             return by_source[candidate]
     if gallery is not None and str(gallery / image) in by_source:
         return by_source[str(gallery / image)]
-    name = Path(image).name
-    return by_name[name] if names[name] == 1 and name == image else None
+    # a file name, or a path relative to the photo folder (wherever that folder is): the one file
+    # whose source ends with it
+    relative = Path(image).as_posix().removeprefix("./")
+    matches = [i for source, i in by_name.get(Path(image).name, []) if f"/{source}".endswith(f"/{relative}")]
+    return matches[0] if len(matches) == 1 else None
 
 
 def calibrate_from_labels(

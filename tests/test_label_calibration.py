@@ -129,6 +129,14 @@ def test_bad_labels_are_named_with_the_fix(photo_index, tiny_benchmark, tmp_path
     with pytest.raises(ValueError, match="none of the 1 labelled pairs is among its query's top 1 hits"):
         far = {"query": "a red circle", "image": 63, "relevant": 1}
         calibrate_from_labels(photo_index, labels(far), depth=1, device="cpu", progress=False)
+    # a path relative to wherever the photo folder is (here images/...): the one file ending with it
+    relative = calibrate_from_labels(
+        photo_index,
+        labels({**ok, "image": "images/synth_test_000000.png"}, ok),
+        device="cpu",
+        progress=False,
+    )
+    assert relative["label_report"]["used"] == 2
     with pytest.raises(ValueError, match="no labelled hit is relevant"):
         calibrate_from_labels(photo_index, labels({**ok, "relevant": 0}), device="cpu", progress=False)
 
