@@ -104,12 +104,14 @@ class FeedbackStore:
         return [Label(q, int(i), 2 * int(yes) > int(n), row) for row, (q, i, yes, n, _) in enumerate(rows, 1)]
 
     def counts(self, key: str) -> FeedbackCounts:
+        """Counted in SQL (every label click asks): the hits grouped as :meth:`labels` groups them."""
         with self._connect() as db:
-            judgements = db.execute("SELECT COUNT(*) FROM labels WHERE index_key = ?", (key,)).fetchone()[0]
-        labels = self.labels(key)
+            row = db.execute(
+                "SELECT COALESCE(SUM(n), 0), COUNT(*), COUNT(DISTINCT query), COALESCE(SUM(2 * yes > n), 0) "
+                "FROM (SELECT query, SUM(relevant) AS yes, COUNT(*) AS n FROM labels WHERE index_key = ? "
+                "GROUP BY query, image_id)",
+                (key,),
+            ).fetchone()
         return FeedbackCounts(
-            judgements=int(judgements),
-            hits=len(labels),
-            queries=len({label.query for label in labels}),
-            relevant=sum(label.relevant for label in labels),
+            judgements=int(row[0]), hits=int(row[1]), queries=int(row[2]), relevant=int(row[3])
         )

@@ -95,14 +95,11 @@ def read_labels(path: str | os.PathLike[str], relevant_from: float = 1.0) -> lis
 
 def resolve_images(labels: list[Label], metadata: MetadataStore, gallery: Path | None) -> np.ndarray:
     """(n,) index id of each label's image; ValueError listing images the index does not hold."""
-    ids = metadata.matching_ids("is_distractor = 0", [])
     by_source: dict[str, int] = {}
     by_name: dict[str, list[tuple[str, int]]] = {}  # file name -> (source, id) of every file so named
-    for start in range(0, len(ids), 10_000):
-        for row in metadata.get(ids[start : start + 10_000].tolist()):
-            source = str(row["source"])
-            by_source[source] = int(row["id"])
-            by_name.setdefault(Path(source).name, []).append((source, int(row["id"])))
+    for image_id, source in metadata.gallery_sources():
+        by_source[source] = image_id
+        by_name.setdefault(Path(source).name, []).append((source, image_id))
     # An id names any image the index holds, distractors included: a distractor the search page
     # showed and someone judged is as much evidence as a gallery hit. Paths and names resolve among
     # the gallery's own files only (a distractor has no file of the user's).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +207,14 @@ class MetadataStore:
         :func:`index.filters.to_sql`, with ``?`` placeholders for ``params``), ascending."""
         cursor = self._db.execute(f"SELECT id FROM items WHERE {where} ORDER BY id", list(params))
         return np.fromiter((r[0] for r in cursor), dtype=np.int64)
+
+    def gallery_sources(self) -> Iterator[tuple[int, str]]:
+        """(id, source) of every gallery row (not distractors), in id order: the two columns alone,
+        nothing decoded, for naming a user's files among a large index's rows."""
+        for image_id, source in self._db.execute(
+            "SELECT id, source FROM items WHERE is_distractor = 0 ORDER BY id"
+        ):
+            yield int(image_id), str(source)
 
     def field_types(self) -> dict[str, list[FieldKind]]:
         """{field: the sorted JSON kinds (string, integer, number, boolean, array, object) its

@@ -249,17 +249,22 @@ def test_index_from_embeddings_checks_the_checkpoint(tiny_checkpoint, tiny_bench
         build_photo_index(tiny_checkpoint, embeddings=out, out=tmp_path / "idx2", progress=False, gpu="off")
 
 
-def test_foreign_float16_shards_are_distractors(tiny_checkpoint, gallery, tmp_path):
-    """clip-retrieval writes float16 img_emb files and no manifest: accepted as distractors."""
-    foreign = tmp_path / "foreign"
+def _float16_shards(foreign: Path, sizes: list[int], seed: int) -> None:
+    """clip-retrieval's img_emb shards: float16 unit rows of dim 32, no manifest."""
     (foreign / "img_emb").mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for i, n in enumerate([7, 5]):
+    rng = np.random.default_rng(seed)
+    for i, n in enumerate(sizes):
         v = rng.normal(size=(n, 32))
         np.save(
             foreign / "img_emb" / f"img_emb_{i}.npy",
             (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float16),
         )
+
+
+def test_foreign_float16_shards_are_distractors(tiny_checkpoint, gallery, tmp_path):
+    """clip-retrieval writes float16 img_emb files and no manifest: accepted as distractors."""
+    foreign = tmp_path / "foreign"
+    _float16_shards(foreign, [7, 5], seed=0)
     manifest = build_photo_index(
         tiny_checkpoint,
         images=gallery,
@@ -292,13 +297,8 @@ def test_distractor_embeddings_keep_their_metadata_columns(tiny_checkpoint, gall
     from pyarrow import Table, parquet
 
     foreign = tmp_path / "foreign"
-    (foreign / "img_emb").mkdir(parents=True)
+    _float16_shards(foreign, [3], seed=1)
     (foreign / "metadata").mkdir()
-    v = np.random.default_rng(1).normal(size=(3, 32))
-    np.save(
-        foreign / "img_emb" / "img_emb_0.npy",
-        (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float16),
-    )
     rows = [
         {"image_path": f"web/{i}.jpg", "caption": f"web photo {i}", "url": f"https://example.org/{i}.jpg"}
         for i in range(3)

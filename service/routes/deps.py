@@ -14,6 +14,7 @@ from fastapi import Request
 from icr.service.config import Settings
 from icr.service.errors import ApiError
 from icr.service.retriever import Retriever
+from icr.service.schemas import BLANK
 
 log = logging.getLogger("icr.service")
 
@@ -108,3 +109,20 @@ def release_freed_memory() -> None:
 def decode_slots_of(request: Request) -> DecodeSlots:
     slots: DecodeSlots = request.app.state.decode_slots
     return slots
+
+
+def query_text(raw: str, settings: Settings, field: str, empty_fix: str, long_fix: str) -> str:
+    """A text query as search reads it: stripped of blank (as the schema's pattern reads it, U+FEFF
+    too), not empty, and at most ICR_MAX_TEXT_CHARS as sent (the limit the schema states); 422s that
+    name ``field`` and end with the fix."""
+    text = raw.strip(BLANK)
+    if not text:
+        raise ApiError(422, "invalid_request", f"{field}: empty; {empty_fix}")
+    if len(raw) > settings.max_text_chars:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"{field}: {len(raw)} characters, at most {settings.max_text_chars} "
+            f"(ICR_MAX_TEXT_CHARS){long_fix}",
+        )
+    return text

@@ -23,13 +23,13 @@ from icr.index.calibration import ServedCalibration
 from icr.index.feedback_labels import FEEDBACK_FILE, FeedbackStore, index_key
 from icr.index.label_calibration import USER_LABELS, calibrate_from_labels
 from icr.service.access import admin_identity
-from icr.service.config import Settings, default_state_dir
+from icr.service.config import default_state_dir
 from icr.service.errors import ApiError
 from icr.service.loaded_index import calibration_summary
 from icr.service.retriever import Retriever
 from icr.service.routes.admin import reload_artifacts
-from icr.service.routes.deps import retriever_of, settings_of
-from icr.service.schemas import BLANK, FeedbackRequest, error_responses
+from icr.service.routes.deps import query_text, retriever_of, settings_of
+from icr.service.schemas import FeedbackRequest, error_responses
 from icr.service.serving import without_paths
 from icr.service.strict_json import StrictJSONRoute
 
@@ -59,22 +59,6 @@ def feedback_store(request: Request) -> FeedbackStore:
 def served_key(retriever: Retriever) -> str:
     manifest = retriever.images.manifest
     return index_key(manifest.checkpoint_sha256, manifest.created)
-
-
-def _query(text: str, settings: Settings) -> str:
-    """The query as the text search reads it (stripped, bounded): a label must name a query that
-    search could have answered, with the text the refit will embed."""
-    query = text.strip(BLANK)
-    if not query:
-        raise ApiError(422, "invalid_request", "query: empty; send the text the hit was returned for")
-    if len(text) > settings.max_text_chars:
-        raise ApiError(
-            422,
-            "invalid_request",
-            f"query: {len(text)} characters, at most {settings.max_text_chars} (ICR_MAX_TEXT_CHARS), "
-            "as for searches; send the query the hit was returned for",
-        )
-    return query
 
 
 def supports(calibration: ServedCalibration | None) -> dict[str, Any] | None:
@@ -112,7 +96,15 @@ def add_feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
     200 comes once it is on disk. Answers with what the labels of this index now hold. Needs the
     admin key (ICR_ADMIN_KEY; unset: clients on this machine only)."""
     settings = settings_of(request)
-    query = _query(body.query, settings)
+    # the text search reads (stripped, bounded): a label names a query search could have answered,
+    # with the text the refit will embed
+    query = query_text(
+        body.query,
+        settings,
+        "query",
+        "send the text the hit was returned for",
+        ", as for searches; send the query the hit was returned for",
+    )
     retriever = retriever_of(request)
     ntotal = retriever.images.manifest.ntotal
     if not 0 <= body.image_id < ntotal:

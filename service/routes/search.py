@@ -22,7 +22,7 @@ from icr.service.errors import ApiError, validation_message
 from icr.service.loaded_index import LoadedIndex, NotServable, public_source
 from icr.service.quality import query_quality
 from icr.service.retriever import Page, Retriever, unit_query
-from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
+from icr.service.routes.deps import decode_slots_of, query_text, retriever_of, settings_of
 from icr.service.schemas import (
     BLANK,
     FILTER_DESCRIPTION,
@@ -232,16 +232,7 @@ async def search_text(body: TextSearchRequest, request: Request) -> Response:
     handles poorly, words outside the benchmark's vocabulary, few likely relevant results)."""
     start = time.perf_counter()
     settings = settings_of(request)
-    text = body.text.strip(BLANK)  # as the schema's pattern reads blank (U+FEFF too)
-    if not text:
-        raise ApiError(422, "invalid_request", "text: empty; send the caption to search for")
-    if len(body.text) > settings.max_text_chars:  # as sent: the limit the schema states (maxLength)
-        raise ApiError(
-            422,
-            "invalid_request",
-            f"text: {len(body.text)} characters, at most {settings.max_text_chars} "
-            "(ICR_MAX_TEXT_CHARS); shorten the query",
-        )
+    text = query_text(body.text, settings, "text", "send the caption to search for", "; shorten the query")
     _check_paging(settings, body.k, body.offset)
     retriever = retriever_of(request)
     # The checks above are answered on the event loop (microseconds, no thread hop: a client looping

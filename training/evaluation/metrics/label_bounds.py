@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -78,20 +79,9 @@ def clopper_pearson_lower(relevant: int, n: int, confidence: float = DEFAULT_CON
 def labels_for_half_width(fraction: float, half_width: float = HALF_WIDTH, confidence: float = 0.95) -> int:
     """Labels a block needs for its two-sided ``confidence`` interval to be about +-``half_width``
     (normal approximation, the fraction kept away from 0 and 1 so the answer is never 0)."""
-    z = _normal_quantile(1 - (1 - confidence) / 2)
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
     p = min(max(fraction, 0.05), 0.95)
     return math.ceil(z * z * p * (1 - p) / (half_width * half_width))
-
-
-def _normal_quantile(q: float) -> float:
-    lo, hi = -10.0, 10.0
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        if 0.5 * math.erfc(-mid / math.sqrt(2)) < q:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 @dataclass(frozen=True)
