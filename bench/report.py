@@ -307,6 +307,13 @@ def markdown(report: dict[str, Any]) -> str:
                     if isinstance(r, dict) and "exact" in r
                 ],
             )
+            recall = g["search"].get("ann_recall_at_10_vs_exact")
+            if recall is not None:
+                lines += [
+                    f"ANN recall@10 against the exact GPU search over the same {g['search']['vectors']:,} "
+                    f"vectors: {recall:.3f} (queries: the first 1,024 indexed vectors).",
+                    "",
+                ]
             lines += _table(
                 ["objective", "step ms", "vs ntxent"],
                 [[r["objective"], r["step_ms_median"], r["vs_ntxent_median"]] for r in g["train"]["rows"]],

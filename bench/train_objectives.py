@@ -26,18 +26,31 @@ from bench.training import run
 from icr.core.memory import peak_rss_mb
 
 
+def _sync(device: Any) -> None:
+    """Wait for the GPU's queued work, so that a wall-clock interval covers it."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _towers_ms(trainer: Any, batches: list[dict[str, Any]]) -> float:
     """Both encoders' forward + backward on the step's batches, without the objective: the part of a
     step that grows with the captions an objective asks for (SmoothAP's image-level batches carry
     5 captions per image where ntxent's carry one)."""
-
+    dev = trainer.device
+    on_device = [
+        (b["images"].to(dev), {k: v.to(dev) for k, v in b["text"].items()}) for b in batches
+    ]  # moved before the clock starts, as _step's copies overlap with compute
+    _sync(dev)
     start = time.perf_counter()
-    for b in batches:
+    for images, text in on_device:
         trainer.model.zero_grad(set_to_none=True)
-        img = trainer.model.encode_image(b["images"])  # (Ni, D)
-        cap = trainer.model.encode_text(b["text"])  # (Nc, D)
+        img = trainer.model.encode_image(images)  # (Ni, D)
+        cap = trainer.model.encode_text(text)  # (Nc, D)
         (img.sum() + cap.sum()).backward()
     trainer.model.zero_grad(set_to_none=True)
+    _sync(dev)
     return (time.perf_counter() - start) / len(batches) * 1e3
 
 
@@ -46,14 +59,18 @@ def _decoder_ms(trainer: Any, batches: list[dict[str, Any]]) -> float:
     embeddings of the step's shape: the part of an LTD/ITD step that ntxent does not have."""
     import torch
 
-    dim = trainer.model.embed_dim
+    dim, dev = trainer.model.embed_dim, trainer.device
+    _sync(dev)
     start = time.perf_counter()
     for b in batches:
         n_cap = len(b["cap_img_ids"])
-        cap = torch.nn.functional.normalize(torch.randn(n_cap, dim), dim=1).requires_grad_()  # (Nc, D)
-        loss, _ = trainer.decoding(cap, b["target"])
+        cap = torch.nn.functional.normalize(torch.randn(n_cap, dim, device=dev), dim=1)  # (Nc, D)
+        target = b["target"]
+        target = {k: v.to(dev) for k, v in target.items()} if isinstance(target, dict) else target.to(dev)
+        loss, _ = trainer.decoding(cap.requires_grad_(), target)
         loss.backward()
     trainer.decoding.zero_grad(set_to_none=True)
+    _sync(dev)
     return (time.perf_counter() - start) / len(batches) * 1e3
 
 
@@ -88,28 +105,33 @@ def run_one(args: argparse.Namespace, name: str, extra: list[str]) -> dict:
     batches = [trainer._make_batch(plans[k], 0, k) for k in range(args.warmup + args.steps)]
     for b in batches[: args.warmup]:
         trainer._step(b, 1e-4)
+    _sync(trainer.device)
     start = time.perf_counter()
     for b in batches[args.warmup :]:
         trainer._step(b, 1e-4)
+    _sync(trainer.device)
     step_s = (time.perf_counter() - start) / args.steps
     captions = len(plans[0].cap_idx)
     towers_ms = _towers_ms(trainer, batches[args.warmup :])
     decoder_ms = _decoder_ms(trainer, batches[args.warmup :]) if trainer.decoding is not None else 0.0
 
-    # the objective alone, on random unit embeddings with the same layout
-    loss = build_loss(name, **cfg.loss.params())
+    # the objective alone, on random unit embeddings with the same layout, on the trainer's device
+    dev = trainer.device
+    loss = build_loss(name, **cfg.loss.params()).to(dev)
     n_img = len(plans[0].img_idx)
     dim = trainer.model.embed_dim
-    img = torch.nn.functional.normalize(torch.randn(n_img, dim), dim=1).requires_grad_()
-    cap = torch.nn.functional.normalize(torch.randn(captions, dim), dim=1).requires_grad_()
-    ids = torch.from_numpy(plans[0].img_idx.astype("int64"))
-    cap_ids = torch.from_numpy(trainer.train_data.img_of_cap[plans[0].cap_idx].astype("int64"))
+    img = torch.nn.functional.normalize(torch.randn(n_img, dim, device=dev), dim=1).requires_grad_()
+    cap = torch.nn.functional.normalize(torch.randn(captions, dim, device=dev), dim=1).requires_grad_()
+    ids = torch.from_numpy(plans[0].img_idx.astype("int64")).to(dev)
+    cap_ids = torch.from_numpy(trainer.train_data.img_of_cap[plans[0].cap_idx].astype("int64")).to(dev)
     for _ in range(3):
         loss(img, cap, ids, cap_ids)["loss"].backward()
     reps = 20
+    _sync(dev)
     start = time.perf_counter()
     for _ in range(reps):
         loss(img, cap, ids, cap_ids)["loss"].backward()
+    _sync(dev)
     loss_ms = (time.perf_counter() - start) / reps * 1e3
     return {
         "objective": label(name, extra),

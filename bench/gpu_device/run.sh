@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The GPU paths on a lent GPU machine (the device tool's `run`), from the repository root:
+# The GPU paths on a lent GPU machine (the device tool's `run`, carry [".whl", ".gpu"]), from the
+# repository root:
 #
 #   bash bench/gpu_device/run.sh [tests|suite|bench-quick|bench] ...   (default: tests suite bench-quick)
 #
-# That machine has CUDA 13 PyTorch but none of our other dependencies and no network, so their
-# Python 3.12 wheels travel in .whl/ (fastapi, pydantic, uvicorn, typer, ...), and FAISS with CUDA 13
-# kernels for sm_80..sm_100 (PyPI `faiss-cuda==1.14.1.post4`; faiss-gpu-cu12 has no sm_90 kernels and
-# fails on an H100 with "no kernel image is available") as .gpu/faiss13.tar.xz.* (the unpacked wheel,
-# split in two: one call carries at most 64 MiB). Each stage writes its log to $OUT and goes on when
-# another fails; the bench stages write their JSON + Markdown report to $OUT.
+# That machine has CUDA 13 PyTorch but none of our other dependencies and no network: their Python
+# 3.12 wheels travel in .whl/ and FAISS with CUDA 13 kernels cut to sm_90 as .gpu/faiss90.tar.xz, both
+# made here by bench/gpu_device/pack.sh (faiss-gpu-cu12 has no sm_90 kernels and fails on an H100 with
+# "no kernel image is available"). Each stage writes its log to $OUT and goes on when another fails;
+# the bench stages write their JSON + Markdown report to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/icr-gpu}
 mkdir -p "$OUT"
@@ -16,14 +16,15 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(tests suite bench-quick)
 
 mkdir -p /tmp/site
-cat /root/stash/faiss13.tar.xz.00 .gpu/b/faiss13.tar.xz.01 | xz -d | tar x -C /tmp/site || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-# CUDA 13 cuBLAS and runtime: the ones torch loads (the wheel's own preloader looks for pip metadata)
+xz -d < .gpu/faiss90.tar.xz | tar x -C /tmp/site || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1
+# icr itself, editable (its stages install as icr.training, ...; the `icr` command for the CLI tests)
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
 for lib in libcublas.so.13 libcudart.so.13; do
     LD_LIBRARY_PATH="$(dirname "$(find / -xdev -name $lib 2>/dev/null | head -1)"):${LD_LIBRARY_PATH:-}"
 done
 export LD_LIBRARY_PATH _FAISS_WHEEL_DISABLE_CUDA_PRELOAD=1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+export PYTHONPATH="/tmp/site" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 # faiss-cuda links libstdc++ statically; with another libstdc++ loaded first (torch's), index_factory
 # can fail with std::bad_cast. Preload one copy for the whole process when the probe shows that.
 probe='import torch, faiss; faiss.index_factory(8, "IVF4,Flat")'
@@ -51,11 +52,11 @@ for stage in "${stages[@]}"; do
               timeout 200 python3 -m pytest -p no:cacheprovider -m gpu -k "$faiss_tests" -rs -v tests; } 2>&1 \
                 | tee "$OUT/gpu-tests.log" ;;
         suite)  # the whole unit suite with a GPU visible (device=auto paths take CUDA here)
-            timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -rfEs tests 2>&1 | tee "$OUT/suite.log" | tail -40 ;;
+            timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -p no:cacheprovider -q -n 12 -rfEs tests 2>&1 | tee "$OUT/suite.log" | tail -40 ;;
         bench-quick)
-            timeout 420 python3 -m icr.cli bench --quick --only gpu --workdir bench-work --out "$OUT" ;;
+            timeout 420 python3 -m icr.cli bench --quick --only gpu --workdir bench-work --out "$OUT/quick" ;;
         bench)  # GPU section at 100k distractors, the quick model (trained by bench-quick) as the checkpoint
-            timeout 560 python3 -m icr.cli bench --only gpu --sizes 100000 --workdir bench-work --out "$OUT" \
+            timeout ${BENCH_TIMEOUT:-560} python3 -m icr.cli bench --only gpu --sizes 100000 --workdir bench-work --out "$OUT/full" \
                 --checkpoint bench-work/quick-model/best --data bench-work/quick-data ;;
         *) echo "unknown stage $stage" ;;
     esac
