@@ -1,10 +1,12 @@
 """The README's "your own data" walk-through, line by line, in a fresh folder: a tiny random CLIP
-fine-tuned on captioned pairs, `icr embed` of a photo folder with metadata, `icr index build
---embeddings`, a real `icr serve`, and the README's Python client code with its filter."""
+fine-tuned on captioned pairs and imported stock, `icr embed` of a photo folder with metadata and
+EXIF-rotated phone JPEGs, `icr index build --embeddings`, a real `icr serve`, and the README's Python
+client code: a filter, labels through the API, a refit, a min_relevance search."""
 
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
 import shlex
@@ -14,7 +16,9 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+from PIL import Image
 from server_support import ICR, ROOT, free_port
 
 from icr.client import Client
@@ -90,12 +94,33 @@ def test_the_readme_walk_through_runs_against_a_real_server(tmp_path: Path) -> N
             for hit in found.hits:
                 assert hit.metadata["fields"]["album"] == "trip" and hit.metadata["fields"]["year"] >= 2023
             assert icr.info()["index"]["metadata_fields"] == ["album", "year", "camera"]
-            assert icr.info()["calibration"]["labels"] == "user"  # fitted on my-labels.jsonl
+            # the client labelled the top 20 of each of the 5 queries, and the refit serves them
+            counts = icr.feedback()["counts"]
+            assert counts["judgements"] == counts["hits"] == 100 and counts["queries"] == 5
+            assert icr.info()["calibration"]["labels"] == "user"
             thumb = icr.image(found.hits[0].id, thumbnail=True)
             assert thumb[:8] == b"\x89PNG\r\n\x1a\n"
+            _assert_sideways_photos_are_served_upright(icr, tmp_path, everything_k=len(rows))
             everything = icr.search_text("a red circle", k=50)
             assert everything.matched is None and everything.passed == len(rows)
         assert "Traceback" not in log.read_text()
     finally:
         server.terminate()
         server.wait(20)
+
+
+def _assert_sideways_photos_are_served_upright(icr: Client, folder: Path, everything_k: int) -> None:
+    """Each EXIF-rotated JPEG of the photo folder is served as the upright benchmark image it came from
+    (photo_folder.py's order), not as its stored, sideways pixels."""
+    sources = sorted((folder / "my-pairs" / "images").glob("synth_test_*.png"))
+    hits = {h.metadata["source"]: h.id for h in icr.search_text("a red circle", k=everything_k).hits}
+    sideways = sorted(name for name in hits if name.endswith(".jpg"))
+    assert sideways, "photo_folder.py writes every fourth photo as a rotated JPEG"
+    for name in sideways:
+        number = int(Path(name).stem.removeprefix("IMG_"))
+        served = np.asarray(Image.open(io.BytesIO(icr.image(hits[name]))).convert("RGB"), dtype=float)
+        upright = np.asarray(Image.open(sources[number]).convert("RGB"), dtype=float)
+        with Image.open(folder / "my-photos" / name) as stored:
+            raw = np.asarray(stored.convert("RGB"), dtype=float)  # no EXIF applied: sideways
+        assert served.shape == upright.shape
+        assert np.abs(served - upright).mean() < 0.5 * np.abs(raw - upright).mean(), name

@@ -1,6 +1,8 @@
 """Make a folder of "your photos" with a metadata file, for the README's "your own data" walk-through:
 the test images of an `icr data synth` folder, spread over sub-folders by year, and ``meta.csv``
 keyed by each file's path relative to the folder (columns ``file``, ``album``, ``year``, ``camera``).
+Every fourth photo is a phone JPEG stored sideways with EXIF orientation 6, as phones write them: it
+must be read upright.
 
 Usage: ``python examples/photo_folder.py SYNTH_FOLDER OUT_FOLDER [COUNT]`` (COUNT: 40).
 """
@@ -12,6 +14,11 @@ import shutil
 import sys
 from pathlib import Path
 
+from PIL import Image
+
+EXIF_ORIENTATION = 0x0112
+ROTATE_90_CW = 6  # "turn the stored pixels 90 degrees clockwise to show them"
+
 
 def make_photo_folder(synth: Path, out: Path, count: int = 40) -> int:
     sources = sorted((synth / "images").glob("synth_test_*.png"))[:count]
@@ -20,9 +27,18 @@ def make_photo_folder(synth: Path, out: Path, count: int = 40) -> int:
     rows = []
     for i, source in enumerate(sources):
         year = 2022 + i % 3
-        relative = Path(str(year)) / f"IMG_{i:04d}.png"
+        sideways = i % 4 == 3
+        relative = Path(str(year)) / f"IMG_{i:04d}.{'jpg' if sideways else 'png'}"
         (out / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, out / relative)
+        if sideways:  # the pixels turned a quarter anticlockwise; the tag turns them back
+            exif = Image.Exif()
+            exif[EXIF_ORIENTATION] = ROTATE_90_CW
+            with Image.open(source) as upright:
+                upright.convert("RGB").rotate(90, expand=True).save(
+                    out / relative, quality=95, subsampling=0, exif=exif
+                )
+        else:
+            shutil.copyfile(source, out / relative)
         rows.append({"file": relative.as_posix(), "album": ("trip", "home")[i % 2], "year": year,
                      "camera": ("x100", "gr3", "phone")[i % 3]})  # fmt: skip
     with open(out / "meta.csv", "w", newline="") as handle:
