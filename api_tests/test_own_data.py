@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import re
 import shlex
@@ -98,6 +99,24 @@ def test_the_readme_walk_through_runs_against_a_real_server(tmp_path: Path) -> N
             counts = icr.feedback()["counts"]
             assert counts["judgements"] == counts["hits"] == 100 and counts["queries"] == 5
             assert icr.info()["calibration"]["labels"] == "user"
+            # what the labels support decides what passes: 0.5 only where some score's bound reaches it
+            supports = icr.feedback()["supports"]["thresholds"]
+            trips = sum(r["album"] == "trip" for r in rows)
+            sure = icr.search_text("a red circle", k=50, min_relevance=0.5, filter={"album": "trip"})
+            assert sure.matched == trips and sure.passed == len(sure.hits) <= trips
+            assert (sure.passed > 0) == supports["0.5"]["reached"]
+            for hit in sure.hits:
+                assert (
+                    hit.relevance is not None
+                    and hit.relevance >= 0.5
+                    and hit.metadata["fields"]["album"] == "trip"
+                )
+            # the best bound the labels reach is given to the labelled hits it was fitted on
+            best = max(supports[t].get("best_bound", float(t)) for t in supports) - 1e-3
+            queries = sorted({json.loads(line)["query"] for line in open(tmp_path / "my-labels.jsonl")})
+            passing = [icr.search_text(q, k=50, min_relevance=best) for q in queries]
+            assert sum(found.passed for found in passing) > 0
+            assert all(h.relevance is not None and h.relevance >= best for f in passing for h in f.hits)
             thumb = icr.image(found.hits[0].id, thumbnail=True)
             assert thumb[:8] == b"\x89PNG\r\n\x1a\n"
             _assert_sideways_photos_are_served_upright(icr, tmp_path, everything_k=len(rows))
