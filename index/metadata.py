@@ -41,8 +41,8 @@ CREATE TABLE items (
     fields TEXT
 )
 """
-_COLUMNS = ("id", "source", "captions", "is_distractor", "scene", "image_id", "fields")
-_READABLE = {1: _COLUMNS[:-1], SCHEMA_VERSION: _COLUMNS}  # schema version -> its columns
+COLUMNS = ("id", "source", "captions", "is_distractor", "scene", "image_id", "fields")
+_READABLE = {1: COLUMNS[:-1], SCHEMA_VERSION: COLUMNS}  # schema version -> its columns
 # What a filter may compare a field's values with: SQLite's json_type of a stored value -> the JSON
 # kind an index records (index.filters checks a filter's values against it). null is no kind: a
 # filter on null asks for the field's absence, whatever the field holds elsewhere.
@@ -70,7 +70,7 @@ class MetadataRow(BaseModel):
     fields: dict[str, Any] | None = None  # the user's metadata (JSON values), filterable
 
 
-def _encode(row: dict[str, Any], path: Path) -> tuple[Any, ...]:
+def encode_row(row: dict[str, Any], path: Path) -> tuple[Any, ...]:
     try:
         r = MetadataRow.model_validate(row)
     except ValidationError as err:
@@ -86,8 +86,8 @@ def _encode(row: dict[str, Any], path: Path) -> tuple[Any, ...]:
     )
 
 
-def _decode(values: Sequence[Any]) -> dict[str, Any]:
-    row = dict(zip(_COLUMNS, values, strict=True))
+def decode_row(values: Sequence[Any]) -> dict[str, Any]:
+    row = dict(zip(COLUMNS, values, strict=True))
     row["captions"] = json.loads(row["captions"])
     row["is_distractor"] = bool(row["is_distractor"])
     for key in ("scene", "fields"):
@@ -120,7 +120,7 @@ class MetadataStore:
         self.writable = writable
         self.version = version
         # a version-1 store has no fields column: select NULL in its place
-        self._select = ", ".join(c if c in _READABLE[version] else "NULL" for c in _COLUMNS)
+        self._select = ", ".join(c if c in _READABLE[version] else "NULL" for c in COLUMNS)
 
     @classmethod
     def create(cls, path: str | os.PathLike[str]) -> MetadataStore:
@@ -169,7 +169,7 @@ class MetadataStore:
         count = 0
         batch: list[tuple[Any, ...]] = []
         for row in rows:
-            batch.append(_encode(row, self.path))
+            batch.append(encode_row(row, self.path))
             if len(batch) >= _INSERT_CHUNK:
                 count += self._insert(batch)
                 batch = []
@@ -179,7 +179,7 @@ class MetadataStore:
 
     def _insert(self, batch: list[tuple[Any, ...]]) -> int:
         with self._db:  # one transaction per chunk: commits, or rolls back on error
-            self._db.executemany(f"INSERT INTO items VALUES ({','.join('?' * len(_COLUMNS))})", batch)
+            self._db.executemany(f"INSERT INTO items VALUES ({','.join('?' * len(COLUMNS))})", batch)
         return len(batch)
 
     def get(self, ids: Sequence[int] | Iterable[int]) -> list[dict[str, Any]]:
@@ -193,7 +193,7 @@ class MetadataStore:
             marks = ",".join("?" * len(chunk))
             for values in self._db.execute(f"SELECT {self._select} FROM items WHERE id IN ({marks})", chunk):
                 try:
-                    found[values[0]] = _decode(values)
+                    found[values[0]] = decode_row(values)
                 except (ValueError, TypeError) as err:  # JSON columns that are not JSON any more
                     message = f"{self.path}: row {values[0]} cannot be decoded ({err})"
                     raise MetadataUnreadable(message) from None

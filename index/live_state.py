@@ -1,0 +1,155 @@
+"""What a living index holds at one point of its write log: an immutable snapshot a search reads whole.
+
+A :class:`LiveState` is the base index (never modified) plus the log's writes up to ``seq``: the
+vectors of the images added since (searched exactly: they are few until a compaction folds them
+into a new base) and which ids are deleted. Applying more writes returns a new state and leaves the
+old one as it was, so a search that took a state sees every write up to its ``seq`` and none after,
+however many writes land while it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from icr.index.live_writes import Write
+
+
+@dataclass
+class _Rows:
+    """Growable storage of the added images (ids, vectors), shared by successive states: a state sees
+    its first ``count`` rows, and appending never moves what an older state reads."""
+
+    ids: np.ndarray  # (capacity,) int64
+    vectors: np.ndarray  # (capacity, D) float32
+    count: int = 0
+
+    def append(self, ids: list[int], vectors: list[np.ndarray]) -> _Rows:
+        """Rows with these appended: this storage when they fit, else a larger copy (the old one
+        stays whole for the states that read it)."""
+        need = self.count + len(ids)
+        rows = self
+        if need > len(self.ids):
+            capacity = max(need, 2 * len(self.ids), 1024)
+            rows = _Rows(
+                np.empty(capacity, np.int64), np.empty((capacity, self.vectors.shape[1]), np.float32)
+            )
+            rows.ids[: self.count], rows.vectors[: self.count] = (
+                self.ids[: self.count],
+                self.vectors[: self.count],
+            )
+            rows.count = self.count
+        rows.ids[rows.count : need] = ids
+        if vectors:
+            rows.vectors[rows.count : need] = np.stack(vectors)  # (n, D)
+        rows.count = need
+        return rows
+
+
+@dataclass(frozen=True)
+class LiveState:
+    seq: int  # the last write applied
+    base_ntotal: int  # ids below it are the base index's
+    ids: np.ndarray  # (m,) int64 the added images' ids, ascending (deleted ones too)
+    vectors: np.ndarray  # (m, D) float32 their unit vectors
+    alive: np.ndarray  # (m,) bool
+    base_dead: np.ndarray  # (k,) int64 the deleted base ids, ascending
+    _rows: _Rows = field(repr=False)
+
+    @classmethod
+    def empty(cls, base_ntotal: int, dim: int) -> LiveState:
+        rows = _Rows(np.empty(0, np.int64), np.empty((0, dim), np.float32))
+        return cls(
+            0, base_ntotal, rows.ids[:0], rows.vectors[:0], np.zeros(0, bool), np.zeros(0, np.int64), rows
+        )
+
+    @property
+    def size(self) -> int:
+        """Live images: the base's less its deleted ones, plus the live added ones."""
+        return self.base_ntotal - len(self.base_dead) + int(self.alive.sum())
+
+    def apply(self, writes: Sequence[Write]) -> LiveState:
+        """The state after ``writes`` (the log's next ones, in order); this one is unchanged."""
+        if not writes:
+            return self
+        if writes[0].seq <= self.seq:
+            raise ValueError(f"write {writes[0].seq} is already applied (state at {self.seq})")
+        added_ids: list[int] = []
+        added_vectors: list[np.ndarray] = []
+        dead: list[int] = []
+        for w in writes:
+            if w.op == "add":
+                assert w.vector is not None
+                added_ids.append(w.id)
+                added_vectors.append(w.vector)
+            elif w.op == "delete":
+                dead.append(w.id)
+        rows = self._rows
+        if rows.count != len(self.ids):  # another state was derived from this one: branch off a copy
+            rows = _Rows(self.ids.copy(), self.vectors.copy(), len(self.ids))
+        rows = rows.append(added_ids, added_vectors)
+        m = rows.count
+        alive = np.concatenate([self.alive, np.ones(len(added_ids), bool)])  # (m,)
+        ids = rows.ids[:m]
+        dead_arr = np.array(dead, np.int64)
+        in_base = dead_arr < self.base_ntotal
+        alive[np.searchsorted(ids, dead_arr[~in_base])] = False  # added ids are ascending
+        base_dead = np.union1d(self.base_dead, dead_arr[in_base])
+        return LiveState(writes[-1].seq, self.base_ntotal, ids, rows.vectors[:m], alive, base_dead, rows)
+
+    def is_live(self, image_id: int) -> bool:
+        if image_id < self.base_ntotal:
+            at = int(np.searchsorted(self.base_dead, image_id))
+            return image_id >= 0 and not (at < len(self.base_dead) and self.base_dead[at] == image_id)
+        at = int(np.searchsorted(self.ids, image_id))
+        return at < len(self.ids) and self.ids[at] == image_id and bool(self.alive[at])
+
+    @cached_property
+    def base_alive_bitmap(self) -> np.ndarray:
+        """(ceil(base_ntotal / 8),) uint8: bit i (little-endian within bytes) set = base id i live."""
+        return self.base_bitmap(None)
+
+    def base_bitmap(self, selected: np.ndarray | None) -> np.ndarray:
+        """The bitmap of the live base ids among ``selected`` (ascending ids; None: all of them)."""
+        if selected is None:
+            mask = np.ones(self.base_ntotal, bool)
+        else:
+            mask = np.zeros(self.base_ntotal, bool)
+            mask[selected[selected < self.base_ntotal]] = True
+        mask[self.base_dead] = False
+        return np.packbits(mask, bitorder="little")
+
+    def without_dead(self, scores: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A base search's best-first (scores, ids) without the deleted base ids."""
+        if len(self.base_dead) == 0:
+            return scores, ids
+        keep = ~np.isin(ids, self.base_dead)
+        return scores[keep], ids[keep]
+
+    def search_added(
+        self, query: np.ndarray, depth: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-``depth`` (scores, ids) of the live added images for ``query`` (1, D), best first
+        (ties by id); ``allowed``: (m,) bool, a filter's selection among them."""
+        live = self.alive if allowed is None else self.alive & allowed  # (m,)
+        if not live.any():
+            return np.zeros(0, np.float32), np.zeros(0, np.int64)
+        scores = self.vectors @ query[0]  # (m,)
+        candidates = np.flatnonzero(live)
+        if len(candidates) > depth:
+            part = np.argpartition(-scores[candidates], depth - 1)[:depth]
+            candidates = candidates[part]
+        order = np.lexsort((self.ids[candidates], -scores[candidates]))
+        chosen = candidates[order]
+        return scores[chosen].astype(np.float32), self.ids[chosen]
+
+
+def merge(depth: int, *lists: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The best-first top-``depth`` of several best-first (scores, ids) lists of distinct ids (ties by id)."""
+    scores = np.concatenate([s for s, _ in lists]) if lists else np.zeros(0, np.float32)
+    ids = np.concatenate([i for _, i in lists]) if lists else np.zeros(0, np.int64)
+    order = np.lexsort((ids, -scores))[:depth]
+    return scores[order], ids[order]
