@@ -204,7 +204,7 @@ def test_searches_without_text_refuse_what_they_cannot_do(own, server) -> None:
         dim = c.get("/v1/info").json()["index"]["dim"]
         n = c.get("/v1/info").json()["index"]["ntotal"]
         for body, status, says in (
-            ({"image_id": n}, 404, f"image_id: no image {n}; ids run from 0 to {n - 1}"),
+            ({"image_id": n}, 404, f"image_id: no image {n}: ids run from 0 to {n - 1}"),
             ({"image_id": 2**70}, 404, "ids run from 0 to"),
             ({"image_id": -1}, 422, "image_id: Input should be greater than or equal to 0"),
             ({"image_id": "3"}, 422, "image_id: Input should be a valid integer"),

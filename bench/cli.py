@@ -4,7 +4,8 @@ Sections (``--only`` picks some): ``build`` (index build of the largest gallery)
 (in-process figures per gallery size), ``http`` (``icr serve`` under 1/4/16 clients, ANN and
 exact), ``peers`` (the largest gallery's ANN index beside FAISS HNSW, hnswlib and usearch at k = 10
 and at the service's depth), ``relevance`` (threshold honesty of the largest served index: what
-``min_relevance`` delivers per query kind on held-out captions), ``train`` (step time and peak memory per
+``min_relevance`` delivers per query kind on held-out captions), ``writes`` (a living index: upserts
+per second, log replay, search while writers run), ``train`` (step time and peak memory per
 objective), ``eval`` (COCO-5K-size metrics) and ``gpu`` (when a CUDA GPU is visible).
 ``--quick`` runs every section small (CI-sized: a 20,000 distractor gallery, a model trained for
 one short epoch, few repeats); its figures check that the suite works, not the targets.
@@ -26,7 +27,19 @@ import typer
 
 from icr.core.cli_support import fail_cleanly
 
-SECTIONS = ("build", "search", "http", "peers", "filters", "scale", "relevance", "train", "eval", "gpu")
+SECTIONS = (
+    "build",
+    "search",
+    "http",
+    "peers",
+    "filters",
+    "scale",
+    "relevance",
+    "writes",
+    "train",
+    "eval",
+    "gpu",
+)
 
 
 def _log(text: str) -> None:
@@ -74,7 +87,6 @@ def bench_command(
     """
     from bench import evaluation, gallery, search_http, search_inprocess, threshold_honesty, training
     from bench import floors as floor_mod
-    from bench import gpu as gpu_mod
 
     chosen = [s.strip() for s in only.split(",") if s.strip()]
     unknown = sorted(set(chosen) - set(SECTIONS))
@@ -172,32 +184,16 @@ def bench_command(
             only=training.QUICK_OBJECTIVES if quick else None,
             log=_log,
         )
+    if "writes" in chosen:
+        from bench import writes
+
+        sections["writes"] = writes.run(
+            100_000 if quick else 1_000_000, 10_000 if quick else 100_000, 200 if quick else 1000, _log
+        )
     if "eval" in chosen:
         sections["eval"] = evaluation.run(1000 if quick else 5000, 1 if quick else 3, _log)
     if "gpu" in chosen:
-        ok, why = gpu_mod.available()
-        sections["gpu"] = {"ran": ok, "device": why}
-        if ok:
-            from icr.index.index_folder import load_index_dir
-
-            ann, _, meta = load_index_dir(ann_dirs[largest])
-            meta.close()
-            flat, _, meta = load_index_dir(exact_dirs[largest])
-            meta.close()
-            # the exact twin's vectors: the test images, then the distractors, in the ANN index's id order
-            vectors = flat.reconstruct_n(0, flat.ntotal)  # (N, D)
-            sections["gpu"]["search"] = gpu_mod.search(vectors, vectors[:1024], ann, 5 if quick else 20)
-            sections["gpu"]["train"] = training.run(
-                model.data,
-                batch=128,
-                steps=2 if quick else 15,
-                warmup=1 if quick else 3,
-                rounds=1,
-                only=training.QUICK_OBJECTIVES if quick else None,
-                log=_log,
-                config="f30k-vsepp-resnet50",
-                overrides=(f'model.image.path="{gpu_mod.resnet_folder(workdir)}"', 'train.device="cuda"'),
-            )
+        sections["gpu"] = _gpu_section(model, ann_dirs[largest], exact_dirs[largest], workdir, quick)
     report["seconds"] = time.perf_counter() - started
     from bench.report import markdown
     from bench.targets import targets
@@ -207,6 +203,37 @@ def bench_command(
     json_path, md_path = _write(report, text, out)
     typer.echo(text)
     typer.echo(f"wrote {json_path} and {md_path}")
+
+
+def _gpu_section(model: Any, ann_dir: Path, exact_dir: Path, workdir: Path, quick: bool) -> dict[str, Any]:
+    """The ``gpu`` section over the largest gallery (said not run, and why, without a CUDA GPU)."""
+    from bench import gpu as gpu_mod
+    from bench import training
+    from icr.index.index_folder import load_index_dir
+
+    ok, why = gpu_mod.available()
+    section: dict[str, Any] = {"ran": ok, "device": why}
+    if not ok:
+        return section
+    ann, _, meta = load_index_dir(ann_dir)
+    meta.close()
+    flat, _, meta = load_index_dir(exact_dir)
+    meta.close()
+    # the exact twin's vectors: the test images, then the distractors, in the ANN index's id order
+    vectors = flat.reconstruct_n(0, flat.ntotal)  # (N, D)
+    section["search"] = gpu_mod.search(vectors, vectors[:1024], ann, 5 if quick else 20)
+    section["train"] = training.run(
+        model.data,
+        batch=128,
+        steps=2 if quick else 15,
+        warmup=1 if quick else 3,
+        rounds=1,
+        only=training.QUICK_OBJECTIVES if quick else None,
+        log=_log,
+        config="f30k-vsepp-resnet50",
+        overrides=(f'model.image.path="{gpu_mod.resnet_folder(workdir)}"', 'train.device="cuda"'),
+    )
+    return section
 
 
 def _largest_gallery_sections(

@@ -193,12 +193,13 @@ def markdown(report: dict[str, Any]) -> str:
         lines += _table(
             ["index, clients", "p50 ms", "p99 ms", "queries/s", "queries per FAISS call", "errors"], rows
         )
-    from bench import ann_peers, filters, scale  # sections that render themselves
+    from bench import ann_peers, filters, scale, writes  # sections that render themselves
 
     for name, render in (
         ("peers", ann_peers.markdown),
         ("filters", filters.markdown),
         ("scale", scale.markdown),
+        ("writes", writes.markdown),
         ("eval", _evaluation),
     ):
         if name in s:
@@ -288,38 +289,42 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         lines += _failed(t)
     if "gpu" in s:
-        g = s["gpu"]
-        lines += ["## GPU", ""]
-        if not g["ran"]:
-            lines += [f"Not run: {g['device']}.", ""]
-        else:
-            f = g["search"]["floors"]
-            lines += [
-                f"{g['device']}: bandwidth {f['bandwidth_gbps']:.0f} GB/s, fp32 matmul "
-                f"{f['matmul_tflops']:.1f} TFLOP/s.",
-                "",
-            ]
-            lines += _table(
-                ["batch", "floor ms", "exact ms", "exact / floor", "ANN ms"],
-                [
-                    [q, r["floor_ms"], r["exact"]["median_ms"], r["exact_vs_floor"], r["ann"]["median_ms"]]
-                    for q, r in g["search"].items()
-                    if isinstance(r, dict) and "exact" in r
-                ],
-            )
-            recall = g["search"].get("ann_recall_at_10_vs_exact")
-            if recall is not None:
-                lines += [
-                    f"ANN recall@10 against the exact GPU search over the same {g['search']['vectors']:,} "
-                    f"vectors: {recall:.3f} (queries: the first 1,024 indexed vectors).",
-                    "",
-                ]
-            lines += _table(
-                ["objective", "step ms", "vs ntxent"],
-                [[r["objective"], r["step_ms_median"], r["vs_ntxent_median"]] for r in g["train"]["rows"]],
-            )
-            lines += _failed(g["train"])
+        lines += _gpu(s["gpu"])
     return "\n".join(lines)
+
+
+def _gpu(g: dict[str, Any]) -> list[str]:
+    """The GPU section: floors, exact and ANN search, the ANN's recall, training steps."""
+    lines = ["## GPU", ""]
+    if not g["ran"]:
+        return [*lines, f"Not run: {g['device']}.", ""]
+    f = g["search"]["floors"]
+    lines += [
+        f"{g['device']}: bandwidth {f['bandwidth_gbps']:.0f} GB/s, fp32 matmul "
+        f"{f['matmul_tflops']:.1f} TFLOP/s.",
+        "",
+    ]
+    lines += _table(
+        ["batch", "floor ms", "exact ms", "exact / floor", "ANN ms"],
+        [
+            [q, r["floor_ms"], r["exact"]["median_ms"], r["exact_vs_floor"], r["ann"]["median_ms"]]
+            for q, r in g["search"].items()
+            if isinstance(r, dict) and "exact" in r
+        ],
+    )
+    recall = g["search"].get("ann_recall_at_10_vs_exact")
+    if recall is not None:
+        lines += [
+            f"ANN recall@10 against the exact GPU search over the same {g['search']['vectors']:,} "
+            f"vectors: {recall:.3f} (queries: the first 1,024 indexed vectors).",
+            "",
+        ]
+    lines += _table(
+        ["objective", "step ms", "vs ntxent"],
+        [[r["objective"], r["step_ms_median"], r["vs_ntxent_median"]] for r in g["train"]["rows"]],
+    )
+    lines += _failed(g["train"])
+    return lines
 
 
 def _per_query_table(first: str, honesty: dict[str, Any]) -> list[str]:

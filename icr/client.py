@@ -34,6 +34,7 @@ from icr.service.schemas import (
     ImageSearchResponse,
     TextSearchResponse,
     VectorSearchResponse,
+    WriteResult,
 )
 
 KEY_HEADER = "X-API-Key"
@@ -167,6 +168,45 @@ class Client:
         """What the index stores about an image: its file relative to the gallery, fields, captions."""
         response = self._request("GET", f"/v1/images/{int(image_id)}/metadata")
         return ImageMetadata.model_validate(response.json())
+
+    # --- writes (admin) ---------------------------------------------------------------------------
+    def add_images(self, images: Iterable[dict[str, Any]]) -> WriteResult:
+        """Add images by their embeddings, in one transaction: each a dict with ``vector`` (a list or
+        numpy array of the served checkpoint's embedding) and optionally ``external_id`` (adding it
+        again replaces that image), ``source``, ``fields``, ``captions``. Answers once durable."""
+        body = [{**image, "vector": [float(x) for x in image["vector"]]} for image in images]
+        response = self._request("POST", "/v1/images", json={"images": body})
+        return WriteResult.model_validate(response.json())
+
+    def upload_image(
+        self,
+        image: bytes | str | Path,
+        *,
+        external_id: str | None = None,
+        fields: dict[str, Any] | None = None,
+    ) -> WriteResult:
+        """Add an image file (bytes or a path): the server embeds it and keeps the file."""
+        content = image if isinstance(image, bytes) else Path(image).read_bytes()
+        form = _without_none(external_id=external_id, fields=json.dumps(fields) if fields else None)
+        files = {"file": ("image", content, "application/octet-stream")}
+        response = self._request("POST", "/v1/images:upload", data=form, files=files)
+        return WriteResult.model_validate(response.json())
+
+    def patch_image(self, image_id: int, fields: dict[str, Any]) -> ImageMetadata:
+        """Set fields of an image (None removes one); returns its metadata from now on."""
+        response = self._request("PATCH", f"/v1/images/{int(image_id)}", json={"fields": fields})
+        return ImageMetadata.model_validate(response.json())
+
+    def delete_images(
+        self,
+        ids: Iterable[int] | None = None,
+        *,
+        filter: dict[str, Any] | None = None,  # noqa: A002 - the API's own name for it
+    ) -> WriteResult:
+        """Delete the live images among ``ids``, or every live image ``filter`` selects."""
+        body = {"ids": [int(i) for i in ids]} if ids is not None else {"filter": filter}
+        response = self._request("POST", "/v1/images:delete", json=body)
+        return WriteResult.model_validate(response.json())
 
     # --- server -----------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:

@@ -449,6 +449,81 @@ def calibrate(
     typer.echo(f"wrote {index_dir / CALIBRATION_FILE}")
 
 
+_STATE_HELP = (
+    "The server's state directory (ICR_STATE_DIR), where its write log is: default "
+    "$XDG_STATE_HOME/icr or ~/.local/state/icr, as the server's."
+)
+
+
+@index_app.command("add")
+@fail_cleanly
+def add(
+    index_dir: Annotated[Path, typer.Argument(help="Index folder written by `icr index build`.")],
+    embeddings: Annotated[
+        Path, typer.Option(help="An `icr embed` folder written by the index's checkpoint.")
+    ],
+    state_dir: Annotated[Path | None, typer.Option(help=_STATE_HELP)] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Add images to a built index without rebuilding it: into the write log a server on the same
+    state directory applies (within ICR_WRITES_POLL_SECONDS; one started later replays it).
+
+    Each image is named by its path in the embeddings folder, so adding the same folder again
+    replaces those images rather than adding them twice. Metadata columns must be the index's own
+    fields, with values of the kinds they hold.
+
+    Examples:
+
+      icr embed -m runs/my-clip/best --images new-photos --metadata new-photos/meta.csv --out new-emb
+
+      icr index add my-index --embeddings new-emb
+    """
+    from icr.core.state_dir import default_state_dir
+    from icr.index.live_bulk import add_embeddings
+
+    done = add_embeddings(index_dir, embeddings, state_dir or default_state_dir(), progress=progress)
+    print_summary(done)
+
+
+@index_app.command("remove")
+@fail_cleanly
+def remove(
+    index_dir: Annotated[Path, typer.Argument(help="Index folder written by `icr index build`.")],
+    ids: Annotated[list[int] | None, typer.Option("--id", help="An image id (repeatable).")] = None,
+    external_ids: Annotated[
+        list[str] | None,
+        typer.Option("--external-id", help="An image's external id, e.g. its path as added (repeatable)."),
+    ] = None,
+    filter_json: Annotated[
+        str | None,
+        typer.Option("--filter", help='Delete every live image a filter selects, e.g. \'{"album": "old"}\'.'),
+    ] = None,
+    state_dir: Annotated[Path | None, typer.Option(help=_STATE_HELP)] = None,
+) -> None:
+    """Delete images from a built index without rebuilding it (through the same write log as
+    `icr index add`), in one transaction.
+
+    Examples:
+
+      icr index remove my-index --id 17 --id 18
+
+      icr index remove my-index --filter '{"year": {"lt": 2015}}'
+    """
+    import json
+
+    from icr.core.state_dir import default_state_dir
+    from icr.index.live_bulk import remove_images
+
+    if not ids and not external_ids and filter_json is None:
+        raise ValueError("name what to remove: --id, --external-id or --filter")
+    try:
+        spec = json.loads(filter_json) if filter_json is not None else None
+    except json.JSONDecodeError as err:
+        raise ValueError(f'--filter: not JSON ({err}); e.g. --filter \'{{"album": "old"}}\'') from None
+    done = remove_images(index_dir, state_dir or default_state_dir(), ids or [], external_ids or [], spec)
+    print_summary({**done, "deleted": len(done["deleted"])})
+
+
 def format_label_report(report: dict[str, Any]) -> str:
     """What the labels support at each min_relevance, and what the map delivers out of fold."""
     lines = [

@@ -26,9 +26,13 @@ from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from threading import Lock
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # live_index imports this module
+    from icr.index.live_index import LiveIndex
+    from icr.index.live_state import LiveState
 
 BUILTIN_FIELDS = ("is_distractor",)
 RANGE_OPS = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
@@ -284,43 +288,56 @@ def check_field_name(name: Any, source: str) -> str:
 
 @dataclass
 class Selection:
-    """The ids a filter selects (ascending) and a FAISS selector over them (a bitmap of the index)."""
+    """The ids a filter selects (ascending) and a FAISS selector over them (a bitmap of the index).
+    Over a living index (:mod:`index.live_index`), as of one state of its write log: ``bitmap`` and
+    ``selector`` cover the base index, ``added`` the images added since."""
 
     ids: Any  # (m,) int64
     selector: Any  # faiss.IDSelectorBitmap; reads `bitmap`, which must live as long as it
     bitmap: Any  # (ceil(ntotal / 8),) uint8, bit i (little-endian within bytes) = id i selected
     seconds: float  # what selecting cost (SQL + bitmap), for the response's timings
+    added: Any = None  # (a,) bool over the state's added images; None: no images added
+    seq: int = 0  # the write log's state it was made at
 
 
 class FilterCache:
     """Selections of recent filters (a user paging through results repeats the same filter), LRU;
-    thread-safe."""
+    thread-safe. With ``live`` (an :class:`index.live_index.LiveIndex`), a selection is made and
+    cached per state of the write log, so each search filters as of the state it searches."""
 
-    def __init__(self, metadata: Any, ntotal: int, size: int = 64) -> None:
+    def __init__(self, metadata: Any, ntotal: int, size: int = 64, live: LiveIndex | None = None) -> None:
         self.metadata = metadata  # an index.metadata.MetadataStore
         self.ntotal = ntotal
         self.size = size
-        self._items: OrderedDict[str, Selection] = OrderedDict()
+        self.live = live
+        self._items: OrderedDict[tuple[str, int], Selection] = OrderedDict()
         self._lock = Lock()
 
-    def select(self, filter_: Filter) -> tuple[Selection, bool]:
-        """(selection, whether it came from the cache)."""
+    def select(self, filter_: Filter, state: LiveState | None = None) -> tuple[Selection, bool]:
+        """(selection as of ``state`` (None: the base index alone), whether it came from the cache)."""
+        key = (filter_.key, 0 if state is None else state.seq)
         with self._lock:
-            hit = self._items.get(filter_.key)
+            hit = self._items.get(key)
             if hit is not None:
-                self._items.move_to_end(filter_.key)
+                self._items.move_to_end(key)
                 return hit, True
-        selection = self._compute(filter_)
+        selection = self._compute(filter_, state)
         with self._lock:
-            self._items[filter_.key] = selection
+            self._items[key] = selection
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
         return selection, False
 
-    def _compute(self, filter_: Filter) -> Selection:
+    def _compute(self, filter_: Filter, state: LiveState | None) -> Selection:
         import faiss  # noqa: PLC0415 (faiss: only this path needs it)
 
         t0 = time.perf_counter()
+        if state is not None and state.seq and self.live is not None:
+            live = self.live.select(filter_, state)
+            ids = np.union1d(live.base_ids, state.ids[live.added])  # (m,)
+            selector = faiss.IDSelectorBitmap(self.ntotal, faiss.swig_ptr(live.base_bitmap))
+            seconds = time.perf_counter() - t0
+            return Selection(ids, selector, live.base_bitmap, seconds, live.added, state.seq)
         where, params = to_sql(filter_)
         ids = self.metadata.matching_ids(where, params)  # (m,)
         mask = np.zeros(self.ntotal, bool)

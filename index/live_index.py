@@ -14,40 +14,60 @@ once and reads only it, so it sees each write whole or not at all:
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from icr.index.filters import Filter, to_sql
+from icr.index.filters import Filter, Selection, to_sql
 from icr.index.live_state import LiveState, merge
-from icr.index.live_writes import Ack, NewImage, WriteLog
+from icr.index.live_writes import Ack, NewImage, UnknownImage, WriteLog
 from icr.index.metadata import MetadataStore
-from icr.index.vector_index import search
+from icr.index.vector_index import Rescorer, rescored, search
 
 # Deleted base ids up to this many are skipped by searching that much deeper (the micro-batched
 # path); beyond, a FAISS selector of the live ids is cheaper than the extra depth.
 OVERFETCH_LIMIT = 1_000
+BaseSearch = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
 class LiveSelection:
     """A filter's live matches at one state: the base ids as a bitmap, the added images as a mask."""
 
-    seq: int
-    matched: int  # live images selected
     base_ids: np.ndarray  # (b,) int64 ascending
     base_bitmap: np.ndarray  # (ceil(base_ntotal / 8),) uint8
     added: np.ndarray  # (m,) bool over the state's added images
 
 
 class LiveIndex:
-    """``index`` (a FAISS index, never modified), its ``metadata`` store and its write ``log``."""
+    """``index`` (a FAISS index, never modified) and its ``metadata`` store, with the write log at
+    ``log_path`` (None: an index that takes no writes) for the index named ``key``. The log file
+    is created by the first write (a server nobody writes to leaves none); until then the state is
+    the base alone, and :meth:`refresh` opens the file once another process has created it.
 
-    def __init__(self, index: Any, metadata: MetadataStore, log: WriteLog) -> None:
-        self.index, self.metadata, self.log = index, metadata, log
+    ``batched``: the service's micro-batched search of the base index, ``(query (1, D), k) ->
+    best-first (scores, ids)``, used for unfiltered searches (default: FAISS directly);
+    ``rescore``: the exact scores the batched search reports, given to the selector searches too.
+    """
+
+    def __init__(
+        self,
+        index: Any,
+        metadata: MetadataStore,
+        log_path: str | os.PathLike[str] | None,
+        key: str,
+        batched: BaseSearch | None = None,
+        rescore: Rescorer | None = None,
+    ) -> None:
+        self.index, self.metadata, self.key = index, metadata, key
+        self.log_path = None if log_path is None else Path(log_path)
+        self._batched, self._rescore = batched, rescore
+        self._log: WriteLog | None = None
         self._state = LiveState.empty(index.ntotal, index.d)
         self._apply_lock = threading.Lock()
         self.refresh()
@@ -56,31 +76,57 @@ class LiveIndex:
     def state(self) -> LiveState:
         return self._state
 
+    @property
+    def log(self) -> WriteLog | None:
+        """The write log, None while its file does not exist."""
+        return self._log
+
+    def _writer(self) -> WriteLog:
+        if self.log_path is None:
+            raise ValueError("this index takes no writes (it is served without a state directory)")
+        with self._apply_lock:
+            if self._log is None:
+                self._log = WriteLog(self.log_path, self.key, self.metadata, self.index.ntotal, self.index.d)
+            return self._log
+
     def refresh(self) -> LiveState:
         """Apply what the log holds past the current state (this process's writes and others');
         returns the new state. Replaying a whole log at start-up is this call."""
         with self._apply_lock:
+            if self._log is None and self.log_path is not None and self.log_path.is_file():
+                self._log = WriteLog(self.log_path, self.key, self.metadata, self.index.ntotal, self.index.d)
             state = self._state
-            while batch := self.log.since(state.seq):
-                state = state.apply(batch)
+            if self._log is not None:
+                while batch := self._log.since(state.seq):
+                    state = state.apply(batch)
             self._state = state  # one reference swap: a search holds the old state or the new
             return state
 
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
     # --- writes: acknowledged once in the log, visible once applied (before they return) ---------
     def add(self, images: Sequence[NewImage], who: str) -> list[Ack]:
-        acks = self.log.add(images, who)
+        acks = self._writer().add(images, who)
         self.refresh()
         return acks
 
     def patch(self, image_id: int, fields: dict[str, Any], who: str) -> Ack:
-        ack = self.log.patch(image_id, fields, who)
+        ack = self._writer().patch(image_id, fields, who)
         self.refresh()
         return ack
 
     def delete(self, ids: Sequence[int], who: str) -> list[Ack]:
-        acks = self.log.delete(ids, who)
+        acks = self._writer().delete(ids, who)
         self.refresh()
         return acks
+
+    def resolve_external(self, external_id: str) -> int:
+        """The live image ``external_id`` names; UnknownImage if none."""
+        if self._log is None:
+            raise UnknownImage(f"no live image with external_id {external_id!r} in this index")
+        return self._log.resolve_external(external_id)
 
     # --- reads at one state -----------------------------------------------------------------------
     def rows(self, ids: Sequence[int], state: LiveState) -> list[dict[str, Any]]:
@@ -88,7 +134,7 @@ class LiveIndex:
         for i in ids:
             if not state.is_live(int(i)):
                 raise KeyError(f"no live image {int(i)} in this index")
-        written = self.log.rows(ids, state.seq)
+        written = self._log.rows(ids, state.seq) if self._log is not None and state.seq else {}
         base = [int(i) for i in ids if int(i) not in written]
         from_base = dict(zip(base, self.metadata.get(base), strict=True)) if base else {}
         out = []
@@ -103,39 +149,60 @@ class LiveIndex:
         where, params = to_sql(filter_)
         base_match = self.metadata.matching_ids(where, params)  # (b,) as built
         # a written id (deleted ones included) takes its version at this state from the log
-        written_match, written = self.log.matching(where, params, state.seq)
+        if self._log is not None and state.seq:
+            written_match, written = self._log.matching(where, params, state.seq)
+        else:
+            written_match = written = np.zeros(0, np.int64)
         base_ids = np.union1d(
             np.setdiff1d(base_match, written, assume_unique=True),
             written_match[written_match < state.base_ntotal],
         )
         added = np.isin(state.ids, written_match) & state.alive
-        return LiveSelection(
-            state.seq, len(base_ids) + int(added.sum()), base_ids, state.base_bitmap(base_ids), added
-        )
+        return LiveSelection(base_ids, state.base_bitmap(base_ids), added)
 
     def search(
-        self, query: np.ndarray, depth: int, state: LiveState, selection: LiveSelection | None = None
+        self, query: np.ndarray, depth: int, state: LiveState, selection: Selection | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Best-first top-``depth`` (scores, ids) of the live images for ``query`` (1, D) as of
-        ``state``, among ``selection`` when given (made at the same state)."""
+        ``state``, among ``selection`` when given (a :class:`FilterCache` selection at that state)."""
         if selection is not None and selection.seq != state.seq:
             raise ValueError(f"a selection made at write {selection.seq} used at {state.seq}")
         base = self._search_base(query, depth, state, selection)
         added = state.search_added(query, depth, None if selection is None else selection.added)
+        if not len(added[1]):  # nothing added (or selected) since the build: the base list as it is
+            return base[0][:depth], base[1][:depth]
         return merge(depth, base, added)
 
     def _search_base(
-        self, query: np.ndarray, depth: int, state: LiveState, selection: LiveSelection | None
+        self, query: np.ndarray, depth: int, state: LiveState, selection: Selection | None
     ) -> tuple[np.ndarray, np.ndarray]:
         import faiss  # noqa: PLC0415 (faiss: only the selector paths need it)
 
-        if selection is None and len(state.base_dead) <= OVERFETCH_LIMIT:
-            scores, ids = search(self.index, query, depth + len(state.base_dead))
-            return state.without_dead(scores[0], ids[0])
-        bitmap = state.base_alive_bitmap if selection is None else selection.base_bitmap
-        live = state.base_ntotal - len(state.base_dead) if selection is None else len(selection.base_ids)
-        if live == 0:
+        dead = len(state.base_dead)
+        if selection is None and dead <= OVERFETCH_LIMIT:
+            return state.without_dead(*self._unfiltered(query, depth + dead))
+        if selection is None:
+            selector = faiss.IDSelectorBitmap(state.base_ntotal, faiss.swig_ptr(state.base_alive_bitmap))
+            count = state.base_ntotal - dead
+        else:
+            selector = selection.selector
+            count = len(selection.ids) - (0 if selection.added is None else int(selection.added.sum()))
+        if count == 0:
             return np.zeros(0, np.float32), np.zeros(0, np.int64)
-        selector = faiss.IDSelectorBitmap(state.base_ntotal, faiss.swig_ptr(bitmap))
-        scores, ids = search(self.index, query, min(depth, live), selector=selector)
+        try:
+            scores, ids = search(self.index, query, min(depth, count), selector=selector)
+        except RuntimeError:  # an index that cannot search a selection (FAISS GPU before 1.9)
+            found_s, found_i = self._unfiltered(query, depth + dead if selection is None else depth)
+            keep = (
+                ~np.isin(found_i, state.base_dead) if selection is None else np.isin(found_i, selection.ids)
+            )
+            return found_s[keep][:depth], found_i[keep][:depth]
+        if self._rescore is not None:  # the scores the unfiltered search reports for the same ids
+            scores, ids = rescored(self._rescore, query, ids)
+        return scores[0], ids[0]
+
+    def _unfiltered(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._batched is not None:
+            return self._batched(query, k)
+        scores, ids = search(self.index, query, k)
         return scores[0], ids[0]

@@ -101,11 +101,19 @@ class LiveState:
         return LiveState(writes[-1].seq, self.base_ntotal, ids, rows.vectors[:m], alive, base_dead, rows)
 
     def is_live(self, image_id: int) -> bool:
+        if not 0 <= image_id < 2**63:  # beyond int64: no id (and no numpy overflow)
+            return False
         if image_id < self.base_ntotal:
             at = int(np.searchsorted(self.base_dead, image_id))
-            return image_id >= 0 and not (at < len(self.base_dead) and self.base_dead[at] == image_id)
+            return not (at < len(self.base_dead) and self.base_dead[at] == image_id)
         at = int(np.searchsorted(self.ids, image_id))
         return at < len(self.ids) and self.ids[at] == image_id and bool(self.alive[at])
+
+    def added_vector(self, image_id: int) -> np.ndarray | None:
+        """(D,) the vector of a live added image; None for any other id."""
+        at = int(np.searchsorted(self.ids, image_id))
+        found = at < len(self.ids) and self.ids[at] == image_id and bool(self.alive[at])
+        return self.vectors[at] if found else None
 
     @cached_property
     def base_alive_bitmap(self) -> np.ndarray:
@@ -137,7 +145,9 @@ class LiveState:
         live = self.alive if allowed is None else self.alive & allowed  # (m,)
         if not live.any():
             return np.zeros(0, np.float32), np.zeros(0, np.int64)
-        scores = self.vectors @ query[0]  # (m,)
+        # einsum, not a BLAS product: OpenBLAS's threads would spin after it and slow the next FAISS
+        # search several times over (measured: 3.6 -> 22 ms at 100,000 vectors on 2 cores)
+        scores = np.einsum("md,d->m", self.vectors, query[0])  # (m,)
         candidates = np.flatnonzero(live)
         if len(candidates) > depth:
             part = np.argpartition(-scores[candidates], depth - 1)[:depth]

@@ -25,7 +25,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -136,7 +136,8 @@ class WriteLog:
         """This thread's connection (SQLite connections are not shared between threads)."""
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            # check_same_thread off only so that close() can close every thread's connection
+            db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
             db.execute("PRAGMA synchronous=FULL")  # acknowledged means on disk
             self._local.db = db
@@ -256,6 +257,8 @@ class WriteLog:
         return None if found is None else str(found[0])
 
     def _is_live(self, tx: sqlite3.Connection, image_id: int) -> bool:
+        if not 0 <= image_id < 2**63:  # beyond SQLite's integers: no id
+            return False
         op = self._latest_op(tx, image_id)
         return op != "delete" if op is not None else 0 <= image_id < self.base_ntotal
 
@@ -341,6 +344,39 @@ class WriteLog:
         if found is None:
             raise UnknownImage(f"no live image with external_id {json.dumps(external_id)} in this index")
         return found
+
+
+def _kind(value: Any) -> str | None:
+    """The JSON kind of a field value, as ``metadata_field_types`` names kinds (None for null)."""
+    if value is None:
+        return None
+    for kind, types in (("boolean", bool), ("integer", int), ("number", float), ("string", str)):
+        if isinstance(value, types):
+            return kind
+    return "array" if isinstance(value, list) else "object"
+
+
+def check_fields(
+    fields: dict[str, Any] | None, known: Sequence[str], kinds: Mapping[str, Sequence[str]], where: str
+) -> dict[str, Any] | None:
+    """``fields`` (None when empty) when each is one of the index's fields (``known``) with a value
+    of a kind it holds (``kinds``; integers and other numbers count as one), so that filters select
+    it; null values pass (they remove a field). ValueError naming the field and the fix otherwise."""
+    if not fields:
+        return None
+    numbers = {"integer", "number"}
+    for name, value in fields.items():
+        if name not in known:
+            listed = ", ".join(known) if known else "none: it was built without a metadata file"
+            raise ValueError(f"{where}.{name}: not a field of this index (its fields: {listed})")
+        held, kind = set(kinds.get(name, [])), _kind(value)
+        if kind is None or not held or kind in held or (kind in numbers and held & numbers):
+            continue
+        raise ValueError(
+            f"{where}.{name}: a {kind}, where the field holds {' or '.join(sorted(held))}; send a value "
+            "of that kind, so filters on the field select it"
+        )
+    return fields
 
 
 def _now() -> str:

@@ -3,9 +3,9 @@
 * **read** (search, images, info, listing jobs): open, or with ``ICR_API_KEY`` set, the
   ``X-API-Key`` header must carry it (or the admin key);
 * **admin** (submitting and cancelling benchmark jobs, reloading artifacts, labelling hits and
-  refitting the calibration from the labels): with ``ICR_ADMIN_KEY``
-  set, that key; unset, clients on this machine only (a job costs minutes of CPU), where the client
-  is the TCP peer, or the address a proxy in ``ICR_TRUSTED_PROXIES`` forwarded
+  refitting the calibration from the labels, adding, changing and deleting images): with
+  ``ICR_ADMIN_KEY`` set, that key; unset, clients on this machine only (a job costs minutes of
+  CPU), where the client is the TCP peer, or the address a proxy in ``ICR_TRUSTED_PROXIES`` forwarded
   (:mod:`service.client_address`);
 * **open**: the search page and its files, the API docs, liveness and readiness (unless
   ``ICR_HEALTH_NEED_KEY``) and ``/metrics`` (unless ``ICR_METRICS_NEED_KEY``): either setting makes
@@ -34,6 +34,9 @@ _ADMIN = {
     ("DELETE", re.compile(r"^/v1/benchmarks/[^/]+$")),
     ("POST", re.compile(r"^/v1/admin/")),
     ("POST", re.compile(r"^/v1/feedback(/refit)?/?$")),
+    ("POST", re.compile(r"^/v1/images(:upload|:delete)?/?$")),
+    ("PATCH", re.compile(r"^/v1/images/[^/]+$")),
+    ("DELETE", re.compile(r"^/v1/images/[^/]+$")),
 }
 ADMIN_KEY_IDENTITY = "admin-key"  # who labelled, when the admin key was used (never the key itself)
 KEY_HEADER = "X-API-Key"
@@ -130,4 +133,6 @@ def _admin_action(path: str) -> str:
         return f"the admin request {path}"
     if path.startswith("/v1/feedback"):
         return "labelling hits or refitting the calibration from the labels"
+    if path.startswith("/v1/images"):
+        return "adding, changing or deleting images"
     return "submitting or cancelling benchmark jobs"

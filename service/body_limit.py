@@ -23,7 +23,8 @@ from icr.service.errors import error_response
 class BodyLimitMiddleware:
     """413 for a declared Content-Length over the route's limit, or for a chunked body that grows
     past it; 408 for a body not complete ``read_timeout_s`` after the request's headers. Paths in
-    ``upload_paths`` take ``upload_max_bytes``, every other path ``json_max_bytes``."""
+    ``upload_paths`` take ``upload_max_bytes``, and so do ``bulk_paths`` (batches of embeddings an
+    admin writes), every other path ``json_max_bytes``."""
 
     def __init__(
         self,
@@ -32,9 +33,11 @@ class BodyLimitMiddleware:
         upload_max_bytes: int,
         upload_paths: frozenset[str],
         read_timeout_s: float = 30.0,
+        bulk_paths: frozenset[str] = frozenset(),
     ):
         self.app = app
         self.upload_paths = upload_paths
+        self.bulk_paths = bulk_paths
         self.read_timeout_s = read_timeout_s  # for the whole body
         # (bound, the message for a body over it), built once: every request looks one up
         self.upload_limit = (
@@ -43,6 +46,11 @@ class BodyLimitMiddleware:
                 f"request body over {upload_max_bytes} bytes; send a smaller image (resize or recompress it) "
                 "or raise ICR_MAX_UPLOAD_BYTES on the server"
             ),
+        )
+        self.bulk_limit = (
+            upload_max_bytes,
+            f"request body over {upload_max_bytes} bytes (ICR_MAX_UPLOAD_BYTES); send fewer images per "
+            "request",
         )
         self.json_limit = (
             json_max_bytes,
@@ -56,7 +64,14 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        max_bytes, too_large = self.upload_limit if scope["path"] in self.upload_paths else self.json_limit
+        path = scope["path"]
+        max_bytes, too_large = (
+            self.upload_limit
+            if path in self.upload_paths
+            else self.bulk_limit
+            if path in self.bulk_paths
+            else self.json_limit
+        )
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_bytes:
             await error_response(413, "payload_too_large", too_large)(scope, receive, send)

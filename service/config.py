@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from icr.core.devices import Device
+from icr.core.state_dir import default_state_dir
 from icr.service.client_address import trusted_networks
 
 DATASET_NAMES = ("flickr30k", "coco", "synthetic")
@@ -52,7 +53,12 @@ class Settings(BaseSettings):
         description="Neighbours retrieved per query before thresholding; offset is at most this minus max_k.",
     )
     max_text_chars: int = Field(1000, ge=1)
-    max_upload_bytes: int = Field(10 << 20, ge=1024, description="Image uploads (search by image).")
+    max_upload_bytes: int = Field(
+        10 << 20,
+        ge=1024,
+        description="Image uploads (search by image, POST /v1/images:upload) and batches of embeddings "
+        "(POST /v1/images, admin only).",
+    )
     max_json_bytes: int = Field(
         64 << 10,
         ge=1024,
@@ -167,6 +173,18 @@ class Settings(BaseSettings):
         "given on the search page: feedback.sqlite); default "
         "$XDG_STATE_HOME/icr or ~/.local/state/icr, never inside an index folder that a rebuild replaces.",
     )
+    writes: bool = Field(
+        True,
+        description="Accept image writes (add, patch, delete: admin only) into STATE_DIR/writes.sqlite, "
+        "seen by every server on that state directory; false: the index is read-only.",
+    )
+    writes_poll_seconds: float = Field(
+        0.2,
+        gt=0.0,
+        le=60.0,
+        description="How often a server applies what other servers on its state directory wrote: the "
+        "longest a write takes to be searchable on the other servers.",
+    )
     jobs_db: Path | None = Field(
         None, description="SQLite file of benchmark jobs, shared by replicas; default: STATE_DIR/jobs.sqlite."
     )
@@ -204,16 +222,14 @@ class Settings(BaseSettings):
         return value
 
     @property
+    def state_path(self) -> Path:
+        return self.state_dir or default_state_dir()
+
+    @property
     def jobs_path(self) -> Path:
         if self.jobs_db is not None:
             return self.jobs_db
-        return (self.state_dir or default_state_dir()) / "jobs.sqlite"
-
-
-def default_state_dir() -> Path:
-    """$XDG_STATE_HOME/icr, or ~/.local/state/icr."""
-    base = os.environ.get("XDG_STATE_HOME")
-    return (Path(base) if base else Path.home() / ".local" / "state") / "icr"
+        return self.state_path / "jobs.sqlite"
 
 
 @lru_cache(maxsize=1)

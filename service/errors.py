@@ -82,6 +82,8 @@ def _one(error: Mapping[str, Any], known: Sequence[str]) -> str:
     if error.get("type") == "extra_forbidden":  # a misspelt field must not be silently ignored
         name = field.rsplit(".", 1)[-1]
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        if not known:  # a body of alternative shapes (a union): the field names the shape it broke
+            return f"{field}: unknown field in that form of the request; remove it"
         hint = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(known)}"
         return f"{field}: unknown field; {hint}"
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ")

@@ -17,6 +17,8 @@ from icr.service.loaded_index import LoadedIndex, public_source
 from icr.training.data.synthetic.generate import DistractorStream
 
 DISTRACTOR_PREFIX = "distractor:"
+UPLOAD_PREFIX = "upload:"  # an image uploaded to a living index: its file in the state directory
+UPLOADS_FOLDER = "uploads"
 THUMB_CACHE_BYTES = 64 << 20
 GALLERY_LIMITS = ImageLimits(formats=GALLERY_FORMATS)  # the server passes its own pixel and aspect limits
 
@@ -58,17 +60,35 @@ class GalleryImages:
         self._thumbs = BytesLRU(THUMB_CACHE_BYTES)
 
     def has_pixels(self, row: dict[str, Any]) -> bool:
-        source = row["source"]
+        """Whether the row's image can be shown: a built gallery file or distractor, or an upload. An
+        image added by its embedding alone has a source the caller named, which is never opened."""
+        source = str(row["source"])
+        if row["id"] >= self.images.manifest.ntotal:
+            return source.startswith(UPLOAD_PREFIX)
         return source.startswith(DISTRACTOR_PREFIX) or "#" not in source
+
+    @property
+    def uploads(self) -> Path | None:
+        """Where uploaded images are kept (beside the write log), None for an index without writes."""
+        log_path = self.images.live.log_path
+        return None if log_path is None else log_path.parent / UPLOADS_FOLDER
 
     def image(self, image_id: int, limits: ImageLimits = GALLERY_LIMITS) -> Any:
         """The PIL image of an image-index id; KeyError if unknown, OSError without pixels or when
         its file is outside ``limits`` (a file replaced since the build is as untrusted as an upload)."""
-
-        if not 0 <= image_id < self.images.manifest.ntotal:
+        state = self.images.live.state
+        if not state.is_live(image_id):
             raise KeyError(image_id)
-        row = self.images.metadata.get([image_id])[0]
+        row = self.images.live.rows([image_id], state)[0]
         source = row["source"]
+        if image_id >= self.images.manifest.ntotal and not source.startswith(UPLOAD_PREFIX):
+            raise FileNotFoundError(f"image {image_id} was added by its embedding: no pixels are stored")
+        if source.startswith(UPLOAD_PREFIX):
+            assert self.uploads is not None
+            try:
+                return open_image(self.uploads / source[len(UPLOAD_PREFIX) :], limits)
+            except (ImageRefused, OSError) as err:
+                raise OSError(f"{source}: {err}") from None
         if source.startswith(DISTRACTOR_PREFIX):
             return Image.fromarray(self._distractor_stream().image(int(source[len(DISTRACTOR_PREFIX) :])))
         shown = public_source(source, self.images.source_root)  # errors reach clients: never a server path
@@ -97,6 +117,8 @@ class GalleryImages:
         """The image as PNG; thumbnails (a results page asks for the same ones again and again) come
         from an LRU cache of :data:`THUMB_CACHE_BYTES`. ``decoding`` is held while the image is
         decoded and encoded (the server's bound on concurrent decodes), not for a cached thumbnail."""
+        if not self.images.live.state.is_live(image_id):  # deleted since its thumbnail was cached
+            raise KeyError(image_id)
         if thumb_size is not None:
             cached = self._thumbs.get((image_id, thumb_size))
             if cached is not None:

@@ -20,8 +20,11 @@ import numpy as np
 
 from icr.index.calibration import CALIBRATION_FILE, ServedCalibration
 from icr.index.exact_kernel import kernel_for
+from icr.index.feedback_labels import index_key
 from icr.index.filters import FilterCache
 from icr.index.index_folder import load_index_dir
+from icr.index.live_index import LiveIndex
+from icr.index.live_writes import WRITES_FILE
 from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
 from icr.index.metadata import MetadataStore
 from icr.index.vector_index import (
@@ -61,6 +64,9 @@ class LoadedIndex:
     calibration: ServedCalibration | None
     batcher: MicroBatcher  # every search goes through it: merges concurrent ones, sets FAISS threads
     filters: FilterCache  # the ids recent query filters select
+    # the base index with the writes since its build (images added, patched, deleted online): a
+    # request takes ``live.state`` once and reads only it
+    live: LiveIndex
     rescore: Rescorer | None = None  # exact, batch-independent scores (None: FAISS's as they are)
     on_gpu: bool = False
     gpu_resources: Any = None  # faiss.StandardGpuResources: must outlive the GPU index
@@ -106,7 +112,7 @@ class LoadedIndex:
         return str(origin["path"]) if isinstance(origin, dict) and origin.get("path") else data.get("path")
 
     def summary(self) -> dict[str, Any]:
-        m = self.manifest
+        m, state = self.manifest, self.live.state
         distractors = m.data.get("distractor_source")
         data = {  # names, never the server's paths
             "name": Path(m.data.get("path", "")).name,
@@ -128,6 +134,13 @@ class LoadedIndex:
             "recall_check": m.recall_check,
             "nprobe": m.recall_check.get("nprobe"),
             "on_gpu": self.on_gpu,
+            "images": state.size,  # live now: the build's, less deletions, plus additions
+            "writes": {
+                "seq": state.seq,
+                "added": int(state.alive.sum()),
+                "deleted": len(state.base_dead) + int((~state.alive).sum()),
+                "accepted": self.live.log_path is not None,
+            },
             "metadata_fields": m.metadata_fields,
             "metadata_field_types": self.field_types,
             "data": data,
@@ -208,7 +221,10 @@ def _batcher(index: Any, rescore: Rescorer | None, max_batch: int, faiss_threads
     return MicroBatcher(run, max_batch=max_batch, single_threads=faiss_threads)
 
 
-def load_index_folder(directory: Path, gpu: str, max_batch: int, faiss_threads: int) -> LoadedIndex:
+def load_index_folder(
+    directory: Path, gpu: str, max_batch: int, faiss_threads: int, writes: Path | None = None
+) -> LoadedIndex:
+    """``writes``: the state directory whose write log this index takes writes into (None: none)."""
     index, manifest, metadata = load_index_dir(directory)
     calibration = _load_calibration(directory, manifest.checkpoint_sha256)
     nprobe = manifest.recall_check.get("nprobe")
@@ -222,7 +238,15 @@ def load_index_folder(directory: Path, gpu: str, max_batch: int, faiss_threads: 
     vectors = stored_vectors(index)
     rescore = batch_independent_rescorer(index)
     batcher = _batcher(index, rescore, max_batch, faiss_threads)
-    filters = FilterCache(metadata, manifest.ntotal)
+    live = LiveIndex(
+        index,
+        metadata,
+        None if writes is None else writes / WRITES_FILE,
+        index_key(manifest.checkpoint_sha256, manifest.created),
+        batched=batcher.search,
+        rescore=rescore,
+    )
+    filters = FilterCache(metadata, manifest.ntotal, live=live)
     return LoadedIndex(
         directory,
         index,
@@ -231,6 +255,7 @@ def load_index_folder(directory: Path, gpu: str, max_batch: int, faiss_threads: 
         calibration,
         batcher,
         filters,
+        live,
         rescore,
         resources is not None,
         resources,

@@ -29,9 +29,9 @@ from icr.service.headers import SecurityHeadersMiddleware
 from icr.service.jobs import JobRunner, JobStore
 from icr.service.loaded_index import preflight
 from icr.service.refusal_penalty import RefusalPenaltyMiddleware
-from icr.service.routes import admin, benchmarks, feedback, health, images, page, search
+from icr.service.routes import admin, benchmarks, feedback, health, image_writes, images, page, search
 from icr.service.routes.deps import DecodeSlots
-from icr.service.schemas import NONBLANK_TEXT_PATTERN
+from icr.service.schemas import FILTER_DESCRIPTION, NONBLANK_TEXT_PATTERN
 from icr.service.serving import install_retriever, load_retriever, without_paths
 from icr.service.telemetry import MetricsMiddleware, Telemetry
 from icr.service.watcher import ArtifactWatcher, watched_files
@@ -42,7 +42,7 @@ VERSION = "1"
 _MULTIPART_SLACK = 64 << 10
 # The routes whose bodies are image uploads (ICR_MAX_UPLOAD_BYTES); every other body is a small
 # JSON object (ICR_MAX_JSON_BYTES).
-UPLOAD_PATHS = frozenset({"/v1/search/image"})
+UPLOAD_PATHS = frozenset({"/v1/search/image", "/v1/images:upload"})
 
 
 # Loading that fails (a file being replaced, a disk not yet mounted) is retried after 1x, 2x, 4x...
@@ -101,6 +101,23 @@ def _watcher(app: FastAPI, settings: Settings) -> ArtifactWatcher:
     )
 
 
+def _tail_writes(app: FastAPI, settings: Settings, stop: threading.Event) -> None:
+    """Apply what other servers on the state directory wrote (this server's own writes are applied
+    before they are acknowledged), every ICR_WRITES_POLL_SECONDS."""
+    failing = False
+    while not stop.wait(settings.writes_poll_seconds):
+        retriever = app.state.retriever
+        if retriever is None:
+            continue
+        try:
+            retriever.images.live.refresh()
+            failing = False
+        except Exception:  # a locked or damaged file: searches go on at the last state applied
+            if not failing:
+                log.exception("applying the write log failed; searches see the writes applied so far")
+            failing = True
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
@@ -108,6 +125,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     stop = threading.Event()
     loader = threading.Thread(target=_load, args=(app, settings, stop), name="icr-load", daemon=True)
     loader.start()
+    if settings.writes:
+        threading.Thread(
+            target=_tail_writes, args=(app, settings, stop), name="icr-writes", daemon=True
+        ).start()
     app.state.jobs = JobStore(settings.jobs_path)
     app.state.runner = JobRunner(
         app.state.jobs,
@@ -211,16 +232,50 @@ def _served_index_bounds(components: dict[str, Any], retriever: Any) -> None:
             "anyOf": [filter_schema(fields, types), {"type": "null"}],
             "description": search["filter"].get("description", ""),
         }
+    deleting = components["DeleteByFilter"]["properties"]
+    deleting["filter"] = {
+        **filter_schema(fields, types),
+        "minProperties": 1,
+        "description": FILTER_DESCRIPTION,
+    }
     if retriever is None:
         return
     manifest = retriever.images.manifest
+    writable = retriever.images.live.log_path is not None
     if manifest.ntotal:
-        for name in ("SimilarSearchRequest", "FeedbackRequest"):
+        # images added online take ids from ntotal up: a similar search may name them
+        for name in ("FeedbackRequest",) if writable else ("SimilarSearchRequest", "FeedbackRequest"):
             components[name]["properties"]["image_id"]["maximum"] = manifest.ntotal - 1
-    vector = components["VectorSearchRequest"]["properties"]["vector"]
-    vector.update(minItems=manifest.dim, maxItems=manifest.dim)
-    # not all 0 (no direction to search in): some value above or below 0
-    vector["contains"] = {"type": "number", "anyOf": [{"exclusiveMinimum": 0}, {"exclusiveMaximum": 0}]}
+    for name in ("VectorSearchRequest", "ImageToAdd"):
+        vector = components[name]["properties"]["vector"]
+        vector.update(minItems=manifest.dim, maxItems=manifest.dim)
+        # not all 0 (no direction to search in): some value above or below 0
+        vector["contains"] = {"type": "number", "anyOf": [{"exclusiveMinimum": 0}, {"exclusiveMaximum": 0}]}
+    written = _fields_schema(manifest.metadata_fields, retriever.images.field_types)
+    components["ImageToAdd"]["properties"]["fields"] = {"anyOf": [written, {"type": "null"}]}
+    if manifest.metadata_fields:  # an index without fields has none to set (a patch is a 422)
+        components["PatchImageRequest"]["properties"]["fields"] = {**written, "minProperties": 1}
+
+
+# a field's recorded JSON kinds -> the JSON Schema types a written value may have (numbers mix)
+_WRITTEN_TYPES = {
+    "string": ["string"],
+    "integer": ["number"],
+    "number": ["number"],
+    "boolean": ["boolean"],
+    "array": ["array"],
+    "object": ["object"],
+}
+
+
+def _fields_schema(fields: list[str], types: dict[str, list[str]]) -> dict[str, Any]:
+    """JSON Schema of the fields a write may set: the index's own, each with a value of a kind it
+    holds (any kind where none is recorded), or null."""
+    properties = {}
+    for name in fields:
+        kinds = sorted({t for kind in types.get(name, []) for t in _WRITTEN_TYPES.get(kind, [])})
+        properties[name] = {"type": [*kinds, "null"]} if kinds else {}
+    return {"type": "object", "properties": properties, "additionalProperties": False}
 
 
 def _bounded_number(prop: dict[str, Any], lo: float, hi: float, nullable: bool) -> dict[str, Any]:
@@ -248,7 +303,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.telemetry = Telemetry()
     app.state.decode_slots = DecodeSlots(settings.max_concurrent_decodes, settings.decode_wait_seconds)
     install_error_handlers(app)
-    for module in (health, search, images, benchmarks, admin, feedback, page):
+    for module in (health, search, images, image_writes, benchmarks, admin, feedback, page):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=page.STATIC_DIR), name="static")
     app.openapi = lambda: _openapi_with_limits(app, settings)  # type: ignore[method-assign]
@@ -260,6 +315,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         upload_max_bytes=settings.max_upload_bytes + _MULTIPART_SLACK,
         upload_paths=UPLOAD_PATHS,
         read_timeout_s=settings.body_timeout_seconds,
+        bulk_paths=frozenset({"/v1/images"}),  # up to 1,000 embeddings: admin only, parsed at once
     )
     app.add_middleware(AccessMiddleware)  # before any body is read
     app.add_middleware(SecurityHeadersMiddleware)

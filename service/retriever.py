@@ -27,7 +27,6 @@ import torch
 from icr.core.devices import resolve_device
 from icr.index.calibration import ServedCalibration
 from icr.index.filters import Filter
-from icr.index.vector_index import rescored, search
 from icr.service.gallery_images import GalleryImages
 from icr.service.loaded_index import (
     LoadedIndex,
@@ -110,14 +109,16 @@ class Retriever:
         gpu: str = "auto",
         faiss_threads: int = 1,
         micro_batch: int = 64,
+        writes: Path | None = None,
     ) -> Retriever:
         """``faiss_threads``: OpenMP threads of a one-query search (set per searching thread by the
-        batcher, since OpenMP's setting is per thread); ``micro_batch``: most queries per FAISS call."""
+        batcher, since OpenMP's setting is per thread); ``micro_batch``: most queries per FAISS call;
+        ``writes``: the state directory whose write log the image index takes writes into."""
         checkpoint, _ = preflight(index, checkpoint, caption_index)
         t0 = time.perf_counter()
         device = resolve_device(device)
         model, config = load_checkpoint(checkpoint, device)
-        images = load_index_folder(Path(index), gpu, micro_batch, faiss_threads)
+        images = load_index_folder(Path(index), gpu, micro_batch, faiss_threads, writes)
         captions = (
             load_index_folder(Path(caption_index), gpu, micro_batch, faiss_threads)
             if caption_index is not None
@@ -167,8 +168,12 @@ class Retriever:
         by a stored image (normalised again: a compressed code reads back slightly off unit length).
         KeyError when no such id; NotServable (saying why and what to do) when the index cannot give
         its vectors back."""
-        if not 0 <= item < target.manifest.ntotal:
+        state = target.live.state
+        if not state.is_live(item):
             raise KeyError(item)
+        added = state.added_vector(item)  # (D,) an image added since the build
+        if added is not None:
+            return unit_query(added.tolist(), target.manifest.dim, "the stored vector")
         if target.vectors is None:
             raise NotServable(target.why_no_vectors())
         stored = target.vectors(np.array([item], np.int64))[0]  # (D,)
@@ -211,24 +216,25 @@ class Retriever:
                 f"{target.directory.name!r} and "
                 "restart, or threshold by min_score"
             )
-        universe = target.manifest.ntotal  # the items the query could be given
+        state = target.live.state  # the writes this search sees, all of them or none of each
+        universe = state.size  # the items the query could be given
         extra = 0
-        if exclude is not None and 0 <= exclude < universe:
+        if exclude is not None and state.is_live(exclude):
             universe, extra = universe - 1, 1
         depth = max(1, min(depth, universe))
         t0 = time.perf_counter()
         # (n,) best first
-        scores, ids = _without(exclude, depth, *target.batcher.search(query, depth + extra))
+        scores, ids = _without(exclude, depth, *target.live.search(query, depth + extra, state))
         relevance = method = matched = None
         if filter_ is not None:
-            selection, cached = target.filters.select(filter_)
+            selection, cached = target.filters.select(filter_, state)
             timings["select_ms"] = timings.get("select_ms", 0.0) + (
                 0.0 if cached else selection.seconds * 1000
             )
             matched = len(selection.ids)
             universe = matched - (extra if exclude is not None and _selected(selection.ids, exclude) else 0)
             f_scores, f_ids = _without(
-                exclude, depth, *self._filtered(target, query, depth + extra, selection)
+                exclude, depth, *target.live.search(query, depth + extra, state, selection)
             )
         t1 = time.perf_counter()
         if calibration is not None and (evidence is None or evidence.inside):
@@ -265,7 +271,7 @@ class Retriever:
             expected_relevant = float(relevance[keep].sum())
             top_relevance = float(relevance[:top_count].mean()) if top_count else None
         t2 = time.perf_counter()
-        rows = target.metadata.get(page_ids.tolist())
+        rows = target.live.rows(page_ids.tolist(), state)
         t3 = time.perf_counter()
         timings["search_ms"] = timings.get("search_ms", 0.0) + (t1 - t0) * 1000
         timings["filter_ms"] = timings.get("filter_ms", 0.0) + (t2 - t1) * 1000
@@ -288,24 +294,6 @@ class Retriever:
             matched=matched,
             evidence=evidence,
         )
-
-    @staticmethod
-    def _filtered(
-        target: LoadedIndex, query: np.ndarray, depth: int, selection: Any
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``depth`` among the selected ids, best first: FAISS searches only them; an index that
-        cannot (older FAISS GPU indices) is searched unfiltered to depth and the matches kept."""
-        if len(selection.ids) == 0:
-            return np.zeros(0, np.float32), np.zeros(0, np.int64)
-        try:
-            rows = search(target.index, query, min(depth, len(selection.ids)), selector=selection.selector)
-        except RuntimeError:
-            scores, ids = target.batcher.search(query, depth)
-            keep = np.isin(ids, selection.ids)
-            return scores[keep], ids[keep]
-        if target.rescore is not None:  # the scores the unfiltered search reports for the same ids
-            rows = rescored(target.rescore, query, rows[1])
-        return rows[0][0], rows[1][0]
 
     def batching(self) -> dict[str, dict[str, int]]:
         """Per index: FAISS calls made and queries they answered (queries / calls = mean batch)."""

@@ -493,3 +493,96 @@ def error_responses(*codes: int, decodes: bool = False) -> dict[int | str, dict[
             "Retry-After": {"description": "Seconds to wait (busy decoding).", "schema": {"type": "integer"}}
         }
     return out
+
+
+# --- writes to a living index (POST / PATCH / DELETE /v1/images) -----------------------------------
+WRITE_BATCH_MAX = 1000  # images in one POST /v1/images (one transaction)
+EXTERNAL_ID_MAX = 256
+FieldValue = str | int | float | bool | list[Any] | dict[str, Any] | None
+
+
+class ImageToAdd(BaseModel):
+    """One image to add by its embedding, with what the index stores about it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vector: list[StrictFloat] = Field(
+        ...,
+        min_length=1,
+        max_length=VECTOR_MAX,
+        description="Its embedding by the served checkpoint (icr.load(...).encode_images): index.dim finite "
+        "numbers, not all 0; normalised to unit length as the index's vectors are.",
+    )
+    external_id: Text | None = Field(
+        None,
+        min_length=1,
+        max_length=EXTERNAL_ID_MAX,
+        description="Your own name for it. Adding an image under an external_id that names a live image "
+        "replaces that image (deleted, and this one added with a new id, in one transaction), so a "
+        "retried request does not add it twice.",
+    )
+    source: Text | None = Field(
+        None,
+        max_length=2048,
+        description="What the image is, in your words (a path or URL of yours), shown with its hits; the "
+        "server never opens it, so it serves no pixels for an image added by embedding.",
+    )
+    fields: dict[str, FieldValue] | None = Field(
+        None,
+        description="Its metadata fields: the index's own (GET /v1/info index.metadata_fields), each with a "
+        "value of the kind the field holds, so that filters select it.",
+    )
+    captions: list[Text] = Field(default_factory=list, max_length=100)
+
+
+class AddImagesRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    images: list[ImageToAdd] = Field(..., min_length=1, max_length=WRITE_BATCH_MAX)
+
+
+class WrittenImage(BaseModel):
+    id: int = Field(..., description="Its id from now on (searches return it; never reused).")
+    external_id: str | None = None
+    replaced: int | None = Field(
+        None, description="The id of the image its external_id named before, deleted."
+    )
+
+
+class WriteResult(BaseModel):
+    """What a write did, acknowledged once it is on disk; searches on this server already see it,
+    other servers on the same state directory within ICR_WRITES_POLL_SECONDS."""
+
+    written: list[WrittenImage] = Field(default_factory=list)
+    deleted: list[int] = Field(default_factory=list)
+    seq: int = Field(..., description="The write log's position after it (the server's state, GET /v1/info).")
+    images: int = Field(..., description="Live images in the index after it.")
+
+
+class PatchImageRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    fields: dict[str, FieldValue] = Field(
+        ...,
+        min_length=1,
+        description="Fields to set (the index's own, values of the field's kind); null removes a field.",
+    )
+
+
+class DeleteByIds(BaseModel):
+    """Delete the live images among these ids (the others are left out of ``deleted``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[JsonInt] = Field(..., min_length=1, max_length=WRITE_BATCH_MAX)
+
+
+class DeleteByFilter(BaseModel):
+    """Delete every live image a filter selects."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    filter: dict[str, Any] = Field(..., min_length=1, description=FILTER_DESCRIPTION)
+
+
+DeleteImagesRequest = DeleteByIds | DeleteByFilter

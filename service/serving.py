@@ -35,6 +35,7 @@ def load_retriever(settings: Settings) -> Retriever:
         gpu=settings.gpu,
         faiss_threads=settings.faiss_threads,
         micro_batch=settings.micro_batch,
+        writes=settings.state_path if settings.writes else None,
     )
 
 

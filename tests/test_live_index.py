@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from icr.index import live_index as live_index_mod
-from icr.index.filters import parse_filter
+from icr.index.filters import FilterCache, parse_filter
 from icr.index.live_index import LiveIndex
 from icr.index.live_state import LiveState, merge
 from icr.index.live_writes import NewImage, UnknownImage, Write, WriteLog
@@ -76,8 +76,7 @@ def base(tmp_path: Path) -> tuple[Any, MetadataStore, Oracle, np.random.Generato
 
 
 def _open(tmp_path: Path, index: Any, metadata: MetadataStore) -> LiveIndex:
-    log = WriteLog(tmp_path / "state" / "writes.sqlite", "key-1", metadata, index.ntotal, DIM)
-    return LiveIndex(index, metadata, log)
+    return LiveIndex(index, metadata, tmp_path / "state" / "writes.sqlite", "key-1")
 
 
 def _random_writes(live: LiveIndex, oracle: Oracle, rng: np.random.Generator, rounds: int) -> None:
@@ -118,14 +117,15 @@ def _random_writes(live: LiveIndex, oracle: Oracle, rng: np.random.Generator, ro
 def _check(live: LiveIndex, oracle: Oracle, rng: np.random.Generator, state: LiveState | None = None) -> None:
     state = state or live.state
     assert state.size == len(oracle.items)
+    cache = FilterCache(live.metadata, BASE, live=live)
     for query in _unit(rng, 4):
         q = query[None, :]  # (1, D)
         scores, ids = live.search(q, DEPTH, state)
         assert list(ids) == oracle.top(q, DEPTH)
         np.testing.assert_allclose(scores, [oracle.items[int(i)][0] @ query for i in ids], atol=1e-5)
         for spec in FILTERS:
-            selection = live.select(parse_filter(spec, FIELDS), state)
-            assert selection.matched == len(oracle.top(q, 10**6, spec))
+            selection, _ = cache.select(parse_filter(spec, FIELDS), state)
+            assert len(selection.ids) == len(oracle.top(q, 10**6, spec))  # matched, exactly
             assert list(live.search(q, DEPTH, state, selection)[1]) == oracle.top(q, DEPTH, spec)
     some = [int(i) for i in rng.choice(list(oracle.items), size=20, replace=False)]
     for i, row in zip(some, live.rows(some, state), strict=True):
@@ -171,6 +171,7 @@ def test_writes_from_another_log_handle_appear_on_refresh(tmp_path, base):
     """Two servers on one state directory: each applies what the other wrote when it refreshes."""
     index, metadata, oracle, rng = base
     first, second = _open(tmp_path, index, metadata), _open(tmp_path, index, metadata)
+    assert first.log is None and not (tmp_path / "state").exists()  # no write yet: no file
     [ack] = first.add([NewImage(_unit(rng, 1)[0], {"source": "x.jpg"}, "shared")], "one")
     assert not second.state.is_live(ack.id) and second.refresh().is_live(ack.id)
     second.delete([ack.id], "two")
@@ -187,8 +188,8 @@ def _add_many(path: str, prefix: str, count: int) -> None:
 
 
 def test_concurrent_writers_in_two_processes_get_distinct_ids(tmp_path, base):
-    index, metadata, _, _ = base
-    _open(tmp_path, index, metadata)  # creates the file
+    index, metadata, _, rng = base
+    _open(tmp_path, index, metadata).add([NewImage(_unit(rng, 1)[0], {"source": "first.jpg"})], "t")
     ctx = multiprocessing.get_context("spawn")
     children = [ctx.Process(target=_add_many, args=(str(tmp_path), p, 60)) for p in ("p", "q")]
     for child in children:
@@ -197,8 +198,8 @@ def test_concurrent_writers_in_two_processes_get_distinct_ids(tmp_path, base):
         child.join(120)
         assert child.exitcode == 0
     live = _open(tmp_path, index, metadata)
-    assert len(live.state.ids) == 120 and list(live.state.ids) == list(range(BASE, BASE + 120))
-    names = sorted(row["source"] for row in live.rows(list(live.state.ids), live.state))
+    assert list(live.state.ids) == list(range(BASE, BASE + 121))
+    names = sorted(row["source"] for row in live.rows(list(live.state.ids[1:]), live.state))
     assert names == sorted(f"{p}{k}.jpg" for p in ("p", "q") for k in range(60))
 
 

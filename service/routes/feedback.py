@@ -19,11 +19,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from icr.core.state_dir import default_state_dir
 from icr.index.calibration import ServedCalibration
 from icr.index.feedback_labels import FEEDBACK_FILE, FeedbackStore, index_key
 from icr.index.label_calibration import USER_LABELS, calibrate_from_labels
 from icr.service.access import admin_identity
-from icr.service.config import default_state_dir
 from icr.service.errors import ApiError
 from icr.service.loaded_index import calibration_summary
 from icr.service.retriever import Retriever

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request, Response
 
 from icr.core.image_input import GALLERY_FORMATS, ImageLimits
 from icr.service.errors import ApiError
-from icr.service.gallery_images import DISTRACTOR_PREFIX
+from icr.service.gallery_images import DISTRACTOR_PREFIX, UPLOAD_PREFIX
 from icr.service.loaded_index import public_source
 from icr.service.retriever import Retriever
 from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
@@ -37,16 +37,23 @@ def get_image(image_id: int, request: Request, size: Literal["full", "thumb"] = 
     try:
         png = retriever.gallery.png(image_id, thumb, limits, decode_slots_of(request).slot())
     except KeyError:
-        raise _not_found(retriever, image_id) from None
+        raise not_found(retriever, image_id) from None
     except OSError as err:  # precomputed features, or a gallery file moved or damaged since the build
         raise ApiError(404, "no_pixels", f"image {image_id} has no viewable file: {err}") from None
     # Index images never change under a given id while the server runs.
     return Response(png, media_type="image/png", headers={"Cache-Control": "public, max-age=3600"})
 
 
-def _not_found(retriever: Retriever, image_id: int) -> ApiError:
-    ntotal = retriever.images.manifest.ntotal
-    valid = f"ids run from 0 to {ntotal - 1}" if ntotal else "the index is empty"
+def not_found(retriever: Retriever, image_id: int) -> ApiError:
+    """404 for an id that names no live image: beyond the index, or deleted."""
+    state = retriever.images.live.state
+    if not state.size:
+        valid = "the index is empty"
+    elif state.seq:  # written to since its build: ids have gaps
+        valid = "ids are those searches return (images added since the build have ids from "
+        valid += f"{state.base_ntotal} up; deleted ones are gone)"
+    else:
+        valid = f"ids run from 0 to {state.base_ntotal - 1}"
     return ApiError(404, "not_found", f"no image {image_id}: {valid}")
 
 
@@ -60,12 +67,17 @@ def image_metadata(image_id: int, request: Request) -> ImageMetadata:
     """The stored row of an image: its source relative to the gallery folder (never the server's
     path), file name, metadata fields, captions, whether it is a distractor, and where its pixels
     are served. 404 naming the valid ids for an id outside the index."""
-    retriever = retriever_of(request)
-    if not 0 <= image_id < retriever.images.manifest.ntotal:  # also keeps ids beyond SQLite's int64 out
-        raise _not_found(retriever, image_id)
-    row = retriever.images.metadata.get([image_id])[0]
+    return metadata_of(retriever_of(request), image_id)
+
+
+def metadata_of(retriever: Retriever, image_id: int) -> ImageMetadata:
+    """The stored row of a live image as clients see it; 404 (naming the valid ids) otherwise."""
+    state = retriever.images.live.state
+    if not state.is_live(image_id):  # also keeps ids beyond SQLite's int64 out
+        raise not_found(retriever, image_id)
+    row = retriever.images.live.rows([image_id], state)[0]
     source = public_source(row["source"], retriever.images.source_root)
-    is_file = not row["source"].startswith(DISTRACTOR_PREFIX) and "#" not in row["source"]
+    is_file = not row["source"].startswith((DISTRACTOR_PREFIX, UPLOAD_PREFIX)) and "#" not in row["source"]
     return ImageMetadata(
         id=image_id,
         source=source,

@@ -15,7 +15,6 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from icr.core.image_input import ImageLimits, ImageRefused, open_image
 from icr.index.filters import parse_filter
 from icr.service.config import Settings
 from icr.service.errors import ApiError, validation_message
@@ -23,6 +22,7 @@ from icr.service.loaded_index import LoadedIndex, NotServable, public_source
 from icr.service.quality import query_quality
 from icr.service.retriever import Page, Retriever, unit_query
 from icr.service.routes.deps import decode_slots_of, query_text, retriever_of, settings_of
+from icr.service.routes.images import not_found
 from icr.service.schemas import (
     BLANK,
     FILTER_DESCRIPTION,
@@ -41,6 +41,7 @@ from icr.service.schemas import (
     error_responses,
 )
 from icr.service.strict_json import StrictJSONRoute, parse_strict
+from icr.service.uploads import decode_upload, read_upload
 
 router = APIRouter(prefix="/v1/search", tags=["search"], route_class=StrictJSONRoute)
 
@@ -268,32 +269,6 @@ def _text_results(
     return _json(response)
 
 
-def _read_image(upload: UploadFile, settings: Settings) -> Any:
-    """The uploaded file as an RGB PIL image; 4xx naming the problem for anything else. Every limit
-    is checked on the header, before decoding (see :mod:`icr.core.image_input`)."""
-    data = upload.file.read(settings.max_upload_bytes + 1)
-    name = upload.filename or "file"
-    if len(data) > settings.max_upload_bytes:
-        raise ApiError(
-            413,
-            "payload_too_large",
-            f"{name}: over {settings.max_upload_bytes} bytes (ICR_MAX_UPLOAD_BYTES); send a smaller image",
-        )
-    if not data:
-        raise ApiError(422, "invalid_image", f"{name}: empty file; upload a JPEG, PNG or WebP image")
-    limits = ImageLimits(max_pixels=settings.max_image_pixels, max_aspect_ratio=settings.max_aspect_ratio)
-    try:
-        return open_image(data, limits)
-    except ImageRefused as err:
-        status, code, setting = {
-            "format": (415, "unsupported_media_type", ""),
-            "pixels": (413, "image_too_large", " (ICR_MAX_IMAGE_PIXELS)"),
-            "aspect_ratio": (422, "invalid_image", " (ICR_MAX_ASPECT_RATIO)"),
-        }.get(err.reason, (422, "invalid_image", ""))
-        fix = "; upload it again or re-encode it" if err.reason == "corrupt" else ""
-        raise ApiError(status, code, f"{name}: {err}{setting}{fix}") from None
-
-
 @router.post(
     "/image",
     response_model=ImageSearchResponse,
@@ -355,7 +330,7 @@ def search_image(
         )
     timings: dict[str, float] = {}
     with decode_slots_of(request).slot():  # the decoded image and its resizing: bounded memory
-        image = _read_image(file, settings)
+        image = decode_upload(*read_upload(file, settings), settings)
         t0 = time.perf_counter()
         query = retriever.encode_image(image)  # (1, D)
         timings["encode_ms"] = (time.perf_counter() - t0) * 1000
@@ -451,12 +426,9 @@ async def search_similar(body: SimilarSearchRequest, request: Request) -> Respon
     _check_paging(settings, body.k, body.offset)
     retriever = retriever_of(request)
     images = retriever.images
-    ntotal = images.manifest.ntotal
-    if not 0 <= body.image_id < ntotal:
-        raise ApiError(
-            404, "not_found", f"image_id: no image {body.image_id}; ids run from 0 to {ntotal - 1}"
-        )
-    if images.vectors is None:
+    if not images.live.state.is_live(body.image_id):
+        raise ApiError(404, "not_found", f"image_id: {not_found(retriever, body.image_id).message}")
+    if images.vectors is None and body.image_id < images.manifest.ntotal:  # an added image's is kept
         raise ApiError(409, "no_stored_vectors", images.why_no_vectors())
     _check_filter(images, body.filter)
     return await run_in_threadpool(_similar_results, retriever, body, settings, request, start)

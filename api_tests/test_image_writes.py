@@ -1,0 +1,294 @@
+"""A living index against real `icr serve` processes: images added (by embedding and by upload),
+patched, replaced by external id and deleted are searched, filtered, counted and served at once,
+survive a restart, and reach a second server on the same state directory; bad writes are 4xx
+naming the fix and change nothing."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+import subprocess
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+from server_support import ICR, Artifacts
+
+from icr.index.build import build_photo_index
+
+N_PHOTOS = 24
+_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def photos(artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A photo index with fields album (text) and year (integers)."""
+    root = tmp_path_factory.mktemp("living")
+    folder = root / "my-photos"
+    folder.mkdir()
+    rows = []
+    for i, source in enumerate(sorted(artifacts.data.rglob("synth_test_*.png"))[:N_PHOTOS]):
+        shutil.copy(source, folder / f"{i:02d}.png")
+        rows.append({"file": f"{i:02d}.png", "album": ["home", "trip"][i % 2], "year": 2015 + i % 5})
+    with open(root / "meta.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["file", "album", "year"])
+        writer.writeheader()
+        writer.writerows(rows)
+    index = root / "index"
+    build_photo_index(
+        artifacts.checkpoint, images=folder, metadata=root / "meta.csv", out=index, gpu="off", progress=False
+    )
+    return {"index": index, "rows": rows, "folder": folder}
+
+
+def _unit(rng: np.random.Generator, dim: int) -> list[float]:
+    v = rng.standard_normal(dim)
+    return [float(x) for x in v / np.linalg.norm(v)]
+
+
+def _matched(c: httpx.Client, spec: dict[str, Any]) -> int:
+    r = c.post("/v1/search/text", json={"text": "a shape", "k": 1, "filter": spec})
+    assert r.status_code == 200, r.text
+    return int(r.json()["matched"])
+
+
+def _nearest(c: httpx.Client, vector: list[float], k: int = 5) -> list[dict[str, Any]]:
+    r = c.post("/v1/search/vector", json={"vector": vector, "k": k})
+    assert r.status_code == 200, r.text
+    return list(r.json()["hits"])
+
+
+def _error(r: httpx.Response, status: int) -> str:
+    assert r.status_code == status, (r.status_code, r.text)
+    return str(r.json()["message"])
+
+
+def test_writes_are_searched_filtered_served_and_kept(make_server, photos, tmp_path) -> None:
+    state = tmp_path / "state"
+    server = make_server(index=photos["index"], ICR_STATE_DIR=str(state)).start()
+    rng = np.random.default_rng(0)
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        info = c.get("/v1/info").json()["index"]
+        dim, trips = info["dim"], sum(r["album"] == "trip" for r in photos["rows"])
+        assert info["images"] == N_PHOTOS and info["writes"]["seq"] == 0
+        vectors = [_unit(rng, dim) for _ in range(3)]
+        body = {
+            "images": [
+                {"vector": vectors[0], "external_id": "e1", "fields": {"album": "new", "year": 2030}},
+                {"vector": vectors[1], "external_id": "e2", "fields": {"album": "new", "year": 2030}},
+                {"vector": vectors[2], "source": "s3://mine/x.jpg", "fields": {"album": "new", "year": 2031}},
+            ]
+        }
+        r = c.post("/v1/images", json=body)
+        assert r.status_code == 200, r.text
+        written = r.json()["written"]
+        ids = [w["id"] for w in written]
+        assert ids == [N_PHOTOS, N_PHOTOS + 1, N_PHOTOS + 2] and r.json()["images"] == N_PHOTOS + 3
+        for vector, image_id in zip(vectors, ids, strict=True):
+            top = _nearest(c, vector)[0]
+            assert top["id"] == image_id and top["score"] == pytest.approx(1.0, abs=1e-5)
+        assert _matched(c, {"album": "new"}) == 3 and _matched(c, {"year": 2030}) == 2
+        meta = c.get(f"/v1/images/{ids[2]}/metadata").json()
+        assert meta["source"] == "s3://mine/x.jpg" and meta["image_url"] is None  # no pixels: never opened
+        assert _error(c.get(f"/v1/images/{ids[2]}"), 404)
+
+        # patch: filters see it at once
+        r = c.patch(f"/v1/images/{ids[0]}", json={"fields": {"album": "trip", "year": 2029}})
+        assert r.status_code == 200 and r.json()["fields"] == {"album": "trip", "year": 2029}
+        assert _matched(c, {"album": "new"}) == 2 and _matched(c, {"album": "trip"}) == trips + 1
+
+        # the same external id again replaces its image
+        replacement = _unit(rng, dim)
+        r = c.post("/v1/images", json={"images": [{"vector": replacement, "external_id": "e2"}]})
+        [w] = r.json()["written"]
+        assert w["replaced"] == ids[1] and w["id"] == N_PHOTOS + 3
+        assert _error(c.get(f"/v1/images/{ids[1]}/metadata"), 404)
+        assert ids[1] not in [h["id"] for h in _nearest(c, vectors[1], k=N_PHOTOS + 10)]
+
+        # delete a photo of the build, then by filter
+        photo0 = c.get("/v1/images/0").content
+        assert c.delete("/v1/images/0").json()["deleted"] == [0]
+        assert _error(c.get("/v1/images/0"), 404) and _error(c.delete("/v1/images/0"), 404)
+        assert _matched(c, {"album": "home"}) == N_PHOTOS - trips - 1
+        r = c.post("/v1/images:delete", json={"filter": {"year": 2031}})
+        assert r.json()["deleted"] == [ids[2]]
+        everything = c.post("/v1/search/text", json={"text": "a shape", "k": 100}).json()
+        assert everything["passed"] == everything["searched"] == N_PHOTOS + 4 - 3  # exact: all retrieved
+
+        # an upload: embedded by the server, its pixels kept and served upright
+        sideways = Image.open(io.BytesIO(photo0)).convert("RGB").rotate(90, expand=True)
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        jpeg = io.BytesIO()
+        sideways.save(jpeg, format="JPEG", quality=95, subsampling=0, exif=exif)
+        r = c.post(
+            "/v1/images:upload",
+            files={"file": ("IMG_1.jpg", jpeg.getvalue(), "image/jpeg")},
+            data={"external_id": "upload-1", "fields": '{"album": "home", "year": 2024}'},
+        )
+        assert r.status_code == 200, r.text
+        uploaded = r.json()["written"][0]["id"]
+        served = np.asarray(Image.open(io.BytesIO(c.get(f"/v1/images/{uploaded}").content)), float)
+        original = np.asarray(Image.open(io.BytesIO(photo0)).convert("RGB"), float)
+        assert served.shape == original.shape and np.abs(served - original).mean() < 8
+        similar = c.post("/v1/search/similar", json={"image_id": uploaded, "k": 3, "include_self": True})
+        assert similar.status_code == 200, similar.text
+        assert similar.json()["hits"][0]["id"] == uploaded
+        before = {
+            "info": c.get("/v1/info").json()["index"]["writes"],
+            "hits": [h["id"] for h in _nearest(c, replacement, k=10)],
+        }
+
+    server.stop()
+    again = make_server(index=photos["index"], ICR_STATE_DIR=str(state)).start()  # a restart: replayed
+    with httpx.Client(base_url=again.url, timeout=60) as c:
+        assert c.get("/v1/info").json()["index"]["writes"] == before["info"]
+        assert [h["id"] for h in _nearest(c, replacement, k=10)] == before["hits"]
+        assert _error(c.get("/v1/images/0"), 404)
+        assert c.get(f"/v1/images/{uploaded}").status_code == 200
+    again.stop()
+    assert "Traceback" not in server.log_text() + again.log_text()
+
+
+def test_two_servers_on_one_state_directory_see_each_others_writes(make_server, photos, tmp_path) -> None:
+    state = {"ICR_STATE_DIR": str(tmp_path / "state"), "ICR_WRITES_POLL_SECONDS": "0.1"}
+    first = make_server(index=photos["index"], **state).start()
+    second = make_server(index=photos["index"], **state).start()
+    rng = np.random.default_rng(1)
+    with (
+        httpx.Client(base_url=first.url, timeout=60) as a,
+        httpx.Client(base_url=second.url, timeout=60) as b,
+    ):
+        vector = _unit(rng, a.get("/v1/info").json()["index"]["dim"])
+        [w] = a.post("/v1/images", json={"images": [{"vector": vector}]}).json()["written"]
+        deadline = time.monotonic() + 10
+        while _nearest(b, vector, k=1)[0]["id"] != w["id"]:
+            assert time.monotonic() < deadline, "the second server never applied the first's write"
+            time.sleep(0.05)
+        assert b.delete(f"/v1/images/{w['id']}").status_code == 200
+        while _nearest(a, vector, k=1)[0]["id"] == w["id"]:
+            assert time.monotonic() < deadline, "the first server never applied the second's delete"
+            time.sleep(0.05)
+        assert a.get("/v1/info").json()["index"]["writes"] == b.get("/v1/info").json()["index"]["writes"]
+
+
+def test_bad_writes_are_refused_with_the_fix_and_change_nothing(make_server, photos, tmp_path) -> None:
+    server = make_server(index=photos["index"], ICR_STATE_DIR=str(tmp_path / "state")).start()
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        dim = c.get("/v1/info").json()["index"]["dim"]
+        ok = [0.0] * dim
+        ok[0] = 1.0
+        for body, message in (
+            (
+                {"images": [{"vector": [1.0, 0.0]}]},
+                f"images[0].vector: 2 values; this index's vectors have {dim}",
+            ),
+            (
+                {"images": [{"vector": ok, "fields": {"colour": "red"}}]},
+                "images[0].fields.colour: not a field",
+            ),
+            (
+                {"images": [{"vector": ok, "fields": {"year": "2024"}}]},
+                "a string, where the field holds integer",
+            ),
+            ({"images": [{"vector": ok}, {"vector": [0.0] * dim}]}, "images[1].vector: every value is 0"),
+            ({"images": []}, "images"),
+        ):
+            assert message in _error(c.post("/v1/images", json=body), 422)
+        assert "not a field of this index" in _error(c.patch("/v1/images/1", json={"fields": {"x": 1}}), 422)
+        assert "no image 999" in _error(c.patch("/v1/images/999", json={"fields": {"year": 1}}), 404)
+        assert _error(c.delete(f"/v1/images/{2**70}"), 404)
+        both = c.post("/v1/images:delete", json={"ids": [1], "filter": {"year": 1}})  # ids or a filter
+        assert "DeleteByIds.filter: unknown field in that form of the request" in _error(both, 422)
+        upload = c.post("/v1/images:upload", files={"file": ("x.png", b"not an image", "image/png")})
+        assert upload.status_code in (415, 422), upload.text
+        assert c.get("/v1/info").json()["index"]["writes"]["seq"] == 0  # nothing was written
+    locked = make_server(
+        index=photos["index"], ICR_ADMIN_KEY="admin", ICR_STATE_DIR=str(tmp_path / "s2")
+    ).start()
+    with httpx.Client(base_url=locked.url, timeout=60) as c:
+        assert c.post("/v1/images", json={"images": [{"vector": ok}]}).status_code in (401, 403)
+        assert c.delete("/v1/images/1").status_code in (401, 403)
+    read_only = make_server(index=photos["index"], ICR_WRITES="false").start()
+    with httpx.Client(base_url=read_only.url, timeout=60) as c:
+        assert "ICR_WRITES" in _error(c.post("/v1/images", json={"images": [{"vector": ok}]}), 409)
+
+
+def test_the_client_writes(make_server, photos, tmp_path) -> None:
+    from icr.client import ApiError, Client
+
+    server = make_server(index=photos["index"], ICR_STATE_DIR=str(tmp_path / "state")).start()
+    with Client(server.url) as icr:
+        dim = icr.info()["index"]["dim"]
+        vector = np.random.default_rng(2).standard_normal(dim)
+        added = icr.add_images([{"vector": vector, "external_id": "a", "fields": {"album": "trip"}}])
+        [new] = added.written
+        assert added.images == N_PHOTOS + 1 and icr.search_vector(vector, k=1).hits[0].id == new.id
+        assert icr.patch_image(new.id, {"year": 2020, "album": None}).fields == {"year": 2020}
+        photo = photos["folder"] / "03.png"
+        uploaded = icr.upload_image(photo, external_id="b", fields={"album": "home"}).written[0].id
+        assert icr.image_metadata(uploaded).image_url == f"/v1/images/{uploaded}"
+        gone = icr.delete_images([new.id, uploaded, 10**6])
+        assert sorted(gone.deleted) == sorted([new.id, uploaded]) and gone.images == N_PHOTOS
+        assert icr.delete_images(filter={"album": "trip"}).images == N_PHOTOS - N_PHOTOS // 2
+        with pytest.raises(ApiError) as err:
+            icr.patch_image(new.id, {"year": 1})
+        assert err.value.status == 404
+
+
+def _icr(*args: str) -> str:
+    done = subprocess.run([str(ICR), *args], capture_output=True, text=True, timeout=300, env=_ENV)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_icr_index_add_and_remove_reach_a_running_server(make_server, photos, artifacts, tmp_path) -> None:
+    """Bulk writes from the command line go through the server's write log: the running server applies
+    them, adding the same folder again replaces rather than duplicates, and a filter removes."""
+    state = tmp_path / "state"
+    server = make_server(
+        index=photos["index"], ICR_STATE_DIR=str(state), ICR_WRITES_POLL_SECONDS="0.1"
+    ).start()
+    new = tmp_path / "new-photos"
+    new.mkdir()
+    sources = sorted(artifacts.data.rglob("synth_test_*.png"))[N_PHOTOS : N_PHOTOS + 6]
+    with open(new / "meta.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["file", "album", "year"])
+        writer.writeheader()
+        for i, source in enumerate(sources):
+            shutil.copy(source, new / f"n{i}.png")
+            writer.writerow({"file": f"n{i}.png", "album": "new", "year": 2040 + i % 2})
+    emb = tmp_path / "new-emb"
+    _icr("embed", "-m", str(artifacts.checkpoint), "--images", str(new), "--metadata", str(new / "meta.csv"),
+         "--out", str(emb), "--quiet")  # fmt: skip
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        for round_ in range(2):  # the second time: the same six images replaced, none added
+            printed = _icr(
+                "index", "add", str(photos["index"]), "--embeddings", str(emb), "--state-dir", str(state),
+                "--no-progress",
+            )  # fmt: skip
+            assert "added     6" in printed and f"replaced  {6 * round_}" in printed, printed
+            _wait(
+                lambda: (
+                    _matched(c, {"album": "new"}) == 6
+                    and c.get("/v1/info").json()["index"]["images"] == N_PHOTOS + 6
+                )
+            )
+        _icr("index", "remove", str(photos["index"]), "--filter", '{"year": 2041}', "--state-dir", str(state))
+        _wait(lambda: _matched(c, {"album": "new"}) == 3)
+        hit = c.post("/v1/search/text", json={"text": "a shape", "k": 50, "filter": {"album": "new"}}).json()[
+            "hits"
+        ][0]
+        assert hit["metadata"]["fields"]["year"] == 2040 and hit["metadata"]["source"].endswith(".png")
+
+
+def _wait(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the server never applied the command line's writes"
+        time.sleep(0.05)

@@ -1,0 +1,151 @@
+"""What a living index's writes cost (:mod:`icr.index.live_index`), on a synthetic base of unit vectors
+with photo-like metadata:
+
+* **upsert throughput**: embeddings added per second in batches of 1,000 and one per request (each a
+  durable SQLite commit: ``synchronous=FULL``);
+* **replay**: opening the index over a log of ``writes`` adds (a server's start-up, or a second
+  server catching up);
+* **search**: p50/p99 of one query at the service's depth over the base alone, then with the log's
+  added images and 1 % of the base deleted, and while 1 and 4 writer threads add images one at a
+  time in the same process (as a server's write requests would).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.markdown import table
+from bench.stats import latency
+
+DIM = 128
+DEPTH = 1000
+
+
+def _unit(rng: np.random.Generator, n: int) -> np.ndarray:
+    v = rng.standard_normal((n, DIM)).astype(np.float32)  # (n, D)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def _base(folder: Path, n: int) -> tuple[Any, Any]:
+    from icr.index.metadata import MetadataStore
+    from icr.index.vector_index import build_index
+
+    rng = np.random.default_rng(0)
+    index = build_index(_unit(rng, n), DIM, "Flat", gpu="off")
+    with MetadataStore.create(folder / "metadata.sqlite") as store:
+        store.add({"id": i, "source": f"{i}.jpg", "fields": {"year": 2000 + i % 25}} for i in range(n))
+    return index, MetadataStore.open(folder / "metadata.sqlite")
+
+
+def _images(rng: np.random.Generator, n: int, prefix: str) -> list[Any]:
+    from icr.index.live_writes import NewImage
+
+    return [
+        NewImage(v, {"source": f"{prefix}{k}.jpg", "fields": {"year": 2030}})
+        for k, v in enumerate(_unit(rng, n))
+    ]
+
+
+def _search_latency(live: Any, queries: np.ndarray) -> dict[str, float]:
+    times = []
+    for q in queries:
+        t0 = time.perf_counter()
+        live.search(q[None, :], DEPTH, live.state)
+        times.append(time.perf_counter() - t0)
+    return latency(times)
+
+
+def _search_while_writing(live: Any, queries: np.ndarray, writers: int) -> dict[str, float]:
+    """Search latency while ``writers`` threads add one image per durable commit, and their rate."""
+    stop = threading.Event()
+    counts = [0] * writers
+
+    def write(k: int) -> None:
+        local = np.random.default_rng(100 + k)
+        while not stop.is_set():
+            live.add(_images(local, 1, f"w{k}-{counts[k]}-"), "bench")
+            counts[k] += 1
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(writers)]
+    for t in threads:
+        t.start()
+    t0 = time.perf_counter()
+    measured = _search_latency(live, queries)
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    for t in threads:
+        t.join()
+    return {**measured, "writes_per_s": sum(counts) / elapsed}
+
+
+def run(base_size: int, writes: int, queries: int, log: Any) -> dict[str, Any]:
+    from icr.index.live_index import LiveIndex
+
+    rng = np.random.default_rng(1)
+    out: dict[str, Any] = {"base": base_size, "writes": writes, "depth": DEPTH}
+    with tempfile.TemporaryDirectory(prefix="icr-bench-writes-") as tmp:
+        folder = Path(tmp)
+        index, metadata = _base(folder, base_size)
+        path = folder / "state" / "writes.sqlite"
+        live = LiveIndex(index, metadata, path, "bench")
+        qs = _unit(rng, queries)
+        out["search_base"] = _search_latency(live, qs)
+
+        log(f"writes: {writes:,} adds in batches of 1,000")
+        t0 = time.perf_counter()
+        for start in range(0, writes, 1000):
+            live.add(_images(rng, min(1000, writes - start), f"b{start}-"), "bench")
+        out["batch_1000_per_s"] = writes / (time.perf_counter() - t0)
+        single = min(500, writes)
+        t0 = time.perf_counter()
+        for image in _images(rng, single, "s"):
+            live.add([image], "bench")
+        out["single_per_s"] = single / (time.perf_counter() - t0)
+        dead = rng.choice(base_size, base_size // 100, replace=False)
+        live.delete([int(i) for i in dead], "bench")
+        live.close()
+
+        log("writes: replaying the log")
+        t0 = time.perf_counter()
+        replayed = LiveIndex(index, metadata, path, "bench")
+        out["replay_seconds"] = time.perf_counter() - t0
+        out["replayed_writes"] = replayed.state.seq
+        out["search_after_writes"] = _search_latency(replayed, qs)
+
+        for writers in (1, 4):
+            out[f"search_with_{writers}_writers"] = _search_while_writing(replayed, qs, writers)
+        replayed.close()
+        metadata.close()
+    return out
+
+
+def markdown(section: dict[str, Any]) -> list[str]:
+    s = section
+    lines = [
+        "## Writes (a living index)",
+        "",
+        f"Base: {s['base']:,} unit vectors (dim {DIM}, exact index); a log of {s['replayed_writes']:,} "
+        f"writes ({s['writes']:,} adds in batches, single adds, 1 % of the base deleted); searches at "
+        f"depth {DEPTH}.",
+        "",
+        f"- upserts: {s['batch_1000_per_s']:,.0f} embeddings/s in batches of 1,000; "
+        f"{s['single_per_s']:,.0f}/s one per durable commit",
+        f"- replaying the log at start-up: {s['replay_seconds']:.2f} s",
+        "",
+    ]
+    rows = [
+        [name, s[key]["p50_ms"], s[key]["p99_ms"], s[key].get("writes_per_s", "")]
+        for name, key in (
+            ("base alone", "search_base"),
+            ("after the writes", "search_after_writes"),
+            ("while 1 writer adds", "search_with_1_writers"),
+            ("while 4 writers add", "search_with_4_writers"),
+        )
+    ]
+    return lines + table(["search", "p50 ms", "p99 ms", "writes/s meanwhile"], rows)
