@@ -138,6 +138,103 @@ def test_labelling_needs_the_admin_key_when_one_is_set(make_server, artifacts, t
         assert db.execute("SELECT who FROM labels WHERE index_key = ?", (key,)).fetchall() == [("admin-key",)]
 
 
+def test_the_labels_of_a_querys_hits_are_read_back(make_server, artifacts, tmp_path) -> None:
+    """GET /v1/feedback/labels: each judged hit of a query with the majority's verdict (a tie: not
+    relevant), its judgements and the caller's own verdict; read access, as GET /v1/feedback. Other
+    people's judgements are written into the server's labels file beside it (every request of the
+    server opens the file: it reads them)."""
+    state = tmp_path / "state"
+    server = make_server(ICR_API_KEY="reader", ICR_ADMIN_KEY="admin", ICR_STATE_DIR=str(state)).start()
+    admin, reader = {"X-API-Key": "admin"}, {"X-API-Key": "reader"}
+    manifest = Manifest.read(artifacts.images)
+    key = index_key(manifest.checkpoint_sha256, manifest.created)
+    query = QUERIES[0]
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        r = c.get("/v1/feedback/labels", params={"query": query})
+        assert r.status_code == 401 and "ICR_API_KEY" in r.json()["message"], r.text
+        assert (
+            c.get("/v1/feedback/labels", params={"query": query}, headers={"X-API-Key": "x"}).status_code
+            == 403
+        )
+        r = c.get("/v1/feedback/labels", params={"query": f" {query}\t"}, headers=reader)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"index": artifacts.images.name, "query": query, "labels": []}
+
+        ids = [
+            h["id"]
+            for h in c.post("/v1/search/text", json={"text": query, "k": 6}, headers=reader).json()["hits"]
+        ]
+        assert len(ids) == 6
+        for i, image_id in enumerate(ids[:4]):  # the admin: relevant, not, relevant, not
+            body = {"query": query, "image_id": image_id, "relevant": i % 2 == 0}
+            assert c.post("/v1/feedback", json=body, headers=admin).status_code == 200
+        store = FeedbackStore(state / FEEDBACK_FILE)
+        store.add(key, query, ids[0], False, "ana")  # 1 of 2 relevant: a tie, not relevant
+        store.add(key, query, ids[1], True, "ana")
+        store.add(key, query, ids[1], True, "bo")  # 2 of 3 relevant
+        store.add(key, query, ids[4], True, "ana")  # judged by ana only
+        store.add(key, QUERIES[1], ids[5], True, "ana")  # another query's label: not this one's
+        expected = {  # image_id -> (relevant, judgements, relevant_judgements, mine)
+            ids[0]: (False, 2, 1, True),
+            ids[1]: (True, 3, 2, False),
+            ids[2]: (True, 1, 1, True),
+            ids[3]: (False, 1, 0, False),
+            ids[4]: (True, 1, 1, None),
+        }
+
+        def read(headers: dict[str, str], **params: object) -> dict[int, tuple[bool, int, int, bool | None]]:
+            r = c.get("/v1/feedback/labels", params={"query": query, **params}, headers=headers)
+            assert r.status_code == 200, r.text
+            labels = r.json()["labels"]
+            assert [x["image_id"] for x in labels] == sorted(x["image_id"] for x in labels)
+            return {
+                x["image_id"]: (x["relevant"], x["judgements"], x["relevant_judgements"], x["mine"])
+                for x in labels
+            }
+
+        assert read(admin) == expected
+        # a reader has no admin identity: no verdict of its own
+        assert read(reader) == {i: (*v[:3], None) for i, v in expected.items()}
+        some = [ids[1], ids[4], ids[5], 10**9]
+        assert read(admin, image_id=some) == {i: expected[i] for i in some if i in expected}
+        # the admin changes a verdict: still one judgement of theirs, and the tie becomes a majority
+        c.post("/v1/feedback", json={"query": query, "image_id": ids[0], "relevant": False}, headers=admin)
+        assert read(admin, image_id=[ids[0]]) == {ids[0]: (False, 2, 0, False)}
+        c.post("/v1/feedback", json={"query": query, "image_id": ids[3], "relevant": True}, headers=admin)
+        assert read(admin, image_id=[ids[3]]) == {ids[3]: (True, 1, 1, True)}
+
+        # bad input: a 4xx naming the parameter and the fix, as POST /v1/feedback's
+        for params, says in (
+            ({}, "query: Field required"),
+            ({"query": " \t"}, "query: empty"),
+            ({"query": "x" * 1001}, "ICR_MAX_TEXT_CHARS"),
+            ({"query": "a\x00b"}, "control character U+0000"),
+            ({"query": query, "image_id": "-1"}, "image_id.0: Input should be greater than or equal to 0"),
+            ({"query": query, "image_id": "three"}, "image_id.0: Input should be a valid integer"),
+            ({"query": query, "image_id": str(2**63)}, "image_id.0: Input should be less than or equal to"),
+            ({"query": query, "image_id": list(range(101))}, "image_id: List should have at most 100 items"),
+        ):
+            r = c.get("/v1/feedback/labels", params=params, headers=admin)
+            assert r.status_code == 422 and says in r.json()["message"], (params, r.text)
+            assert r.json()["error"] == "invalid_request"
+
+    # the client: typed, any number of ids (asked for 100 at a time)
+    with Client(server.url, api_key="admin") as icr:
+        found = icr.labels(f"  {query}")
+        assert found.query == query and [hit.image_id for hit in found.labels] == sorted(expected)
+        assert {hit.image_id: hit.mine for hit in found.labels}[ids[3]] is True
+        many = icr.labels(query, [*range(250), *ids])
+        assert [hit.image_id for hit in many.labels] == sorted(expected)
+        assert icr.labels(query, []).labels == []
+        with pytest.raises(ApiError) as refused:
+            icr.labels(" ")
+        assert refused.value.status == 422 and "query: empty" in refused.value.message
+    with Client(server.url, api_key="reader") as icr:
+        assert all(hit.mine is None for hit in icr.labels(query).labels)
+    server.stop()
+    assert "Traceback" not in server.log_text()
+
+
 def test_the_client_labels_and_refits(make_server, artifacts, tmp_path) -> None:
     server = make_server(
         index=served_copy(artifacts, tmp_path), ICR_STATE_DIR=str(tmp_path / "state")
@@ -157,6 +254,10 @@ def test_the_client_labels_and_refits(make_server, artifacts, tmp_path) -> None:
             assert answer["counts"]["judgements"] == n
         held = icr.feedback()
         assert held["can_label"] and held["counts"]["hits"] == len(hits) and held["counts"]["relevant"] >= 1
+        given = icr.labels(query, [hit.id for hit in hits]).labels  # read back, each with this client's own
+        assert [x.image_id for x in given] == sorted(hit.id for hit in hits)
+        assert all(x.judgements == 1 and x.mine == x.relevant for x in given)
+        assert sum(x.relevant for x in given) == held["counts"]["relevant"]
         result = icr.refit()
         assert result["status"] == "refitted" and result["calibration"]["labels"] == "user"
         assert icr.info()["calibration"]["labels"] == "user"

@@ -63,6 +63,8 @@ def test_schemathesis_finds_nothing(make_server, artifacts, tmp_path: Path, keys
             ("POST", "/v1/benchmarks", 429),
             ("GET", "/v1/benchmarks/{job_id}", 200),
             ("DELETE", "/v1/benchmarks/{job_id}", 200),
+            ("GET", "/v1/feedback/labels", 200),
+            ("GET", "/v1/feedback/labels", 422),
         ):
             assert _requests(metrics, method, route, status) > 0, (method, route, status, tail)
         # whatever the fuzzer submitted, the runner drains the queue

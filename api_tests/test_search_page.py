@@ -134,6 +134,47 @@ return {
 """
 
 
+# The labels the grid shows on its hits (GET /v1/feedback/labels), read in one script.
+READ_MARKS = """
+return Array.from(document.querySelectorAll('#results .hit'), (hit) => {
+  const count = hit.querySelector('.label-count');
+  return {
+    id: hit.dataset.id,
+    label: hit.dataset.label || "",
+    judgements: hit.dataset.judgements || "",
+    yes: hit.querySelector('.label-yes').getAttribute('aria-pressed'),
+    no: hit.querySelector('.label-no').getAttribute('aria-pressed'),
+    count: count.getClientRects().length > 0 ? count.textContent : "",
+  };
+});
+"""
+LABELS_SHOWN = "return document.getElementById('results').dataset.labels === 'shown';"
+
+
+def _marks(driver) -> dict[str, dict[str, str]]:
+    """Each hit of the grid (by id): its shown label, judgements, pressed buttons and count."""
+    return {mark.pop("id"): mark for mark in driver.execute_script(READ_MARKS)}
+
+
+def _check_marks(driver, labelled: dict[str, bool]) -> None:
+    """The grid shows each labelled hit's verdict pressed, with one judgement counted; no other."""
+    marks = _marks(driver)
+    assert set(labelled) <= set(marks), (labelled, marks)
+    for image_id, mark in marks.items():
+        if image_id in labelled:
+            relevant = labelled[image_id]
+            want = {
+                "label": "relevant" if relevant else "not-relevant",
+                "judgements": "1",
+                "yes": str(relevant).lower(),
+                "no": str(not relevant).lower(),
+                "count": "✓1 ✗0" if relevant else "✓0 ✗1",
+            }
+        else:
+            want = {"label": "", "judgements": "", "yes": "false", "no": "false", "count": ""}
+        assert mark == want, (image_id, mark)
+
+
 def _notice(driver, element_id: str = "notice") -> dict:
     """What the notice above a result list shows: facts line, warnings, and its data attributes."""
     return driver.execute_script(READ_NOTICE, element_id)
@@ -310,10 +351,13 @@ def test_the_page_of_a_keyed_server_asks_for_the_key(make_server, driver) -> Non
 
 def test_labelling_hits_on_the_page_and_refitting(make_server, artifacts, driver, tmp_path: Path) -> None:
     """ "Label hits" on: each hit's relevant / not relevant button records a judgement (the counts
-    line follows it), then "Refit" fits the calibration on them and the page says what it supports.
-    On a copy of the index: the refit replaces its calibration.json."""
+    line follows it); the hits rendered again (the same search again, after the refit, on a fresh
+    visit with "Label hits" turned on after the search) show the labels given, and a click changes
+    the mark; then "Refit" fits the calibration on them and the page says what it supports. On a
+    copy of the index: the refit replaces its calibration.json."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
     index = tmp_path / "images"
@@ -342,10 +386,12 @@ def test_labelling_hits_on_the_page_and_refitting(make_server, artifacts, driver
     wait.until(lambda _d: counts.is_displayed() and counts.get_attribute("data-judgements") == "0")
     assert driver.find_element(By.ID, "refit").is_displayed()
     relevant = 0
+    labelled: dict[str, bool] = {}
     for i, item in enumerate(cards[:8]):
         # a hit is relevant when the query is its caption (the first hit counts as one, so one is)
         is_relevant = item.get_attribute("title") == query or i == 0
         relevant += is_relevant
+        labelled[item.get_attribute("data-id")] = is_relevant
         item.find_element(By.CSS_SELECTOR, ".label-yes" if is_relevant else ".label-no").click()
         expected = "relevant" if is_relevant else "not-relevant"
         wait.until(lambda _d, item=item, expected=expected: item.get_attribute("data-label") == expected)
@@ -356,6 +402,33 @@ def test_labelling_hits_on_the_page_and_refitting(make_server, artifacts, driver
     assert "8 judgements on 8 hits of 1 queries" in counts.text, counts.text
     # the page's labels are the server's
     assert httpx.get(server.url + "/v1/feedback", timeout=10).json()["counts"]["judgements"] == 8
+    wait.until(lambda d: all(m["count"] for i, m in _marks(d).items() if i in labelled))  # counted too
+    _check_marks(driver, labelled)
+
+    # the same search again: new cards, marked with the labels already given
+    driver.find_element(By.ID, "search").click()
+    wait.until(ec.staleness_of(cards[0]))
+    wait.until(lambda d: d.execute_script(GRID_SETTLED) and d.execute_script(LABELS_SHOWN))
+    _check_marks(driver, labelled)
+    # a click on a re-rendered hit changes its mark (the other button pressed, the count follows)
+    item = next(
+        card
+        for card in driver.find_elements(By.CSS_SELECTOR, "#results .hit")
+        if card.get_attribute("data-id") in labelled
+    )
+    image_id = item.get_attribute("data-id")
+    flipped = {**labelled, image_id: not labelled[image_id]}
+    for now in (flipped, labelled):  # and back, so the labels the refit sees are the ones above
+        item.find_element(By.CSS_SELECTOR, ".label-yes" if now[image_id] else ".label-no").click()
+        want = "✓1 ✗0" if now[image_id] else "✓0 ✗1"
+        wait.until(lambda d, want=want: _marks(d)[image_id]["count"] == want)
+        _check_marks(driver, now)
+        stored = httpx.get(
+            server.url + "/v1/feedback/labels", params={"query": query, "image_id": image_id}, timeout=10
+        ).json()["labels"]
+        assert [(x["relevant"], x["judgements"], x["mine"]) for x in stored] == [
+            (now[image_id], 1, now[image_id])
+        ]
 
     driver.find_element(By.ID, "refit").click()
     notice = driver.find_element(By.ID, "label-notice")
@@ -365,8 +438,24 @@ def test_labelling_hits_on_the_page_and_refitting(make_server, artifacts, driver
     assert "fitted on 8 of them" in counts.text and "relevance 0.5" in counts.text, counts.text
     assert driver.find_element(By.ID, "slider").get_attribute("value") == "0"  # the user's threshold stays
     assert httpx.get(server.url + "/v1/info", timeout=10).json()["calibration"]["labels"] == "user"
-    wait.until(lambda d: d.execute_script(GRID_SETTLED))  # searched again under the new calibration
+    # searched again under the new calibration, the labels shown on the new cards
+    wait.until(lambda d: d.execute_script(GRID_SETTLED) and d.execute_script(LABELS_SHOWN))
+    _check_marks(driver, labelled)
     assert not driver.find_element(By.ID, "error").is_displayed()
     shot = tmp_path / "search_page_labelling.png"
     assert driver.save_screenshot(str(shot))
     print(f"\nlabelling screenshot: {shot}")  # noqa: T201
+
+    # a fresh visit: searched with "Label hits" off (no labels asked for), then turned on
+    driver.get(server.url + "/")
+    wait.until(lambda d: d.find_element(By.ID, "info").get_attribute("data-state") == "ready")
+    driver.execute_script(SET_SLIDER, driver.find_element(By.ID, "slider"), "0.00")
+    time.sleep(0.5)  # past the slider's debounce, as above
+    driver.find_element(By.ID, "query").send_keys(query, Keys.ENTER)
+    wait.until(lambda d: d.execute_script(GRID_SETTLED))
+    assert not driver.execute_script(LABELS_SHOWN)
+    assert not any(mark["label"] for mark in _marks(driver).values())
+    driver.find_element(By.ID, "label-toggle").click()
+    wait.until(lambda d: d.execute_script(LABELS_SHOWN))
+    _check_marks(driver, labelled)
+    assert not driver.find_element(By.ID, "error").is_displayed()

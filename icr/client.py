@@ -28,10 +28,12 @@ from typing import Any
 import httpx
 
 from icr.service.schemas import (
+    LABELS_IDS_MAX,
     BenchmarkJob,
     BenchmarkList,
     ImageMetadata,
     ImageSearchResponse,
+    QueryLabels,
     TextSearchResponse,
     VectorSearchResponse,
     WriteResult,
@@ -261,6 +263,24 @@ class Client:
         calibration fitted on them supports at each min_relevance."""
         held: dict[str, Any] = self._request("GET", "/v1/feedback").json()
         return held
+
+    def labels(self, query: str, image_ids: Iterable[int] | None = None) -> QueryLabels:
+        """The labels already given on the served index to hits of ``query`` (every judged hit, or
+        those among ``image_ids``, asked for 100 at a time): each hit's majority verdict, its
+        judgements, and ``mine``, the verdict given with this client's admin rights."""
+        if image_ids is None:
+            return self._query_labels([("query", query)])
+        ids = sorted({int(i) for i in image_ids})
+        chunks = [ids[i : i + LABELS_IDS_MAX] for i in range(0, len(ids), LABELS_IDS_MAX)] or [[]]
+        answers = [
+            self._query_labels([("query", query), *(("image_id", i) for i in chunk)]) for chunk in chunks
+        ]
+        wanted = set(ids)  # none: the query is still checked, and no hit is
+        found = [hit for answer in answers for hit in answer.labels if hit.image_id in wanted]
+        return answers[0].model_copy(update={"labels": found})
+
+    def _query_labels(self, params: list[tuple[str, str | int]]) -> QueryLabels:
+        return QueryLabels.model_validate(self._request("GET", "/v1/feedback/labels", params=params).json())
 
     def refit(self) -> dict[str, Any]:
         """Fit the calibration on the labels and serve it (admin rights); answers once it is served."""

@@ -9,14 +9,16 @@ in WAL mode with ``synchronous=FULL``: an acknowledged label survives a crash of
 the machine.
 
 ``icr index calibrate INDEX --from-feedback FILE`` and the service's refit read them as
-:class:`icr.index.label_calibration.Label` rows.
+:class:`icr.index.label_calibration.Label` rows; the search page reads those of one query's hits
+(:meth:`FeedbackStore.query_labels`, GET /v1/feedback/labels) to show them on the hits again.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,6 +39,15 @@ CREATE TABLE IF NOT EXISTS labels (
     PRIMARY KEY (index_key, query, image_id, who)
 );
 """
+# The labels of one query's hits, in one statement on the primary key's prefix (index_key, query):
+# each judged hit with its judgements, the relevant ones among them, and one judge's own verdict.
+# ``:ids`` is a JSON array of image ids, or null for every hit of the query.
+QUERY_LABELS_SQL = (
+    "SELECT image_id, COUNT(*), SUM(relevant), MAX(CASE WHEN who = :who THEN relevant END) FROM labels "
+    "WHERE index_key = :key AND query = :query "
+    "AND (:ids IS NULL OR image_id IN (SELECT value FROM json_each(:ids))) "
+    "GROUP BY image_id ORDER BY image_id"
+)
 
 
 def index_key(checkpoint_sha256: str, created: str) -> str:
@@ -53,6 +64,19 @@ class FeedbackCounts:
     hits: int
     queries: int
     relevant: int
+
+
+@dataclass(frozen=True)
+class HitLabel:
+    """The label of one judged hit of a query: the verdict by majority of its judges (a tie: not
+    relevant), how many judged it and how many of them said relevant, and one judge's own verdict
+    (None: that judge has not judged it)."""
+
+    image_id: int
+    relevant: bool
+    judgements: int
+    relevant_judgements: int
+    mine: bool | None
 
 
 class FeedbackStore:
@@ -115,3 +139,26 @@ class FeedbackStore:
         return FeedbackCounts(
             judgements=int(row[0]), hits=int(row[1]), queries=int(row[2]), relevant=int(row[3])
         )
+
+    def query_labels(
+        self, key: str, query: str, image_ids: Iterable[int] | None = None, who: str | None = None
+    ) -> list[HitLabel]:
+        """The labels given on the index ``key`` to hits of ``query`` (the text as stored: stripped),
+        by image id: every judged hit, or those among ``image_ids``; ``mine`` is the verdict of the
+        judge ``who``. One SQL statement on the primary key's prefix: it reads only this query's
+        rows, never every label."""
+        ids = None if image_ids is None else json.dumps(sorted({int(i) for i in image_ids}))
+        with self._connect() as db:
+            rows = db.execute(
+                QUERY_LABELS_SQL, {"key": key, "query": query, "ids": ids, "who": who}
+            ).fetchall()
+        return [
+            HitLabel(
+                image_id=int(image_id),
+                relevant=2 * int(yes) > int(n),
+                judgements=int(n),
+                relevant_judgements=int(yes),
+                mine=None if mine is None else bool(mine),
+            )
+            for image_id, n, yes, mine in rows
+        ]

@@ -54,6 +54,7 @@ CREATE TABLE IF NOT EXISTS writes (
     who TEXT NOT NULL,
     at TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS writes_by_seq ON writes (index_key, seq);  -- tailing: what is new
 CREATE INDEX IF NOT EXISTS writes_by_id ON writes (index_key, id, seq);
 CREATE INDEX IF NOT EXISTS writes_by_external ON writes (index_key, external_id, seq)
     WHERE external_id IS NOT NULL;

@@ -70,8 +70,13 @@ def error_response(
     )
 
 
+_LOCATIONS = ("body", "query", "path", "form", "header", "cookie")
+
+
 def _field(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "form")]
+    """The field an error's ``loc`` names, without where it was sent: ("query", "query") is the
+    query parameter ``query``, ("body", "query") the body's field ``query``."""
+    parts = [str(p) for p in (loc[1:] if loc and loc[0] in _LOCATIONS else loc)]
     return ".".join(parts) or "body"
 
 

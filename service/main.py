@@ -164,11 +164,7 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
     components["Body_search_image_v1_search_image_post"]["properties"]["file"]["minLength"] = 1
     retriever = app.state.retriever
     _served_index_bounds(components, retriever)
-    for model, field in (("TextSearchRequest", "text"), ("FeedbackRequest", "query")):
-        text = components[model]["properties"][field]
-        # not blank (the server strips it), and at most ICR_MAX_TEXT_CHARS as sent
-        text["pattern"] = NONBLANK_TEXT_PATTERN
-        text["maxLength"] = settings.max_text_chars
+    _text_bounds(schema, settings)
     error_ref = {"$ref": "#/components/schemas/ErrorBody"}
     for operations in schema["paths"].values():
         for operation in operations.values():
@@ -194,6 +190,21 @@ def _openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
     return schema
 
 
+def _text_bounds(schema: dict[str, Any], settings: Settings) -> None:
+    """Every text query (searched, labelled, or whose labels are read): not blank (the server strips
+    it), and at most ICR_MAX_TEXT_CHARS as sent."""
+    components = schema["components"]["schemas"]
+    texts = [components[model]["properties"][field] for model, field in _TEXTS]
+    texts += [  # the same text, read from the query string
+        parameter["schema"]
+        for parameter in schema["paths"]["/v1/feedback/labels"]["get"]["parameters"]
+        if parameter["name"] == "query"
+    ]
+    for text in texts:
+        text.update(pattern=NONBLANK_TEXT_PATTERN, maxLength=settings.max_text_chars)
+
+
+_TEXTS = (("TextSearchRequest", "text"), ("FeedbackRequest", "query"))
 _SEARCHES = (
     "TextSearchRequest",
     "Body_search_image_v1_search_image_post",

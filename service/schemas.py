@@ -205,6 +205,40 @@ class FeedbackRequest(BaseModel):
     relevant: StrictBool = Field(..., description="true: the image matches the query; false: it does not.")
 
 
+# Image ids one GET /v1/feedback/labels may name (a page of hits is at most ICR_MAX_K; the request
+# line stays well within the server's 16 KiB bound on it)
+LABELS_IDS_MAX = 100
+SQLITE_INT_MAX = 2**63 - 1  # the largest id the labels file can hold
+
+
+class LabelledHit(BaseModel):
+    """The labels given to one hit of the query."""
+
+    image_id: int
+    relevant: bool = Field(
+        ...,
+        description="The label: the verdict of the majority of its judges (a tie counts as not relevant).",
+    )
+    judgements: int = Field(..., ge=1, description="How many people judged this hit for this query.")
+    relevant_judgements: int = Field(..., ge=0, description="How many of them judged it relevant.")
+    mine: bool | None = Field(
+        None,
+        description="Your own verdict: the one given with this request's admin identity (the admin key, or "
+        "with no ICR_ADMIN_KEY this machine's address); null when you have not judged the hit or this "
+        "request has no admin rights.",
+    )
+
+
+class QueryLabels(BaseModel):
+    """The labels already given on the served image index to hits of one query."""
+
+    index: str = Field(..., description="The served image index's folder name.")
+    query: str = Field(..., description="The query as the labels store it (blank around it stripped).")
+    labels: list[LabelledHit] = Field(
+        ..., description="Each judged hit of the query (among image_id, when sent), by image id."
+    )
+
+
 class VectorSearchRequest(_UncalibratedSearch):
     vector: list[StrictFloat] = Field(
         ...,

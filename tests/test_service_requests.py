@@ -25,7 +25,7 @@ from icr.index.vector_index import build_index, stored_vectors
 from icr.service.access import ADMIN_KEY_IDENTITY, access_of, admin_identity
 from icr.service.client_address import client_of, trusted_networks
 from icr.service.config import Settings
-from icr.service.errors import without_absolute_paths
+from icr.service.errors import validation_message, without_absolute_paths
 from icr.service.refusal_penalty import RefusalPenaltyMiddleware
 from icr.service.retriever import unit_query
 from icr.service.schemas import BLANK, FeedbackRequest, check_text
@@ -137,6 +137,7 @@ def test_the_client_is_the_peer_or_what_a_trusted_proxy_forwarded(
         ("POST", "/v1/feedback/", "admin"),
         ("POST", "/v1/feedback/refit", "admin"),
         ("GET", "/v1/feedback", "read"),  # counts: anyone who may search
+        ("GET", "/v1/feedback/labels", "read"),  # the labels of a query's hits: the same
         ("POST", "/v1/feedbackx", "read"),  # not the route: 404 for a reader, as any unknown path
     ],
 )
@@ -181,6 +182,20 @@ def test_who_labels_is_short_and_never_the_key(
 def test_a_bad_label_is_refused_naming_the_field(body: dict, says: str) -> None:
     with pytest.raises(ValueError, match=says):
         FeedbackRequest.model_validate(body)
+
+
+@pytest.mark.parametrize(
+    ("loc", "field"),
+    [
+        (("query", "query"), "query"),  # the query parameter named query (GET /v1/feedback/labels)
+        (("body", "query"), "query"),  # the body's field named query (POST /v1/feedback)
+        (("query", "image_id", 0), "image_id.0"),
+        (("body", "filter", "year"), "filter.year"),
+        (("body",), "body"),
+    ],
+)
+def test_a_refusal_names_the_field_not_where_it_was_sent(loc: tuple, field: str) -> None:
+    assert validation_message([{"loc": loc, "msg": "Field required"}]) == f"{field}: Field required"
 
 
 def test_a_label_reads_an_integral_number_as_the_id() -> None:

@@ -1,4 +1,5 @@
-"""POST /v1/feedback (label a served hit), GET /v1/feedback (what the labels hold and support) and
+"""POST /v1/feedback (label a served hit), GET /v1/feedback (what the labels hold and support), GET
+/v1/feedback/labels (the labels already given to one query's hits, for the page to show them) and
 POST /v1/feedback/refit (fit the calibration on them and serve it): labelling where the user is.
 
 The labels live in the server's state directory (``feedback.sqlite``, :mod:`icr.index.feedback_labels`),
@@ -15,9 +16,10 @@ import logging
 import threading
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
+from pydantic import Field
 
 from icr.core.state_dir import default_state_dir
 from icr.index.calibration import ServedCalibration
@@ -29,7 +31,15 @@ from icr.service.loaded_index import calibration_summary
 from icr.service.retriever import Retriever
 from icr.service.routes.admin import reload_artifacts
 from icr.service.routes.deps import query_text, retriever_of, settings_of
-from icr.service.schemas import FeedbackRequest, error_responses
+from icr.service.schemas import (
+    LABELS_IDS_MAX,
+    SQLITE_INT_MAX,
+    FeedbackRequest,
+    LabelledHit,
+    QueryLabels,
+    check_text,
+    error_responses,
+)
 from icr.service.serving import without_paths
 from icr.service.strict_json import StrictJSONRoute
 
@@ -138,6 +148,58 @@ def feedback_counts(request: Request) -> dict[str, Any]:
         "calibration_labels": calibration.info.get("labels") if calibration is not None else None,
         "supports": supports(calibration),
     }
+
+
+@router.get(
+    "/labels",
+    response_model=QueryLabels,
+    summary="The labels already given to hits of one query",
+    responses=error_responses(422, 503),
+)
+def query_labels(
+    request: Request,
+    query: Annotated[
+        str,
+        Query(
+            description="The text query the hits were returned for, as searched (blank around it is "
+            "stripped, as the search and POST /v1/feedback strip it).",
+            examples=["a red circle left of a blue square"],
+        ),
+    ],
+    image_id: Annotated[
+        list[Annotated[int, Field(ge=0, le=SQLITE_INT_MAX)]],
+        Query(
+            default_factory=list,
+            max_length=LABELS_IDS_MAX,
+            description=f"Only these hits (repeat the parameter: image_id=3&image_id=17; at most "
+            f"{LABELS_IDS_MAX}); absent: every judged hit of the query.",
+        ),
+    ],
+) -> QueryLabels:
+    """Each hit of ``query`` judged on the served image index, with its label (the majority's
+    verdict; a tie counts as not relevant), how many judged it and how many said relevant, and
+    ``mine``: the verdict given with this request's admin identity (null without admin rights). The
+    search page marks the hits it shows with it. Read access, as GET /v1/feedback."""
+    settings = settings_of(request)
+    try:
+        check_text(query)
+    except ValueError as err:
+        raise ApiError(422, "invalid_request", f"query: {err}") from None
+    text = query_text(
+        query,
+        settings,
+        "query",
+        "send the text the hits were returned for",
+        ", as for searches; send the query the hits were returned for",
+    )
+    retriever = retriever_of(request)
+    who = admin_identity(request.scope, settings)
+    found = feedback_store(request).query_labels(served_key(retriever), text, image_id or None, who)
+    return QueryLabels(
+        index=retriever.images.directory.name,
+        query=text,
+        labels=[LabelledHit(**asdict(label)) for label in found],
+    )
 
 
 @router.post(

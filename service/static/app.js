@@ -47,6 +47,7 @@
     maxUpload: null,
     offset: 0,
     query: "",
+    shownQuery: "", // the query of the hits in the grid, as the server read it (their labels' query)
     file: null,
     textController: null,
     imageController: null,
@@ -377,7 +378,8 @@
   // --- labelling -------------------------------------------------------------------------------
   // With "Label hits" on, each text-search hit gets two buttons that record a judgement (POST
   // /v1/feedback, admin rights); the line below the toggle says what the labels hold and support
-  // (GET /v1/feedback), and "Refit" fits the calibration on them (POST /v1/feedback/refit).
+  // (GET /v1/feedback), and "Refit" fits the calibration on them (POST /v1/feedback/refit). Hits
+  // judged before (another search, page or visit) show their labels (GET /v1/feedback/labels).
   function showLabelNotice(text, level, stateName) {
     el.labelNotice.replaceChildren(node("p", "notice-facts", text));
     el.labelNotice.dataset.level = level;
@@ -441,8 +443,61 @@
       button.addEventListener("click", () => label(item, query, hit.id, relevant, yes, no));
       row.append(button);
     }
+    const count = node("span", "label-count");
+    count.hidden = true;
+    row.append(count);
     item.append(row);
     return item;
+  }
+
+  const verdict = (relevant) => (relevant ? "relevant" : "not-relevant");
+
+  // A hit's stored label: the pressed button is your own verdict where you gave one, else the
+  // majority's; the count beside it is every judge's (✓ relevant, ✗ not relevant).
+  function markLabel(item, l) {
+    const shown = l.mine === null || l.mine === undefined ? l.relevant : l.mine;
+    item.dataset.label = verdict(shown);
+    item.dataset.majority = verdict(l.relevant);
+    item.dataset.mine = l.mine === null || l.mine === undefined ? "" : verdict(l.mine);
+    item.dataset.judgements = String(l.judgements);
+    item.querySelector(".label-yes").setAttribute("aria-pressed", String(shown));
+    item.querySelector(".label-no").setAttribute("aria-pressed", String(!shown));
+    const count = item.querySelector(".label-count");
+    const against = l.judgements - l.relevant_judgements;
+    count.textContent = `✓${l.relevant_judgements} ✗${against}`;
+    count.title =
+      `${l.judgements} judgement${l.judgements === 1 ? "" : "s"}, ${l.relevant_judgements} relevant: ` +
+      `labelled ${l.relevant ? "relevant" : "not relevant"} by majority (a tie counts as not relevant)` +
+      (item.dataset.mine ? `; yours: ${l.mine ? "relevant" : "not relevant"}` : "");
+    count.hidden = false;
+  }
+
+  // The labels already given to these hits of the query, shown on them. Cards replaced meanwhile
+  // (a newer search) are no longer in the grid: marking them changes nothing shown.
+  async function loadLabels(query, items) {
+    if (!query || !items.length) return false;
+    const params = new URLSearchParams({ query });
+    for (const item of items) params.append("image_id", item.dataset.id);
+    try {
+      const r = await api(`/v1/feedback/labels?${params}`);
+      const byId = new Map(r.labels.map((l) => [String(l.image_id), l]));
+      for (const item of items) {
+        const l = byId.get(item.dataset.id);
+        if (l && item.dataset.label !== "saving") markLabel(item, l);
+      }
+      clearError("labels");
+      return true;
+    } catch (err) {
+      showError("labels", err);
+      return false;
+    }
+  }
+
+  // The grid's data-labels turns "shown" once the labels of the hits it still shows are marked.
+  async function loadShownLabels() {
+    const items = Array.from(el.results.querySelectorAll(".hit"));
+    const shown = await loadLabels(state.shownQuery, items);
+    if (shown && items.every((item) => item.parentNode === el.results)) el.results.dataset.labels = "shown";
   }
 
   async function label(item, query, imageId, relevant, yes, no) {
@@ -454,12 +509,13 @@
         body: JSON.stringify({ query, image_id: imageId, relevant }),
         noKeyPrompt: true,
       });
-      item.dataset.label = relevant ? "relevant" : "not-relevant";
+      item.dataset.label = verdict(relevant);
       yes.setAttribute("aria-pressed", String(relevant));
       no.setAttribute("aria-pressed", String(!relevant));
       showCounts(r.counts, null);
       el.labelNotice.hidden = true;
       loadFeedback(); // what the served calibration supports, beside the new counts
+      loadLabels(query, [item]); // this hit's count, with every judge's verdict
     } catch (err) {
       item.dataset.label = "error";
       const rights = err.status === 401 || err.status === 403;
@@ -537,6 +593,9 @@
       if (controller !== state.textController) return; // a newer request owns the grid
       clearError("text");
       el.results.replaceChildren(...r.hits.map((hit) => labelButtons(card(hit), hit, r.query)));
+      state.shownQuery = r.query;
+      el.results.dataset.labels = "";
+      if (el.labelToggle.checked) loadShownLabels();
       el.summary.textContent = passedText(r);
       el.summary.dataset.passed = String(r.passed);
       renderNotice(el.notice, r);
@@ -669,8 +728,10 @@
     const on = el.labelToggle.checked;
     el.results.dataset.labelling = on ? "on" : "off";
     el.refit.hidden = !on;
-    if (on) loadFeedback();
-    else {
+    if (on) {
+      loadFeedback();
+      loadShownLabels();
+    } else {
       el.labelCounts.hidden = true;
       el.labelNotice.hidden = true;
     }
