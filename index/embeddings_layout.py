@@ -36,6 +36,15 @@ FORMAT_VERSION = 1
 IMG_DIR, TEXT_DIR, META_DIR = "img_emb", "text_emb", "metadata"
 RESERVED_COLUMNS = ("image_path", "caption", "captions")
 DEFAULT_SHARD_SIZE = 100_000
+
+
+def row_parts(meta: dict[str, Any]) -> tuple[str, list[str], dict[str, Any]]:
+    """(image path, captions, the user's fields) of one metadata row as ``icr embed`` writes it."""
+    captions = meta.get("captions") or ([meta["caption"]] if meta.get("caption") else [])
+    fields = {k: v for k, v in meta.items() if k not in RESERVED_COLUMNS}
+    return str(meta["image_path"]), list(captions), fields
+
+
 # fp16 embeddings (clip-retrieval's default) round norms to about 1e-3
 NORM_TOL = 1e-2
 

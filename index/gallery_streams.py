@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from icr.index.embeddings_layout import open_embeddings_folder
+from icr.index.embeddings_layout import open_embeddings_folder, row_parts
 from icr.index.galleries import PhotoGallery, image_sources
 from icr.index.manifest import Modality
 from icr.index.metadata import MetadataStore
@@ -232,12 +232,8 @@ def embedded_gallery(
             for vectors, meta in folder.chunks():
                 rows = []
                 for m in meta:
-                    path = str(m["image_path"])
-                    fields = {k: v for k, v in m.items() if k not in ("image_path", "caption", "captions")}
-                    row = {
-                        "captions": m.get("captions") or ([m["caption"]] if m.get("caption") else []),
-                        "fields": fields,
-                    }
+                    path, captions, fields = row_parts(m)
+                    row = {"captions": captions, "fields": fields}
                     rows.append(_gallery_row(row, str(base / path) if base is not None else path))
                 bar.update(len(rows))
                 yield vectors, rows

@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from icr.index.embeddings_layout import open_embeddings_folder
+from icr.index.embeddings_layout import open_embeddings_folder, row_parts
 from icr.index.feedback_labels import index_key
 from icr.index.filters import FilterCache, parse_filter
 from icr.index.index_folder import load_index_dir
@@ -54,11 +54,10 @@ def add_embeddings(
         for vectors, meta in folder.chunks():
             images = []
             for k, (vector, m) in enumerate(zip(vectors, meta, strict=True)):
-                path = str(m["image_path"])
-                fields = {f: v for f, v in m.items() if f not in ("image_path", "caption", "captions")}
+                path, captions, fields = row_parts(m)
                 row = {
                     "source": path,
-                    "captions": m.get("captions") or ([m["caption"]] if m.get("caption") else []),
+                    "captions": captions,
                     "fields": check_fields(fields, manifest.metadata_fields, kinds, f"{path} (row {k})"),
                 }
                 images.append(NewImage(vector, row, external_id=path))

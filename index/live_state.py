@@ -106,14 +106,18 @@ class LiveState:
         if image_id < self.base_ntotal:
             at = int(np.searchsorted(self.base_dead, image_id))
             return not (at < len(self.base_dead) and self.base_dead[at] == image_id)
+        return self._live_added(image_id) is not None
+
+    def _live_added(self, image_id: int) -> int | None:
+        """The position of a live added image among :attr:`ids`; None for any other id."""
         at = int(np.searchsorted(self.ids, image_id))
-        return at < len(self.ids) and self.ids[at] == image_id and bool(self.alive[at])
+        found = at < len(self.ids) and self.ids[at] == image_id and bool(self.alive[at])
+        return at if found else None
 
     def added_vector(self, image_id: int) -> np.ndarray | None:
         """(D,) the vector of a live added image; None for any other id."""
-        at = int(np.searchsorted(self.ids, image_id))
-        found = at < len(self.ids) and self.ids[at] == image_id and bool(self.alive[at])
-        return self.vectors[at] if found else None
+        at = self._live_added(image_id)
+        return None if at is None else self.vectors[at]
 
     @cached_property
     def base_alive_bitmap(self) -> np.ndarray:

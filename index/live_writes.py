@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from icr.index.filters import kind_of
 from icr.index.metadata import COLUMNS, MetadataStore, decode_row, encode_row
 
 WRITES_FILE = "writes.sqlite"
@@ -349,12 +350,9 @@ class WriteLog:
 
 def _kind(value: Any) -> str | None:
     """The JSON kind of a field value, as ``metadata_field_types`` names kinds (None for null)."""
-    if value is None:
-        return None
-    for kind, types in (("boolean", bool), ("integer", int), ("number", float), ("string", str)):
-        if isinstance(value, types):
-            return kind
-    return "array" if isinstance(value, list) else "object"
+    if isinstance(value, list | dict):
+        return "array" if isinstance(value, list) else "object"
+    return kind_of(value)
 
 
 def check_fields(
