@@ -27,7 +27,9 @@ pytestmark = pytest.mark.usefixtures("faiss_one_thread")
 def photo_index(tiny_checkpoint: Path, tiny_benchmark: Path, tmp_path_factory) -> Path:
     """The tiny benchmark's 64 image files indexed as a user's photo folder (no captions, no truth)."""
     out = tmp_path_factory.mktemp("photo-index") / "idx"
-    build_photo_index(tiny_checkpoint, images=tiny_benchmark / "images", out=out, progress=False, gpu="off")
+    build_photo_index(  # on the CPU, as the test's oracle (a GPU embeds ~1e-4 apart: TF32 convolutions)
+        tiny_checkpoint, images=tiny_benchmark / "images", out=out, progress=False, gpu="off", device="cpu"
+    )
     return out
 
 

@@ -65,7 +65,9 @@ def stock_embeddings(folder: Path, family: str, images: list[Image.Image]) -> tu
     from transformers import AutoModel, AutoProcessor
 
     model = AutoModel.from_pretrained(str(folder), local_files_only=True).eval()
-    processor = AutoProcessor.from_pretrained(str(folder), local_files_only=True)
+    # the PIL image processor, which icr's preprocessing reproduces: with torchvision installed (the
+    # [gpu] extra) transformers picks its "fast" processor, whose resize differs by ~1e-3
+    processor = AutoProcessor.from_pretrained(str(folder), local_files_only=True, use_fast=False)
     pixels = processor(images=images, return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         if family == "siglip":  # padded to the longest length, no mask: SigLIP's documented use
