@@ -151,8 +151,27 @@ def test_writes_are_searched_filtered_served_and_kept(make_server, photos, tmp_p
         assert [h["id"] for h in _nearest(c, replacement, k=10)] == before["hits"]
         assert _error(c.get("/v1/images/0"), 404)
         assert c.get(f"/v1/images/{uploaded}").status_code == 200
+        # a snapshot: a folder that another server starts from, holding nothing written after it
+        r = c.post("/v1/admin/snapshot", json={"name": "kept"})
+        assert r.status_code == 200, r.text
+        snap = r.json()
+        assert snap["folder"] == "snapshots/kept" and snap["seq"] == before["info"]["seq"]
+        assert snap["uploads"] == 1 and snap["files_linked"] >= 3 and snap["files_copied"] == 0
+        assert _error(c.post("/v1/admin/snapshot", json={"name": "kept"}), 409)
+        later = _unit(rng, dim)
+        [late] = c.post("/v1/images", json={"images": [{"vector": later}]}).json()["written"]
     again.stop()
-    assert "Traceback" not in server.log_text() + again.log_text()
+    restored = make_server(index=state / "snapshots" / "kept", ICR_STATE_DIR=str(tmp_path / "elsewhere"))
+    restored.start()
+    with httpx.Client(base_url=restored.url, timeout=60) as c:
+        info = c.get("/v1/info").json()["index"]
+        assert info["images"] == snap["images"] and info["writes"]["seq"] == snap["seq"]
+        assert [h["id"] for h in _nearest(c, replacement, k=10)] == before["hits"]
+        assert late["id"] not in [h["id"] for h in _nearest(c, later, k=N_PHOTOS + 10)]
+        assert _error(c.get("/v1/images/0"), 404)
+        assert c.get(f"/v1/images/{uploaded}").status_code == 200  # the upload travelled with it
+    restored.stop()
+    assert "Traceback" not in server.log_text() + again.log_text() + restored.log_text()
 
 
 def test_two_servers_on_one_state_directory_see_each_others_writes(make_server, photos, tmp_path) -> None:
@@ -239,6 +258,9 @@ def test_the_client_writes(make_server, photos, tmp_path) -> None:
         with pytest.raises(ApiError) as err:
             icr.patch_image(new.id, {"year": 1})
         assert err.value.status == 404
+        snap = icr.snapshot()  # named by the index folder, the log's position and the time
+        assert snap.folder.startswith("snapshots/index-seq") and snap.images == N_PHOTOS - N_PHOTOS // 2
+        assert (tmp_path / "state" / snap.folder / "snapshot.json").is_file() and snap.uploads == 1
 
 
 def _icr(*args: str) -> str:

@@ -34,6 +34,7 @@ from icr.service.schemas import (
     ImageMetadata,
     ImageSearchResponse,
     QueryLabels,
+    SnapshotResult,
     TextSearchResponse,
     VectorSearchResponse,
     WriteResult,
@@ -209,6 +210,12 @@ class Client:
         body = {"ids": [int(i) for i in ids]} if ids is not None else {"filter": filter}
         response = self._request("POST", "/v1/images:delete", json=body)
         return WriteResult.model_validate(response.json())
+
+    def snapshot(self, name: str | None = None) -> SnapshotResult:
+        """Write a snapshot of the served image index and its writes (STATE_DIR/snapshots/<name>), a
+        folder that ``icr serve --index`` starts from; needs the admin key."""
+        response = self._request("POST", "/v1/admin/snapshot", json={"name": name})
+        return SnapshotResult.model_validate(response.json())
 
     # --- server -----------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:

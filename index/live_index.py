@@ -46,7 +46,8 @@ class LiveSelection:
 
 class LiveIndex:
     """``index`` (a FAISS index, never modified) and its ``metadata`` store, with the write log at
-    ``log_path`` (None: an index that takes no writes) for the index named ``key``. The log file
+    ``log_path`` (None: an index with no writes) for the index named ``key``, taking writes into it
+    when ``writable`` (a snapshot's log is read by a server that takes none). The log file
     is created by the first write (a server nobody writes to leaves none); until then the state is
     the base alone, and :meth:`refresh` opens the file once another process has created it.
 
@@ -63,9 +64,11 @@ class LiveIndex:
         key: str,
         batched: BaseSearch | None = None,
         rescore: Rescorer | None = None,
+        writable: bool = True,
     ) -> None:
         self.index, self.metadata, self.key = index, metadata, key
         self.log_path = None if log_path is None else Path(log_path)
+        self.writable = writable and self.log_path is not None
         self._batched, self._rescore = batched, rescore
         self._log: WriteLog | None = None
         self._state = LiveState.empty(index.ntotal, index.d)
@@ -82,7 +85,7 @@ class LiveIndex:
         return self._log
 
     def _writer(self) -> WriteLog:
-        if self.log_path is None:
+        if not self.writable or self.log_path is None:
             raise ValueError("this index takes no writes (it is served without a state directory)")
         with self._apply_lock:
             if self._log is None:

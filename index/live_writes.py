@@ -38,6 +38,8 @@ from icr.index.filters import kind_of
 from icr.index.metadata import COLUMNS, MetadataStore, decode_row, encode_row
 
 WRITES_FILE = "writes.sqlite"
+UPLOADS_FOLDER = "uploads"  # uploaded images, content-addressed, beside the write log
+UPLOAD_PREFIX = "upload:"  # the source of an uploaded image: its file name in UPLOADS_FOLDER
 SCHEMA_VERSION = 1
 _QUERY_CHUNK = 900  # below SQLite's smallest limit on bound parameters
 
@@ -166,6 +168,25 @@ class WriteLog:
                 db.close()
             self._opened.clear()
         self._local = threading.local()
+
+    def export(self, target: str | os.PathLike[str], seq: int) -> int:
+        """Copy this index's writes up to ``seq`` into a new log file ``target`` (a snapshot's), one
+        file with no WAL beside it; returns how many rows it holds."""
+        copy = WriteLog(target, self.key, self.base, self.base_ntotal, self.dim)  # the schema
+        try:
+            db = copy._connection()
+            db.execute("ATTACH DATABASE ? AS source", (str(self.path),))
+            db.execute("BEGIN IMMEDIATE")
+            copied = db.execute(
+                "INSERT INTO writes SELECT * FROM source.writes WHERE index_key = ? AND seq <= ?",
+                (self.key, seq),
+            ).rowcount
+            db.execute("COMMIT")
+            db.execute("DETACH DATABASE source")
+            db.execute("PRAGMA journal_mode=DELETE")  # folds the WAL in: a self-contained file
+        finally:
+            copy.close()
+        return int(copied)
 
     # --- writing ----------------------------------------------------------------------------------
     def add(self, images: Sequence[NewImage], who: str) -> list[Ack]:

@@ -13,12 +13,11 @@ from typing import Any
 from PIL import Image
 
 from icr.core.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
+from icr.index.live_writes import UPLOAD_PREFIX, UPLOADS_FOLDER
 from icr.service.loaded_index import LoadedIndex, public_source
 from icr.training.data.synthetic.generate import DistractorStream
 
 DISTRACTOR_PREFIX = "distractor:"
-UPLOAD_PREFIX = "upload:"  # an image uploaded to a living index: its file in the state directory
-UPLOADS_FOLDER = "uploads"
 THUMB_CACHE_BYTES = 64 << 20
 GALLERY_LIMITS = ImageLimits(formats=GALLERY_FORMATS)  # the server passes its own pixel and aspect limits
 

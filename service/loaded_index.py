@@ -24,6 +24,7 @@ from icr.index.feedback_labels import index_key
 from icr.index.filters import FilterCache
 from icr.index.index_folder import load_index_dir
 from icr.index.live_index import LiveIndex
+from icr.index.live_snapshot import snapshot_log
 from icr.index.live_writes import WRITES_FILE
 from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
 from icr.index.metadata import MetadataStore
@@ -139,7 +140,7 @@ class LoadedIndex:
                 "seq": state.seq,
                 "added": int(state.alive.sum()),
                 "deleted": len(state.base_dead) + int((~state.alive).sum()),
-                "accepted": self.live.log_path is not None,
+                "accepted": self.live.writable,
             },
             "metadata_fields": m.metadata_fields,
             "metadata_field_types": self.field_types,
@@ -224,7 +225,9 @@ def _batcher(index: Any, rescore: Rescorer | None, max_batch: int, faiss_threads
 def load_index_folder(
     directory: Path, gpu: str, max_batch: int, faiss_threads: int, writes: Path | None = None
 ) -> LoadedIndex:
-    """``writes``: the state directory whose write log this index takes writes into (None: none)."""
+    """``writes``: the state directory whose write log this index takes writes into (None: none). A
+    snapshot folder (:mod:`index.live_snapshot`) is served with the log it carries, written to only
+    when ``writes`` is given."""
     index, manifest, metadata = load_index_dir(directory)
     calibration = _load_calibration(directory, manifest.checkpoint_sha256)
     nprobe = manifest.recall_check.get("nprobe")
@@ -238,13 +241,15 @@ def load_index_folder(
     vectors = stored_vectors(index)
     rescore = batch_independent_rescorer(index)
     batcher = _batcher(index, rescore, max_batch, faiss_threads)
+    log = snapshot_log(directory) or (None if writes is None else writes / WRITES_FILE)
     live = LiveIndex(
         index,
         metadata,
-        None if writes is None else writes / WRITES_FILE,
+        log,
         index_key(manifest.checkpoint_sha256, manifest.created),
         batched=batcher.search,
         rescore=rescore,
+        writable=writes is not None,
     )
     filters = FilterCache(metadata, manifest.ntotal, live=live)
     return LoadedIndex(

@@ -252,7 +252,7 @@ def _served_index_bounds(components: dict[str, Any], retriever: Any) -> None:
     if retriever is None:
         return
     manifest = retriever.images.manifest
-    writable = retriever.images.live.log_path is not None
+    writable = retriever.images.live.writable
     if manifest.ntotal:
         # images added online take ids from ntotal up: a similar search may name them
         for name in ("FeedbackRequest",) if writable else ("SimilarSearchRequest", "FeedbackRequest"):

@@ -593,6 +593,31 @@ class WriteResult(BaseModel):
     images: int = Field(..., description="Live images in the index after it.")
 
 
+class SnapshotRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="The snapshot's folder name under STATE_DIR/snapshots (default: the index folder's "
+        "name, the write log's position and the time).",
+        examples=["photos-before-cleanup"],
+    )
+
+
+class SnapshotResult(BaseModel):
+    """A snapshot written: one folder that ``icr serve --index STATE_DIR/<folder>`` starts from."""
+
+    folder: str = Field(..., description="Where it is, relative to the server's state directory.")
+    seq: int = Field(..., description="The write log's position it holds every write up to.")
+    images: int = Field(..., description="Live images in it.")
+    writes: int = Field(..., description="Write-log rows it carries.")
+    uploads: int = Field(..., description="Uploaded images it carries.")
+    files_linked: int = Field(..., description="Files of the build hard-linked (no bytes copied).")
+    files_copied: int = Field(..., description="Files of the build copied (another file system).")
+    seconds: float
+
+
 class PatchImageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -237,3 +237,41 @@ def test_merge_and_apply_edge_cases() -> None:
         one.apply([Write(1, "delete", 10, None)])
     gone = one.apply([Write(2, "delete", 10, None), Write(3, "delete", 3, None)])
     assert not gone.is_live(10) and not gone.is_live(3) and one.is_live(10) and gone.size == 9
+
+
+def test_a_snapshot_holds_the_state_it_was_taken_at_and_links_the_build(tmp_path, base):
+    import faiss
+
+    from icr.index.live_snapshot import SNAPSHOT_FILE, snapshot_log, write_snapshot
+
+    index, metadata, oracle, rng = base
+    folder = tmp_path / "built"  # an index folder: what a snapshot links, never copies
+    folder.mkdir()
+    faiss.write_index(index, str(folder / "index.faiss"))
+    (folder / "manifest.json").write_text("{}")
+    live = _open(tmp_path, index, metadata)
+    _random_writes(live, oracle, rng, 40)
+    frozen = Oracle()
+    frozen.items = {
+        i: (v, {**row, "fields": dict(row["fields"] or {}) or None}) for i, (v, row) in oracle.items.items()
+    }
+    taken = write_snapshot(live, folder, tmp_path / "snaps" / "one", uploads=None)
+    _random_writes(live, oracle, rng, 20)  # after it: not in it
+
+    snap = tmp_path / "snaps" / "one"
+    assert 0 < taken["seq"] < live.state.seq
+    assert taken["images"] == len(frozen.items) and taken["files_linked"] == 2 and taken["files_copied"] == 0
+    assert (snap / "index.faiss").stat().st_ino == (folder / "index.faiss").stat().st_ino
+    assert snapshot_log(snap) == snap / "writes.sqlite" and snapshot_log(folder) is None
+    with sqlite3.connect(snap / "writes.sqlite") as db:
+        held = db.execute("SELECT MAX(seq), COUNT(*) FROM writes").fetchone()
+    assert held == (taken["seq"], taken["writes"])
+    assert not (snap / "writes.sqlite-wal").exists() and (snap / SNAPSHOT_FILE).is_file()
+    restored = LiveIndex(index, metadata, snapshot_log(snap), "key-1", writable=False)
+    assert restored.state.seq == taken["seq"] and not restored.writable
+    _check(restored, frozen, np.random.default_rng(3))
+    with pytest.raises(ValueError, match="takes no writes"):
+        restored.delete([0], "tester")
+    with pytest.raises(FileExistsError, match="choose another name"):
+        write_snapshot(live, folder, snap, uploads=None)
+    assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["one"]  # nothing half-written

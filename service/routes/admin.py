@@ -1,20 +1,24 @@
-"""POST /v1/admin/reload: swap in rebuilt artifacts without a restart and without a failed request."""
+"""POST /v1/admin/reload: swap in rebuilt artifacts without a restart and without a failed request;
+POST /v1/admin/snapshot: a self-contained folder of the served index and its writes."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 
+from icr.index.live_snapshot import SNAPSHOTS_FOLDER, write_snapshot
+from icr.index.live_writes import UPLOADS_FOLDER
 from icr.service.config import Settings
 from icr.service.errors import ApiError
 from icr.service.loaded_index import preflight
 from icr.service.retriever import Retriever
-from icr.service.routes.deps import settings_of
-from icr.service.schemas import error_responses
+from icr.service.routes.deps import retriever_of, settings_of
+from icr.service.schemas import SnapshotRequest, SnapshotResult, error_responses
 from icr.service.serving import install_retriever, load_retriever, without_paths
 
 log = logging.getLogger("icr.service")
@@ -41,6 +45,36 @@ def reload(request: Request) -> dict[str, Any]:
         "index": fresh.images.summary(),
         "caption_index": fresh.captions.summary() if fresh.captions is not None else None,
     }
+
+
+@router.post(
+    "/snapshot",
+    response_model=SnapshotResult,
+    summary="Write a self-contained folder of the served image index and its writes, to serve or keep",
+    responses=error_responses(401, 403, 409, 503),
+)
+def snapshot(request: Request, body: SnapshotRequest | None = None) -> SnapshotResult:
+    """Writes STATE_DIR/snapshots/<name>: the index folder's files (hard-linked: they never change),
+    the write log up to now and the images uploaded into it, complete or not at all. `icr serve
+    --index` on that folder serves the index as it is now, with no state directory; with writes on, it
+    takes new writes into the folder (serve a copy to keep the snapshot). 409 when the name is taken.
+    Needs the admin key (ICR_ADMIN_KEY; unset: clients on this machine only)."""
+    settings = settings_of(request)
+    target = retriever_of(request).images
+    live = target.live
+    name = (body.name if body is not None else None) or (
+        f"{target.directory.name}-seq{live.state.seq}-{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}"
+    )
+    uploads = None if live.log_path is None else live.log_path.parent / UPLOADS_FOLDER
+    try:
+        info = write_snapshot(live, target.directory, settings.state_path / SNAPSHOTS_FOLDER / name, uploads)
+    except FileExistsError as err:
+        raise ApiError(409, "snapshot_exists", str(err)) from None
+    log.info("snapshot %s: %d images at seq %d in %.2f s", name, info["images"], info["seq"], info["seconds"])
+    return SnapshotResult(folder=f"{SNAPSHOTS_FOLDER}/{name}", **{k: info[k] for k in _SNAPSHOT_FIELDS})
+
+
+_SNAPSHOT_FIELDS = ("seq", "images", "writes", "uploads", "files_linked", "files_copied", "seconds")
 
 
 def reload_artifacts(app: FastAPI, settings: Settings, wait_s: float = 0.0) -> Retriever:

@@ -15,10 +15,9 @@ from pydantic import ValidationError
 from icr.core.atomic import atomic_write
 from icr.index.filters import parse_filter
 from icr.index.live_index import LiveIndex
-from icr.index.live_writes import Ack, NewImage, UnknownImage, check_fields
+from icr.index.live_writes import UPLOAD_PREFIX, Ack, NewImage, UnknownImage, check_fields
 from icr.service.access import admin_identity
 from icr.service.errors import ApiError, validation_message
-from icr.service.gallery_images import UPLOAD_PREFIX
 from icr.service.loaded_index import LoadedIndex
 from icr.service.retriever import Retriever, unit_query
 from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
@@ -42,7 +41,7 @@ router = APIRouter(prefix="/v1/images", tags=["images"])
 
 def _live(retriever: Retriever) -> LiveIndex:
     live = retriever.images.live
-    if live.log_path is None:
+    if not live.writable:
         raise ApiError(
             409,
             "writes_disabled",

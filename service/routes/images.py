@@ -11,8 +11,9 @@ from typing import Literal
 from fastapi import APIRouter, Request, Response
 
 from icr.core.image_input import GALLERY_FORMATS, ImageLimits
+from icr.index.live_writes import UPLOAD_PREFIX
 from icr.service.errors import ApiError
-from icr.service.gallery_images import DISTRACTOR_PREFIX, UPLOAD_PREFIX
+from icr.service.gallery_images import DISTRACTOR_PREFIX
 from icr.service.loaded_index import public_source
 from icr.service.retriever import Retriever
 from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
