@@ -366,3 +366,61 @@ def test_kill_9_mid_writes_loses_nothing_acknowledged_and_applies_nothing_twice(
             "SELECT external_id, COUNT(*) FROM writes WHERE op = 'add' GROUP BY external_id"
         ).fetchall()
     assert all(n == 1 for _, n in per_name) and added == len(per_name) >= len(acked)
+
+
+def test_deleting_a_quarter_of_the_index_says_its_calibration_is_due(
+    make_server, artifacts, tmp_path
+) -> None:
+    """The calibration was fitted on the build; past the measured bound (service/quality.py) every
+    calibrated answer says it may over-promise and how to refit, and /v1/info says so too."""
+    from icr.service.quality import RECALIBRATE_DELETED
+
+    server = make_server(index=artifacts.images, ICR_STATE_DIR=str(tmp_path / "state")).start()
+    query = {"text": "a red circle", "k": 5, "min_relevance": 0.5}
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        info = c.get("/v1/info").json()["index"]
+        assert info["writes"]["calibration_due"] is False
+        before = c.post("/v1/search/text", json=query).json()["quality"]["warnings"]
+        assert not any("changed since its calibration" in w for w in before)
+        below = int(RECALIBRATE_DELETED * info["ntotal"]) - 1  # just under the bound: nothing said
+        for start in range(0, below, 1000):  # a request deletes at most 1,000 ids
+            ids = list(range(start, min(start + 1000, below)))
+            assert c.post("/v1/images:delete", json={"ids": ids}).status_code == 200
+        assert c.get("/v1/info").json()["index"]["writes"]["calibration_due"] is False
+        assert c.post("/v1/images:delete", json={"ids": [below, below + 1]}).status_code == 200
+        assert c.get("/v1/info").json()["index"]["writes"]["calibration_due"] is True
+        warnings = c.post("/v1/search/text", json=query).json()["quality"]["warnings"]
+        [due] = [w for w in warnings if "changed since its calibration" in w]
+        assert f"{below + 2:,} deleted, of {info['ntotal']:,}" in due and "POST /v1/feedback/refit" in due
+
+
+def test_live_honesty_judges_the_served_map_as_the_calibration_did(artifacts, tmp_path) -> None:
+    """bench/live_honesty.py: on the index as built it reproduces the calibration's own held-out
+    evaluation figure for figure (the oracle), then judges the index after adds and deletes."""
+    import json
+
+    from bench.live_honesty import run
+
+    folder = tmp_path / "images"
+    shutil.copytree(artifacts.images, folder)
+    out = run(folder, lambda _m: None, fraction=0.2)
+    evaluation = json.loads((folder / "calibration.json").read_text())["evaluation"]["maps"]["per_query"]
+    as_built = out["as_built"]["per_query"]
+    reported = {k: v for k, v in as_built["threshold"].items() if k != "reliability"}  # the file drops it
+    assert _rounded(reported) == _rounded(evaluation["pooled"])
+    assert _rounded(as_built["queries"]) == _rounded(evaluation["queries"]["pooled"])
+    n = out["images"]
+    assert out["added"]["images"] == n + out["added"]["images_added"] == n + round(0.2 * n)
+    assert out["deleted"]["images"] == n - out["deleted"]["images_deleted"] == n - round(0.2 * n)
+    for case in ("added", "deleted"):
+        pooled = out[case]["per_query"]["threshold"]
+        assert pooled["queries"] == out["queries"] and 0 <= pooled["ece"] <= 1
+
+
+def _rounded(value: Any) -> Any:
+    """A report with its floats rounded (a JSON round trip and float32 sums differ in the last digits)."""
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return round(value, 9) if isinstance(value, float) else value

@@ -41,6 +41,7 @@ from icr.index.vector_index import (
     use_gpu,
 )
 from icr.service.batcher import MicroBatcher
+from icr.service.quality import calibration_due
 from icr.service.watcher import Stat, changed_in_place, snapshot
 from icr.training.checkpoint import CheckpointMeta, read_checkpoint_config
 
@@ -112,6 +113,12 @@ class LoadedIndex:
         origin = data.get("origin") if data.get("kind") == "embeddings" else None
         return str(origin["path"]) if isinstance(origin, dict) and origin.get("path") else data.get("path")
 
+    def calibration_due(self) -> str | None:
+        """The warning that the live index has changed past what its calibration (fitted on the
+        build) was measured to survive, None while it has not (:func:`service.quality.calibration_due`)."""
+        state = self.live.state
+        return calibration_due(int(state.alive.sum()), len(state.base_dead), self.manifest.ntotal)
+
     def summary(self) -> dict[str, Any]:
         m, state = self.manifest, self.live.state
         distractors = m.data.get("distractor_source")
@@ -141,6 +148,8 @@ class LoadedIndex:
                 "added": int(state.alive.sum()),
                 "deleted": len(state.base_dead) + int((~state.alive).sum()),
                 "accepted": self.live.writable,
+                # the warning searches carry once writes outgrow what the calibration survives
+                "calibration_due": self.calibration is not None and self.calibration_due() is not None,
             },
             "metadata_fields": m.metadata_fields,
             "metadata_field_types": self.field_types,

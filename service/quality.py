@@ -10,7 +10,9 @@ kind, and warnings when
 * the query does not parse in the embedded benchmark's grammar: the model never saw such words,
   so neither its ranking nor the relevance can be trusted;
 * few of the top 10 are likely relevant (their mean relevance is below one half);
-* the calibration's labels are known to bias it (``labels_note``).
+* the calibration's labels are known to bias it (``labels_note``);
+* the served index has changed so much since the build its calibration was fitted on that the
+  promise is no longer measured to hold (:func:`calibration_due`).
 
 First of all, a text query outside the calibration's evidence
 (:mod:`icr.training.evaluation.metrics.query_evidence`) is given no relevance at all, and the block
@@ -45,6 +47,14 @@ DATED_CALIBRATION = (
     "this index's calibration predates the evidence check, so it cannot tell whether it has seen "
     "queries like this one; refit it with `icr index calibrate`"
 )
+# A living index's writes change each query's score list, on which the per-query map reads its
+# features. Measured on the demo index, 21,000 images (docs/results/2026-11-27-living-index.md):
+# adding 10 %, 25 % or 50 % more images kept every min_relevance within 0.006 of its promise;
+# deleting 10 % moved precision at 0.5 by 0.007 below it, 25 % by 0.015, 50 % by 0.051 (0.861
+# delivered for 0.912 promised). From a quarter of the build deleted, or more added than was
+# measured, a response says the calibration is due for a refit.
+RECALIBRATE_DELETED = 0.25
+RECALIBRATE_ADDED = 0.5
 _UNKNOWN_WORD = re.compile(r"unknown word '([^']*)'")
 
 
@@ -86,6 +96,19 @@ def _kind_warning(kind: str, row: dict[str, Any]) -> str | None:
     )
 
 
+def calibration_due(added: int, deleted: int, built: int) -> str | None:
+    """The warning a response carries when the images ``added`` to or ``deleted`` from an index of
+    ``built`` images since its build exceed what its calibration was measured to survive."""
+    if built <= 0 or (deleted < RECALIBRATE_DELETED * built and added <= RECALIBRATE_ADDED * built):
+        return None
+    return (
+        f"the index has changed since its calibration was fitted ({added:,} images added, {deleted:,} "
+        f"deleted, of {built:,}): relevance may promise more than it delivers; refit it from labels "
+        "(POST /v1/feedback/refit), or rebuild the index over the current images and calibrate it again "
+        "(icr index build, icr index calibrate)"
+    )
+
+
 def query_quality(
     text: str | None,
     *,
@@ -96,6 +119,7 @@ def query_quality(
     labels_note: str | None,
     evidence: Evidence | None = None,
     dated: bool = False,
+    due: str | None = None,
 ) -> dict[str, Any]:
     """The response's ``quality`` block.
 
@@ -103,7 +127,8 @@ def query_quality(
     embedded benchmark; ``kinds``: the calibration's per-kind table (may be empty);
     ``top_relevance``: the mean relevance of the top ``top_count`` retrieved (``TOP_N``, fewer only in
     a tiny index; None without calibration or outside its evidence); ``evidence``: what the
-    calibration has seen of the text query; ``dated``: the calibration has no evidence to check.
+    calibration has seen of the text query; ``dated``: the calibration has no evidence to check;
+    ``due``: the index changed past what the calibration survives (:func:`calibration_due`).
     """
     kind = p10 = None
     warnings: list[str] = []
@@ -130,6 +155,8 @@ def query_quality(
         )
     if labels_note:
         warnings.append(labels_note)
+    if due is not None:
+        warnings.append(due)
     return {
         "kind": kind,
         "kind_p_at_10": p10,

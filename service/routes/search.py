@@ -196,6 +196,7 @@ def _assessment(target: LoadedIndex, page: Page | None, text: str | None, benchm
         labels_note=calibration.labels_note if calibration is not None else None,
         evidence=page.evidence if page is not None else None,
         dated=target.calibration is not None and target.calibration.evidence is None and text is not None,
+        due=target.calibration_due() if calibration is not None else None,
     )
     return {
         "calibration": page.calibration if page is not None else None,
