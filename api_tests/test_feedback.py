@@ -262,3 +262,34 @@ def test_the_client_labels_and_refits(make_server, artifacts, tmp_path) -> None:
         assert result["status"] == "refitted" and result["calibration"]["labels"] == "user"
         assert icr.info()["calibration"]["labels"] == "user"
     server.stop()
+
+
+def test_an_image_added_since_the_build_is_labelled_and_counts_in_the_refit(
+    make_server, artifacts, tmp_path
+) -> None:
+    """A living index: labels name added images as any other, the refit scores them as served now
+    (they are not in the index folder), and a deleted image can no longer be labelled."""
+    index = served_copy(artifacts, tmp_path)
+    server = make_server(index=index, ICR_STATE_DIR=str(tmp_path / "state")).start()
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        judged, queries, relevant = label_hits(c)
+        query = sorted(queries)[0]
+        # the added image: the query's own embedding, so it is that query's top hit
+        import icr
+
+        vector = icr.load(artifacts.checkpoint, device="cpu").encode_text([query])[0]
+        r = c.post("/v1/images", json={"images": [{"vector": vector.tolist(), "source": "new.jpg"}]})
+        assert r.status_code == 200, r.text
+        added = r.json()["written"][0]["id"]
+        assert c.post("/v1/search/text", json={"text": query, "k": 1}).json()["hits"][0]["id"] == added
+        r = c.post("/v1/feedback", json={"query": query, "image_id": added, "relevant": True})
+        assert r.status_code == 200, r.text
+        r = c.post("/v1/feedback/refit")
+        assert r.status_code == 200, r.text
+        supports = r.json()["supports"]
+        assert supports["used"] == judged + 1 and supports["relevant"] == relevant + 1
+        assert c.delete(f"/v1/images/{added}").status_code == 200
+        r = c.post("/v1/feedback", json={"query": query, "image_id": added, "relevant": False})
+        assert r.status_code == 404 and "less deleted ones" in r.json()["message"], r.text
+    server.stop()
+    assert "Traceback" not in server.log_text()

@@ -185,11 +185,7 @@ def bench_command(
             log=_log,
         )
     if "writes" in chosen:
-        from bench import writes
-
-        sections["writes"] = writes.run(
-            100_000 if quick else 1_000_000, 10_000 if quick else 100_000, 200 if quick else 1000, _log
-        )
+        sections["writes"] = _writes_section(model, ann_dirs[largest] if needs_gallery else None, quick)
     if "eval" in chosen:
         sections["eval"] = evaluation.run(1000 if quick else 5000, 1 if quick else 3, _log)
     if "gpu" in chosen:
@@ -203,6 +199,19 @@ def bench_command(
     json_path, md_path = _write(report, text, out)
     typer.echo(text)
     typer.echo(f"wrote {json_path} and {md_path}")
+
+
+def _writes_section(model: Any, index: Path | None, quick: bool) -> dict[str, Any]:
+    """The ``writes`` section; uploads too where the bench built a gallery (a checkpoint and an index)."""
+    from bench import writes
+
+    section = writes.run(
+        100_000 if quick else 1_000_000, 10_000 if quick else 100_000, 200 if quick else 1000, _log
+    )
+    if index is not None:
+        photos = sorted(Path(model.data).rglob("*.png"))[: 40 if quick else 400]
+        section["uploads"] = writes.uploads(index, model.checkpoint, photos, _log)
+    return section
 
 
 def _gpu_section(model: Any, ann_dir: Path, exact_dir: Path, workdir: Path, quick: bool) -> dict[str, Any]:

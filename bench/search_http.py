@@ -36,8 +36,9 @@ def _free_port() -> int:
 class Server:
     """``icr serve`` on a free port, started and stopped around a ``with`` block."""
 
-    def __init__(self, index: Path, checkpoint: Path, log_path: Path):
+    def __init__(self, index: Path, checkpoint: Path, log_path: Path, env: dict[str, str] | None = None):
         self.port = _free_port()
+        self.env = env or {}
         self.args = [
             sys.executable,
             "-m",
@@ -56,7 +57,7 @@ class Server:
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Server:
-        env = {**os.environ, "ICR_JOBS_DB": str(self.log_path.with_suffix(".jobs.sqlite"))}
+        env = {**os.environ, "ICR_JOBS_DB": str(self.log_path.with_suffix(".jobs.sqlite")), **self.env}
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 300

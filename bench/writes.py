@@ -7,11 +7,15 @@ with photo-like metadata:
   server catching up);
 * **search**: p50/p99 of one query at the service's depth with the log's added images and 1 % of the
   base deleted, while 1 and 4 writer threads add images one at a time in the same process (as a
-  server's write requests would), and over the read-only base index alone.
+  server's write requests would), and over the read-only base index alone;
+* **uploads** (:func:`uploads`, where the bench built a gallery): images per second through a real
+  ``icr serve``'s ``POST /v1/images:upload`` (decoded, embedded by the checkpoint, stored and
+  committed per request), from 1 and 4 concurrent clients.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 import time
@@ -129,6 +133,54 @@ def run(base_size: int, writes: int, queries: int, log: Any) -> dict[str, Any]:
     return out
 
 
+def uploads(
+    index: Path, checkpoint: Path, images: list[Path], log: Any, clients: tuple[int, ...] = (1, 4)
+) -> dict:
+    """{"images", "clients": {n: {"images_per_s", "p50_ms", ...}}}: every file of ``images`` uploaded
+    by each number of concurrent clients to a server over ``index`` with a fresh state directory (a
+    new image each time: no external id)."""
+    from bench.search_http import Server
+
+    payloads = [(p.name, p.read_bytes()) for p in images]
+    out: dict[str, Any] = {"images": len(payloads), "clients": {}}
+    key = os.environ.get("ICR_ADMIN_KEY")  # the server inherits it: writes need it then
+    headers = {"X-API-Key": key} if key else {}
+    with tempfile.TemporaryDirectory(prefix="icr-bench-uploads-") as tmp:
+        with Server(index, checkpoint, Path(tmp) / "serve.log", env={"ICR_STATE_DIR": tmp}) as server:
+            url = f"http://127.0.0.1:{server.port}/v1/images:upload"
+            for n in clients:
+                log(f"writes: {len(payloads)} uploads from {n} client(s)")
+                out["clients"][str(n)] = _upload_round(url, payloads, n, headers)
+    return out
+
+
+def _upload_round(url: str, payloads: list[tuple[str, bytes]], clients: int, headers: dict[str, str]) -> dict:
+    import httpx
+
+    times: list[float] = []
+    errors: list[str] = []
+
+    def client(part: list[tuple[str, bytes]]) -> None:
+        with httpx.Client(timeout=120, headers=headers) as http:
+            for name, data in part:
+                t0 = time.perf_counter()
+                r = http.post(url, files={"file": (name, data, "image/png")})
+                times.append(time.perf_counter() - t0)
+                if r.status_code != 200:
+                    errors.append(f"{r.status_code}: {r.text[:200]}")
+
+    threads = [threading.Thread(target=client, args=(payloads[k::clients],)) for k in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"uploads failed ({len(errors)} of {len(payloads)}): {errors[0]}")
+    return {"images_per_s": len(payloads) / wall, **latency(times)}
+
+
 def markdown(section: dict[str, Any]) -> list[str]:
     s = section
     lines = [
@@ -152,4 +204,14 @@ def markdown(section: dict[str, Any]) -> list[str]:
             ("while 4 writers add", "search_with_4_writers"),
         )
     ]
-    return lines + table(["search", "p50 ms", "p99 ms", "writes/s meanwhile"], rows)
+    lines += table(["search", "p50 ms", "p99 ms", "writes/s meanwhile"], rows)
+    up = s.get("uploads")
+    if up is None:
+        return lines + ["", "Uploads: not measured (they need the bench's gallery and checkpoint)."]
+    lines += [
+        "",
+        f"Uploads through `POST /v1/images:upload` ({up['images']} PNG images, a real `icr serve`):",
+        "",
+    ]
+    rows = [[n, c["images_per_s"], c["p50_ms"], c["p99_ms"]] for n, c in up["clients"].items()]
+    return lines + table(["clients", "images/s", "p50 ms", "p99 ms"], rows)

@@ -36,6 +36,7 @@ from icr.index.calibration import (
     search_hits,
     searchable_index,
 )
+from icr.index.live_index import LiveIndex
 from icr.index.manifest import Manifest, check_compatible
 from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.photo_folder import read_rows
@@ -93,8 +94,12 @@ def read_labels(path: str | os.PathLike[str], relevant_from: float = 1.0) -> lis
     return labels
 
 
-def resolve_images(labels: list[Label], metadata: MetadataStore, gallery: Path | None) -> np.ndarray:
-    """(n,) index id of each label's image; ValueError listing images the index does not hold."""
+def resolve_images(
+    labels: list[Label], metadata: MetadataStore, gallery: Path | None, ids_end: int | None = None
+) -> np.ndarray:
+    """(n,) index id of each label's image; ValueError listing images the index does not hold.
+    ``ids_end``: ids below it name images (a living index's, added ones included; default: the
+    build's)."""
     by_source: dict[str, int] = {}
     by_name: dict[str, list[tuple[str, int]]] = {}  # file name -> (source, id) of every file so named
     for image_id, source in metadata.gallery_sources():
@@ -103,7 +108,7 @@ def resolve_images(labels: list[Label], metadata: MetadataStore, gallery: Path |
     # An id names any image the index holds, distractors included: a distractor the search page
     # showed and someone judged is as much evidence as a gallery hit. Paths and names resolve among
     # the gallery's own files only (a distractor has no file of the user's).
-    known = range(metadata.count())
+    known = range(metadata.count() if ids_end is None else ids_end)
     out, unknown = np.empty(len(labels), np.int64), []
     for k, label in enumerate(labels):
         found = _image_id(label.image, known, by_source, by_name, gallery)
@@ -152,10 +157,13 @@ def calibrate_from_labels(
     relevant_from: float = 1.0,
     device: str = "auto",
     progress: bool = True,
+    live: LiveIndex | None = None,
 ) -> dict[str, Any]:
     """Fit the lower-bound map on the labels (a labels file, or :class:`Label` rows such as the
     search page's feedback), judge it out of fold, write ``calibration.json`` (replacing the one
-    there, atomically); returns its content."""
+    there, atomically); returns its content. ``live``: the served living index over ``index_dir``
+    (the service's refit), searched as it is now, so that labels on images added since the build
+    count; without it the folder's index as built."""
     if depth < 1:
         raise ValueError(f"--depth must be >= 1, got {depth}")
     index_dir = Path(index_dir)
@@ -172,18 +180,24 @@ def calibrate_from_labels(
     device = resolve_device(device)
     model, config = load_checkpoint(checkpoint, device)
     check_compatible(manifest, config, index_dir=index_dir, checkpoint_path=checkpoint)
-    index = searchable_index(index_dir, manifest)  # its files checked against the manifest first
+    if live is None:
+        index = searchable_index(index_dir, manifest)  # its files checked against the manifest first
     with MetadataStore.open(index_dir / METADATA_FILE) as metadata:
         gallery = manifest.data.get("path")
-        image_ids = resolve_images(labels, metadata, Path(gallery) if gallery else None)
+        ids_end = None if live is None else live.state.ids_end
+        image_ids = resolve_images(labels, metadata, Path(gallery) if gallery else None, ids_end)
 
     queries = sorted({label.query for label in labels})
     emb = embed_captions(model, queries, device=device, progress=progress)  # (Q, D)
-    scores, ids = search_hits(index, emb, depth)  # (Q, depth)
+    if live is None:
+        hits = list(zip(*search_hits(index, emb, depth), strict=True))  # Q x ((depth,), (depth,))
+    else:
+        state = live.refresh()
+        hits = [live.search(emb[q : q + 1], depth, state) for q in range(len(queries))]
     served = {  # (query, image id) -> the score the service gives that hit
         (queries[q], int(i)): float(s)
-        for q in range(len(queries))
-        for s, i in zip(scores[q], ids[q], strict=True)
+        for q, (scores, ids) in enumerate(hits)
+        for s, i in zip(scores, ids, strict=True)
     }
     keep = [k for k, label in enumerate(labels) if (label.query, int(image_ids[k])) in served]
     if not keep:

@@ -67,6 +67,11 @@ class LiveState:
         )
 
     @property
+    def ids_end(self) -> int:
+        """One past the largest id ever given (the build's and every added image's, deleted or not)."""
+        return max(self.base_ntotal, int(self.ids.max()) + 1 if len(self.ids) else 0)
+
+    @property
     def size(self) -> int:
         """Live images: the base's less its deleted ones, plus the live added ones."""
         return self.base_ntotal - len(self.base_dead) + int(self.alive.sum())

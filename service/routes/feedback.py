@@ -116,11 +116,13 @@ def add_feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
         ", as for searches; send the query the hit was returned for",
     )
     retriever = retriever_of(request)
-    ntotal = retriever.images.manifest.ntotal
-    if not 0 <= body.image_id < ntotal:
-        ids = f"ids run from 0 to {ntotal - 1}" if ntotal else "the served index holds no images"
+    state = retriever.images.live.state  # an image added since the build is labelled as any other
+    if not state.is_live(body.image_id):
+        ids = f"ids run from 0 to {state.ids_end - 1}" if state.size else "the served index holds no images"
         raise ApiError(
-            404, "not_found", f"image_id: no image {body.image_id} in the served index; {ids} (a hit's id)"
+            404,
+            "not_found",
+            f"image_id: no image {body.image_id} in the served index; {ids}, less deleted ones (a hit's id)",
         )
     # the middleware let only an admin through; "admin" covers a reload of the settings in between
     who = admin_identity(request.scope, settings) or "admin"
@@ -238,6 +240,7 @@ def refit(request: Request) -> dict[str, Any]:
                 depth=settings.search_depth,
                 device=retriever.device,
                 progress=False,
+                live=retriever.images.live,  # hits as served now: added images' labels count
             )
         except ValueError as err:  # what the labels cannot support, said with the fix
             raise ApiError(409, "refit_refused", without_paths(str(err), settings)) from None
