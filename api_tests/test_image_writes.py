@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -241,7 +242,9 @@ def test_bad_writes_are_refused_with_the_fix_and_change_nothing(make_server, pho
 def test_the_client_writes(make_server, photos, tmp_path) -> None:
     from icr.client import ApiError, Client
 
-    server = make_server(index=photos["index"], ICR_STATE_DIR=str(tmp_path / "state")).start()
+    index = tmp_path / "index"
+    shutil.copytree(photos["index"], index)  # it compacts it: not the module's folder
+    server = make_server(index=index, ICR_STATE_DIR=str(tmp_path / "state")).start()
     with Client(server.url) as icr:
         dim = icr.info()["index"]["dim"]
         vector = np.random.default_rng(2).standard_normal(dim)
@@ -258,6 +261,8 @@ def test_the_client_writes(make_server, photos, tmp_path) -> None:
         with pytest.raises(ApiError) as err:
             icr.patch_image(new.id, {"year": 1})
         assert err.value.status == 404
+        compacted = icr.compact()  # the trip album's photos dropped; the two adds were deleted again
+        assert (compacted.removed, compacted.added, compacted.holes) == (N_PHOTOS // 2, 0, N_PHOTOS // 2 + 2)
         snap = icr.snapshot()  # named by the index folder, the log's position and the time
         assert snap.folder.startswith("snapshots/index-seq") and snap.images == N_PHOTOS - N_PHOTOS // 2
         assert (tmp_path / "state" / snap.folder / "snapshot.json").is_file() and snap.uploads == 1
@@ -424,3 +429,87 @@ def _rounded(value: Any) -> Any:
     if isinstance(value, list):
         return [_rounded(v) for v in value]
     return round(value, 9) if isinstance(value, float) else value
+
+
+def test_compaction_under_load_fails_no_request_and_keeps_every_id(make_server, photos, tmp_path) -> None:
+    """POST /v1/admin/compact while 4 clients search and one adds images: no request fails, ids and
+    metadata are kept, the writes made meanwhile are served, a second server on the same folder and
+    state directory switches to the new folder by itself, and a restart serves the same."""
+    import threading
+
+    index = tmp_path / "index"
+    shutil.copytree(photos["index"], index)  # compaction replaces the folder: not the module's
+    env = {
+        "ICR_STATE_DIR": str(tmp_path / "state"),
+        "ICR_WRITES_POLL_SECONDS": "0.1",
+        "ICR_WATCH_SECONDS": "0.5",
+    }
+    first = make_server(index=index, **env).start()
+    second = make_server(index=index, **env).start()
+    rng = np.random.default_rng(7)
+    failures: list[str] = []
+    stop = threading.Event()
+    with httpx.Client(base_url=first.url, timeout=60) as c:
+        dim = c.get("/v1/info").json()["index"]["dim"]
+        vectors = [_unit(rng, dim) for _ in range(10)]
+        written = c.post("/v1/images", json={"images": [{"vector": v} for v in vectors]}).json()["written"]
+        added = [w["id"] for w in written]
+        assert c.post("/v1/images:delete", json={"ids": [0, 1, 2, 3, 4]}).json()["deleted"] == [0, 1, 2, 3, 4]
+        assert c.patch("/v1/images/5", json={"fields": {"album": "moved"}}).status_code == 200
+
+        def load(url: str, writer: bool) -> None:
+            with httpx.Client(base_url=url, timeout=60) as client:
+                while not stop.is_set():
+                    if writer:
+                        r = client.post("/v1/images", json={"images": [{"vector": _unit(rng, dim)}]})
+                    else:
+                        r = client.post(
+                            "/v1/search/text", json={"text": "a shape", "k": 5, "filter": {"album": "trip"}}
+                        )
+                    if r.status_code != 200:
+                        failures.append(f"{r.status_code} {r.text[:200]}")
+
+        threads = [threading.Thread(target=load, args=(first.url, False)) for _ in range(3)]
+        threads += [
+            threading.Thread(target=load, args=(second.url, False)),
+            threading.Thread(target=load, args=(first.url, True)),
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        r = c.post("/v1/admin/compact")
+        time.sleep(1.0)  # load on the new folder too
+        stop.set()
+        for t in threads:
+            t.join()
+        assert r.status_code == 200, r.text
+        report = r.json()
+        assert not failures, failures[:3]
+        assert report["removed"] == 5 and report["added"] >= 10 and report["holes"] == 5
+        assert report["retrained"] is False and report["vectors"] == N_PHOTOS - 5 + report["added"]
+        assert report["images"] >= report["vectors"]  # and the writer's adds after the compaction's write
+        manifest = json.loads((index / "manifest.json").read_text())
+        assert manifest["base_seq"] == report["seq"] and manifest["holes"] == 5
+        info = c.get("/v1/info").json()["index"]
+        for vector, image_id in zip(vectors, added, strict=True):
+            assert _nearest(c, vector, k=1)[0]["id"] == image_id
+        assert _error(c.get("/v1/images/0/metadata"), 404)
+        assert c.get("/v1/images/5/metadata").json()["fields"]["album"] == "moved"
+        [late] = c.post("/v1/images", json={"images": [{"vector": vectors[0]}]}).json()["written"]
+        assert late["id"] > max(added) and c.delete(f"/v1/images/{late['id']}").status_code == 200
+    with httpx.Client(base_url=second.url, timeout=60) as b:
+        deadline = time.monotonic() + 20
+        while b.get("/v1/info").json()["index"].get("ntotal") != manifest["ntotal"]:
+            assert time.monotonic() < deadline, "the second server never switched to the compacted folder"
+            time.sleep(0.2)
+        assert [_nearest(b, v, k=1)[0]["id"] for v in vectors] == added
+    first.stop()
+    again = make_server(index=index, **env).start()
+    with httpx.Client(base_url=again.url, timeout=60) as c:
+        assert c.get("/v1/info").json()["index"]["images"] == info["images"]
+        assert [_nearest(c, v, k=1)[0]["id"] for v in vectors] == added
+    again.stop()
+    # from the command line, offline: the late image's add and delete folded in as one more hole
+    printed = _icr("index", "compact", str(index), "--state-dir", env["ICR_STATE_DIR"], "--no-progress")
+    assert "retrained" in printed and json.loads((index / "manifest.json").read_text())["holes"] == 6
+    assert "Traceback" not in first.log_text() + second.log_text() + again.log_text()

@@ -47,6 +47,48 @@ def _base(folder: Path, n: int) -> tuple[Any, Any]:
     return index, MetadataStore.open(folder / "metadata.sqlite")
 
 
+def _folder(folder: Path, index: Any, factory: str) -> Path:
+    """An index folder of the bench's base (index.faiss, metadata.sqlite linked, a manifest)."""
+    from icr.index.manifest import Manifest
+    from icr.index.vector_index import save_index
+
+    built = folder / f"built-{factory.replace(',', '-')}"
+    built.mkdir()
+    save_index(index, built / "index.faiss")
+    (built / "metadata.sqlite").hardlink_to(folder / "metadata.sqlite")
+    manifest = Manifest(
+        modality="image", checkpoint_sha256="0" * 64, checkpoint_path="bench", dim=DIM, factory=factory,
+        factory_reason="bench", ntotal=index.ntotal, gallery_count=index.ntotal, distractor_count=0,
+        recall_check={"k": 10, "recall": None, "queries": 0}, build_seconds=0.0, peak_rss_mb=0.0,
+        created="2026-11-27T00:00:00+00:00", data={"path": "bench", "split": "bench"},
+    )  # fmt: skip
+    (built / "manifest.json").write_text(manifest.to_json())
+    return built
+
+
+def _compaction(folder: Path, index: Any, metadata: Any, log_path: Path, factory: str) -> dict[str, Any]:
+    """Compaction of the base with the log's writes (``factory``: the base index's), and the start-up
+    of a server over the compacted folder (load, replay of the writes after it)."""
+    from icr.index.index_folder import load_index_dir
+    from icr.index.live_compact import compact
+    from icr.index.live_index import LiveIndex, base_ids
+
+    built = _folder(folder, index, factory)
+    live = LiveIndex(index, metadata, log_path, "bench")
+    report = compact(live, built, folder / f"compacted-{factory.replace(',', '-')}")
+    live.close()
+    t0 = time.perf_counter()
+    out = folder / f"compacted-{factory.replace(',', '-')}"
+    compacted, manifest, store = load_index_dir(out)
+    LiveIndex(compacted, store, log_path, "bench", base=base_ids(out, manifest)).close()
+    store.close()
+    return {**report, "factory": factory, "load_seconds": time.perf_counter() - t0}
+
+
+def _vectors_of(index: Any) -> np.ndarray:
+    return np.asarray(index.reconstruct_n(0, index.ntotal), np.float32)  # (N, D)
+
+
 def _images(rng: np.random.Generator, n: int, prefix: str) -> list[Any]:
     from icr.index.live_writes import NewImage
 
@@ -92,6 +134,7 @@ def _search_while_writing(live: Any, queries: np.ndarray, writers: int) -> dict[
 
 def run(base_size: int, writes: int, queries: int, log: Any) -> dict[str, Any]:
     from icr.index.live_index import LiveIndex
+    from icr.index.vector_index import build_index
 
     rng = np.random.default_rng(1)
     out: dict[str, Any] = {"base": base_size, "writes": writes, "depth": DEPTH}
@@ -129,6 +172,12 @@ def run(base_size: int, writes: int, queries: int, log: Any) -> dict[str, Any]:
         # 1x-2x slower from run to run while the fresh build's pages were still being written back)
         out["search_base"] = _search_latency(LiveIndex(index, metadata, None, "bench"), qs)
         replayed.close()
+        log(f"writes: compacting {base_size:,} + {writes:,} (exact index)")
+        out["compaction"] = [_compaction(folder, index, metadata, path, "Flat")]
+        nlist = int(4 * np.sqrt(base_size))  # an inverted file over the same vectors, as --factory auto picks
+        ivf = build_index(_vectors_of(index), DIM, f"IVF{nlist},Flat", gpu="off")
+        log(f"writes: compacting the same as IVF{nlist},Flat")
+        out["compaction"].append(_compaction(folder, ivf, metadata, path, f"IVF{nlist},Flat"))
         metadata.close()
     return out
 
@@ -205,6 +254,27 @@ def markdown(section: dict[str, Any]) -> list[str]:
         )
     ]
     lines += table(["search", "p50 ms", "p99 ms", "writes/s meanwhile"], rows)
+    rows = [
+        [c["factory"], c["vectors"], c["removed"], c["added"], c["seconds"], c["load_seconds"],
+         c["imbalance_before"] or "", c["imbalance_after"] or "", "yes" if c["retrained"] else "no"]
+        for c in s.get("compaction", [])
+    ]  # fmt: skip
+    if rows:
+        lines += ["", "Compaction (a fresh folder of the live images; then a server's load of it):", ""]
+        lines += table(
+            [
+                "base",
+                "vectors",
+                "removed",
+                "added",
+                "seconds",
+                "load s",
+                "imbalance before",
+                "after",
+                "retrained",
+            ],
+            rows,
+        )
     up = s.get("uploads")
     if up is None:
         return lines + ["", "Uploads: not measured (they need the bench's gallery and checkpoint)."]

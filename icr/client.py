@@ -31,6 +31,7 @@ from icr.service.schemas import (
     LABELS_IDS_MAX,
     BenchmarkJob,
     BenchmarkList,
+    CompactResult,
     ImageMetadata,
     ImageSearchResponse,
     QueryLabels,
@@ -216,6 +217,12 @@ class Client:
         folder that ``icr serve --index`` starts from; needs the admin key."""
         response = self._request("POST", "/v1/admin/snapshot", json={"name": name})
         return SnapshotResult.model_validate(response.json())
+
+    def compact(self) -> CompactResult:
+        """Fold the write log into a fresh index folder and serve it (POST /v1/admin/compact);
+        answers once the new folder is served. Needs the admin key."""
+        response = self._request("POST", "/v1/admin/compact")
+        return CompactResult.model_validate(response.json())
 
     # --- server -----------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:

@@ -524,6 +524,30 @@ def remove(
     print_summary({**done, "deleted": len(done["deleted"])})
 
 
+@index_app.command("compact")
+@fail_cleanly
+def compact_command(
+    index_dir: Annotated[Path, typer.Argument(help="Index folder written by `icr index build`.")],
+    state_dir: Annotated[Path | None, typer.Option(help=_STATE_HELP)] = None,
+    progress: Annotated[bool, typer.Option(help="Say what it does.")] = True,
+) -> None:
+    """Rewrite an index folder with its write log folded in: deleted vectors gone, added images in,
+    ids unchanged, the inverted file trained again when its lists have drifted. The new folder
+    replaces the old one whole (a server serving it switches to it by itself, ICR_WATCH_SECONDS);
+    later writes go on into the same log. A running server does the same on POST /v1/admin/compact.
+
+    Examples:
+
+      icr index compact my-index
+
+      icr index compact my-index --state-dir /var/lib/icr
+    """
+    from icr.core.state_dir import default_state_dir
+    from icr.index.live_bulk import compact_folder
+
+    print_summary(compact_folder(index_dir, state_dir or default_state_dir(), progress=progress))
+
+
 def format_label_report(report: dict[str, Any]) -> str:
     """What the labels support at each min_relevance, and what the map delivers out of fold."""
     lines = [

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import faiss
+import numpy as np
 
 from icr.core.atomic import sha256_file
 from icr.index.manifest import MANIFEST_FILE, Manifest
@@ -18,6 +19,7 @@ from icr.index.on_disk import ONDISK_DATA, load_on_disk
 from icr.index.vector_index import load_index
 
 INDEX_FILE = "index.faiss"
+HOLES_FILE = "holes.npy"  # a compacted folder's ids with no vector
 
 
 def load_index_dir(
@@ -47,19 +49,36 @@ def load_index_dir(
         index = load_on_disk(path) if (directory / ONDISK_DATA).is_file() else load_index(path, mmap=mmap)
     except (FileNotFoundError, ValueError) as err:
         raise type(err)(f"{err}; {rebuild}") from None
-    if index.d != manifest.dim or index.ntotal != manifest.ntotal:
+    if index.d != manifest.dim or index.ntotal != manifest.vectors:
         raise ValueError(
             f"{path}: holds {index.ntotal} vectors of dim {index.d}, {MANIFEST_FILE} says "
-            f"{manifest.ntotal} of dim {manifest.dim}; the folder mixes files of two builds, {rebuild}"
+            f"{manifest.vectors} of dim {manifest.dim}; the folder mixes files of two builds, {rebuild}"
         )
     try:
         metadata = MetadataStore.open(directory / METADATA_FILE)
     except (FileNotFoundError, ValueError) as err:
         raise type(err)(f"{str(err).split('; rebuild')[0]}; {rebuild}") from None
-    if metadata.count() != manifest.ntotal:
+    if metadata.count() != manifest.vectors:
         count = metadata.count()
         metadata.close()
         raise ValueError(
-            f"{directory / METADATA_FILE}: {count} rows for {manifest.ntotal} vectors; {rebuild}"
+            f"{directory / METADATA_FILE}: {count} rows for {manifest.vectors} vectors; {rebuild}"
         )
     return index, manifest, metadata
+
+
+def read_holes(directory: str | os.PathLike[str], manifest: Manifest) -> np.ndarray | None:
+    """The ids of a compacted folder with no vector (ascending), None for a build's folder."""
+    if not manifest.holes:
+        return None
+    path = Path(directory) / HOLES_FILE
+    try:
+        holes = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: unreadable ({err}); compact the index again") from None
+    ok = holes.dtype == np.int64 and holes.shape == (manifest.holes,)
+    if not ok or (
+        len(holes) and (holes[0] < 0 or holes[-1] >= manifest.ntotal or (np.diff(holes) <= 0).any())
+    ):
+        raise ValueError(f"{path}: not {manifest.holes} ascending ids below {manifest.ntotal}; compact again")
+    return np.asarray(holes)

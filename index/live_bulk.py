@@ -21,7 +21,8 @@ from icr.index.embeddings_layout import open_embeddings_folder, row_parts
 from icr.index.feedback_labels import index_key
 from icr.index.filters import FilterCache, parse_filter
 from icr.index.index_folder import load_index_dir
-from icr.index.live_index import LiveIndex
+from icr.index.live_compact import compact
+from icr.index.live_index import LiveIndex, base_ids
 from icr.index.live_writes import WRITES_FILE, NewImage, check_fields
 from icr.index.manifest import Manifest
 
@@ -33,7 +34,8 @@ def _open(index_dir: Path, state_dir: Path) -> tuple[LiveIndex, Manifest]:
     if manifest.modality != "image":
         raise ValueError(f"{index_dir} holds {manifest.modality} vectors; images are added to an image index")
     key = index_key(manifest.checkpoint_sha256, manifest.created)
-    return LiveIndex(index, metadata, state_dir / WRITES_FILE, key), manifest
+    live = LiveIndex(index, metadata, state_dir / WRITES_FILE, key, base=base_ids(index_dir, manifest))
+    return live, manifest
 
 
 def add_embeddings(
@@ -96,3 +98,18 @@ def remove_images(
     live.close()
     state = live.state
     return {"deleted": [a.id for a in acks], "seq": state.seq, "images": state.size}
+
+
+def compact_folder(
+    index_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str], progress: bool = True
+) -> dict[str, Any]:
+    """Compact the index folder in place with the write log of ``state_dir``
+    (:mod:`index.live_compact`); a server serving it switches when it sees the folder change."""
+    live, _ = _open(Path(index_dir), Path(state_dir))
+    try:
+        return compact(
+            live, Path(index_dir), Path(index_dir), say=tqdm.write if progress else lambda _m: None
+        )
+    finally:
+        live.close()
+        live.metadata.close()

@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 
 from icr.index.filters import Filter, Selection, to_sql
+from icr.index.index_folder import read_holes
 from icr.index.live_state import LiveState, merge
 from icr.index.live_writes import Ack, NewImage, UnknownImage, WriteLog
+from icr.index.manifest import Manifest
 from icr.index.metadata import MetadataStore
 from icr.index.vector_index import Rescorer, rescored, search
 
@@ -42,6 +44,21 @@ class LiveSelection:
     base_ids: np.ndarray  # (b,) int64 ascending
     base_bitmap: np.ndarray  # (ceil(base_ntotal / 8),) uint8
     added: np.ndarray  # (m,) bool over the state's added images
+
+
+@dataclass(frozen=True)
+class BaseIds:
+    """The id space of a base index: ids below ``ids_end``; a compacted base's (index/live_compact.py)
+    also includes the log's writes up to ``seq`` and holds no vector for its ``holes`` (ascending)."""
+
+    ids_end: int
+    seq: int = 0
+    holes: np.ndarray | None = None
+
+
+def base_ids(directory: str | os.PathLike[str], manifest: Manifest) -> BaseIds:
+    """The id space of the index folder ``directory`` (its compaction's, if it was compacted)."""
+    return BaseIds(manifest.ntotal, manifest.base_seq, read_holes(directory, manifest))
 
 
 class LiveIndex:
@@ -65,15 +82,24 @@ class LiveIndex:
         batched: BaseSearch | None = None,
         rescore: Rescorer | None = None,
         writable: bool = True,
+        base: BaseIds | None = None,
     ) -> None:
         self.index, self.metadata, self.key = index, metadata, key
         self.log_path = None if log_path is None else Path(log_path)
         self.writable = writable and self.log_path is not None
         self._batched, self._rescore = batched, rescore
         self._log: WriteLog | None = None
-        self._state = LiveState.empty(index.ntotal, index.d)
+        self.base = base or BaseIds(index.ntotal)
+        self._state = LiveState.empty(self.base.ids_end, index.d, self.base.seq, self.base.holes)
         self._apply_lock = threading.Lock()
         self.refresh()
+        held = self._log.last_seq() if self._log is not None else 0
+        if self.log_path is not None and held < self.base.seq:  # later writes: numbered anew, never applied
+            raise ValueError(
+                f"this index folder was compacted with the write log up to write {self.base.seq}, and "
+                f"{self.log_path} holds {held}: serve it with the state directory it was compacted with "
+                "(or with writes off, ICR_WRITES=false, as it is)"
+            )
 
     @property
     def state(self) -> LiveState:
@@ -89,7 +115,7 @@ class LiveIndex:
             raise ValueError("this index takes no writes (it is served without a state directory)")
         with self._apply_lock:
             if self._log is None:
-                self._log = WriteLog(self.log_path, self.key, self.metadata, self.index.ntotal, self.index.d)
+                self._log = WriteLog(self.log_path, self.key, self.metadata, self.base.ids_end, self.index.d)
             return self._log
 
     def refresh(self) -> LiveState:
@@ -97,7 +123,7 @@ class LiveIndex:
         returns the new state. Replaying a whole log at start-up is this call."""
         with self._apply_lock:
             if self._log is None and self.log_path is not None and self.log_path.is_file():
-                self._log = WriteLog(self.log_path, self.key, self.metadata, self.index.ntotal, self.index.d)
+                self._log = WriteLog(self.log_path, self.key, self.metadata, self.base.ids_end, self.index.d)
             state = self._state
             if self._log is not None:
                 while batch := self._log.since(state.seq):
@@ -181,12 +207,12 @@ class LiveIndex:
     ) -> tuple[np.ndarray, np.ndarray]:
         import faiss  # noqa: PLC0415 (faiss: only the selector paths need it)
 
-        dead = len(state.base_dead)
+        dead = state.dead_in_base_index
         if selection is None and dead <= OVERFETCH_LIMIT:
             return state.without_dead(*self._unfiltered(query, depth + dead))
         if selection is None:
             selector = faiss.IDSelectorBitmap(state.base_ntotal, faiss.swig_ptr(state.base_alive_bitmap))
-            count = state.base_ntotal - dead
+            count = state.base_ntotal - len(state.base_dead)
         else:
             selector = selection.selector
             count = len(selection.ids) - (0 if selection.added is None else int(selection.added.sum()))

@@ -39,7 +39,9 @@ def snapshot_log(directory: Path) -> Path | None:
     return log if (directory / SNAPSHOT_FILE).is_file() and log.is_file() else None
 
 
-def _link_or_copy(source: Path, target: Path) -> str:
+def link_or_copy(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> str:
+    """Hard-link ``source`` at ``target`` (a file never rewritten in place), or copy it where links
+    cannot be made; returns which ("linked" or "copied")."""
     try:
         os.link(source, target)
         return "linked"
@@ -47,6 +49,24 @@ def _link_or_copy(source: Path, target: Path) -> str:
         shutil.copy2(source, target)
         fsync_file(target)
         return "copied"
+
+
+def link_folder(directory: Path, target: Path, skipped: tuple[str, ...]) -> dict[str, int]:
+    """Link (or copy) the files and folders of ``directory`` into ``target``, but not ``skipped``
+    names, hidden ones or SQLite's side files; returns {"linked": n, "copied": n}."""
+    how = {"linked": 0, "copied": 0}
+
+    def link(source: str | os.PathLike[str], to: str | os.PathLike[str]) -> None:
+        how[link_or_copy(source, to)] += 1
+
+    for path in sorted(directory.iterdir()):
+        if path.name in skipped or path.name.startswith(".") or path.name.endswith(_SQLITE_SIDE):
+            continue
+        if path.is_dir():
+            shutil.copytree(path, target / path.name, copy_function=link)
+        else:
+            link(path, target / path.name)
+    return how
 
 
 def write_snapshot(live: LiveIndex, directory: Path, out: Path, uploads: Path | None) -> dict[str, Any]:
@@ -57,19 +77,8 @@ def write_snapshot(live: LiveIndex, directory: Path, out: Path, uploads: Path | 
     if out.exists():
         raise FileExistsError(f"{out.name}: a snapshot of that name exists; choose another name")
     state = live.refresh()  # every write committed so far
-    how: dict[str, int] = {"linked": 0, "copied": 0}
-
-    def link(source: str | Path, target: str | Path) -> None:
-        how[_link_or_copy(Path(source), Path(target))] += 1
-
     with staged_dir(out) as tmp:
-        for path in sorted(directory.iterdir()):
-            if path.name in _SKIPPED or path.name.startswith(".") or path.name.endswith(_SQLITE_SIDE):
-                continue
-            if path.is_dir():
-                shutil.copytree(path, tmp / path.name, copy_function=link)
-            else:
-                link(path, tmp / path.name)
+        how = link_folder(directory, tmp, _SKIPPED)
         writes = 0 if live.log is None or state.seq == 0 else live.log.export(tmp / WRITES_FILE, state.seq)
         files = _uploads(tmp / WRITES_FILE, uploads, tmp / UPLOADS_FOLDER) if writes else 0
         info = {
@@ -107,5 +116,5 @@ def _uploads(log: Path, uploads: Path | None, target: Path) -> int:
         raise FileNotFoundError("the log names uploaded images, but this index keeps no uploads folder")
     target.mkdir()
     for name in names:
-        _link_or_copy(uploads / name, target / name)
+        link_or_copy(uploads / name, target / name)
     return len(names)

@@ -56,15 +56,24 @@ class LiveState:
     ids: np.ndarray  # (m,) int64 the added images' ids, ascending (deleted ones too)
     vectors: np.ndarray  # (m, D) float32 their unit vectors
     alive: np.ndarray  # (m,) bool
-    base_dead: np.ndarray  # (k,) int64 the deleted base ids, ascending
+    base_dead: np.ndarray  # (k,) int64 the deleted base ids, ascending (the holes among them)
     _rows: _Rows = field(repr=False)
+    # ids below base_ntotal that a compacted base holds no vector for (deleted before it was
+    # written): never in a base search's results, so searches need not search deeper for them
+    holes: int = 0
 
     @classmethod
-    def empty(cls, base_ntotal: int, dim: int) -> LiveState:
+    def empty(cls, base_ntotal: int, dim: int, seq: int = 0, holes: np.ndarray | None = None) -> LiveState:
+        """The state of a base index alone: ``seq`` the write its content includes (a compacted
+        base's), ``holes`` its ids with no vector (ascending)."""
         rows = _Rows(np.empty(0, np.int64), np.empty((0, dim), np.float32))
-        return cls(
-            0, base_ntotal, rows.ids[:0], rows.vectors[:0], np.zeros(0, bool), np.zeros(0, np.int64), rows
-        )
+        dead = np.zeros(0, np.int64) if holes is None else np.asarray(holes, np.int64)
+        return cls(seq, base_ntotal, rows.ids[:0], rows.vectors[:0], np.zeros(0, bool), dead, rows, len(dead))
+
+    @property
+    def dead_in_base_index(self) -> int:
+        """Deleted base ids the base index still returns (a base search drops them)."""
+        return len(self.base_dead) - self.holes
 
     @property
     def ids_end(self) -> int:
@@ -103,7 +112,9 @@ class LiveState:
         in_base = dead_arr < self.base_ntotal
         alive[np.searchsorted(ids, dead_arr[~in_base])] = False  # added ids are ascending
         base_dead = np.union1d(self.base_dead, dead_arr[in_base])
-        return LiveState(writes[-1].seq, self.base_ntotal, ids, rows.vectors[:m], alive, base_dead, rows)
+        return LiveState(
+            writes[-1].seq, self.base_ntotal, ids, rows.vectors[:m], alive, base_dead, rows, self.holes
+        )
 
     def is_live(self, image_id: int) -> bool:
         if not 0 <= image_id < 2**63:  # beyond int64: no id (and no numpy overflow)

@@ -97,6 +97,13 @@ class Manifest(BaseModel):
     # (the server then reads them from metadata.sqlite once at load).
     metadata_field_types: dict[str, list[FieldKind]] | None = None
     extra: dict[str, Any] = Field(default_factory=dict)  # free-form build details (not validated)
+    # A compacted folder (index/live_compact.py) folds a living index's write log up to ``base_seq``
+    # into its build: it holds the images added online (``added_count``, ids from the build's
+    # ntotal up) and has ``holes``, ids below ntotal with no vector (deleted before it was written,
+    # listed in holes.npy). ntotal stays the id space: every id ever given is below it.
+    base_seq: int = Field(default=0, ge=0)
+    added_count: int = Field(default=0, ge=0)
+    holes: int = Field(default=0, ge=0)
 
     @field_validator("recall_check")
     @classmethod
@@ -110,12 +117,19 @@ class Manifest(BaseModel):
 
     @model_validator(mode="after")
     def _counts_add_up(self) -> Manifest:
-        if self.gallery_count + self.distractor_count != self.ntotal:
+        if self.gallery_count + self.distractor_count + self.added_count != self.ntotal:
             raise ValueError(
                 f"gallery_count {self.gallery_count} + distractor_count {self.distractor_count} "
-                f"!= ntotal {self.ntotal}"
+                f"+ added_count {self.added_count} != ntotal {self.ntotal}"
             )
+        if self.holes > self.ntotal:
+            raise ValueError(f"holes {self.holes} > ntotal {self.ntotal}")
         return self
+
+    @property
+    def vectors(self) -> int:
+        """Vectors in index.faiss (and rows in metadata.sqlite): the id space less its holes."""
+        return self.ntotal - self.holes
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()  # format and format_version first: a reader sees what the file is

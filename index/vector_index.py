@@ -389,8 +389,11 @@ def stored_vectors(index: faiss.Index) -> VectorReader | None:
     try:
         ivf = _ivf(index)
         if ivf is not None and ivf.direct_map.no():  # made once: the rescorer asks too
-            ivf.make_direct_map()
-        index.reconstruct_batch(np.zeros(1, np.int64))
+            try:
+                ivf.make_direct_map()  # an array: ids 0..n-1
+            except RuntimeError:  # a compacted index's ids have holes: a hash table
+                ivf.set_direct_map_type(faiss.DirectMap.Hashtable)  # type: ignore[attr-defined]
+        index.reconstruct_batch(np.full(1, _some_id(index), np.int64))
     except RuntimeError:
         return None
 
@@ -398,6 +401,20 @@ def stored_vectors(index: faiss.Index) -> VectorReader | None:
         return np.asarray(index.reconstruct_batch(np.ascontiguousarray(ids, dtype=np.int64)), np.float32)
 
     return read
+
+
+def _some_id(index: faiss.Index) -> int:
+    """An id ``index`` holds (a compacted index's ids have holes: 0 may be one)."""
+    downcast: Any = faiss.downcast_index(index)
+    if isinstance(downcast, faiss.IndexIDMap2 | faiss.IndexIDMap):
+        return int(faiss.vector_to_array(downcast.id_map)[0])
+    ivf = _ivf(index)
+    if ivf is not None and ivf.invlists is not None:
+        lists: Any = ivf.invlists  # the stubs lack get_single_id
+        for i in range(ivf.nlist):
+            if lists.list_size(i):
+                return int(lists.get_single_id(i, 0))
+    return 0
 
 
 def batch_independent_rescorer(index: faiss.Index) -> Rescorer | None:

@@ -62,8 +62,10 @@ class GalleryImages:
         """Whether the row's image can be shown: a built gallery file or distractor, or an upload. An
         image added by its embedding alone has a source the caller named, which is never opened."""
         source = str(row["source"])
-        if row["id"] >= self.images.manifest.ntotal:
-            return source.startswith(UPLOAD_PREFIX)
+        if source.startswith(UPLOAD_PREFIX):  # added online (a compacted folder holds some too)
+            return True
+        if row["id"] >= self.images.manifest.ntotal - self.images.manifest.added_count:
+            return False  # added by its embedding: a source the caller named, never opened
         return source.startswith(DISTRACTOR_PREFIX) or "#" not in source
 
     @property
@@ -80,7 +82,8 @@ class GalleryImages:
             raise KeyError(image_id)
         row = self.images.live.rows([image_id], state)[0]
         source = row["source"]
-        if image_id >= self.images.manifest.ntotal and not source.startswith(UPLOAD_PREFIX):
+        built = self.images.manifest.ntotal - self.images.manifest.added_count  # ids of the build
+        if image_id >= built and not source.startswith(UPLOAD_PREFIX):
             raise FileNotFoundError(f"image {image_id} was added by its embedding: no pixels are stored")
         if source.startswith(UPLOAD_PREFIX):
             assert self.uploads is not None

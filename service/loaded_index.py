@@ -23,7 +23,7 @@ from icr.index.exact_kernel import kernel_for
 from icr.index.feedback_labels import index_key
 from icr.index.filters import FilterCache
 from icr.index.index_folder import load_index_dir
-from icr.index.live_index import LiveIndex
+from icr.index.live_index import LiveIndex, base_ids
 from icr.index.live_snapshot import snapshot_log
 from icr.index.live_writes import WRITES_FILE
 from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
@@ -116,8 +116,10 @@ class LoadedIndex:
     def calibration_due(self) -> str | None:
         """The warning that the live index has changed past what its calibration (fitted on the
         build) was measured to survive, None while it has not (:func:`service.quality.calibration_due`)."""
-        state = self.live.state
-        return calibration_due(int(state.alive.sum()), len(state.base_dead), self.manifest.ntotal)
+        state, m = self.live.state, self.manifest  # a compacted folder's own changes count too
+        return calibration_due(
+            m.added_count + int(state.alive.sum()), len(state.base_dead), m.ntotal - m.added_count
+        )
 
     def summary(self) -> dict[str, Any]:
         m, state = self.manifest, self.live.state
@@ -259,6 +261,7 @@ def load_index_folder(
         batched=batcher.search,
         rescore=rescore,
         writable=writes is not None,
+        base=base_ids(directory, manifest),
     )
     filters = FilterCache(metadata, manifest.ntotal, live=live)
     return LoadedIndex(

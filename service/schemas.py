@@ -618,6 +618,25 @@ class SnapshotResult(BaseModel):
     seconds: float
 
 
+class CompactResult(BaseModel):
+    """A compaction done and served: the index folder now holds the live images as of ``seq``."""
+
+    seq: int = Field(..., description="The write log's position the new folder includes.")
+    images: int = Field(..., description="Live images served after the swap.")
+    vectors: int = Field(..., description="Vectors in the new index.faiss.")
+    removed: int = Field(..., description="Deleted vectors dropped from the index.")
+    added: int = Field(..., description="Vectors added online, now part of the index.")
+    holes: int = Field(..., description="Ids with no vector (deleted): never reused.")
+    imbalance_before: float | None = Field(
+        ..., description="Inverted-list imbalance factor before (1.0: even)."
+    )
+    imbalance_after: float | None = Field(..., description="The same after (null: not an inverted file).")
+    retrained: bool = Field(
+        ..., description="Whether the inverted file was trained again (its lists had drifted)."
+    )
+    seconds: float
+
+
 class PatchImageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

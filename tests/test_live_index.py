@@ -117,7 +117,7 @@ def _random_writes(live: LiveIndex, oracle: Oracle, rng: np.random.Generator, ro
 def _check(live: LiveIndex, oracle: Oracle, rng: np.random.Generator, state: LiveState | None = None) -> None:
     state = state or live.state
     assert state.size == len(oracle.items)
-    cache = FilterCache(live.metadata, BASE, live=live)
+    cache = FilterCache(live.metadata, state.base_ntotal, live=live)
     for query in _unit(rng, 4):
         q = query[None, :]  # (1, D)
         scores, ids = live.search(q, DEPTH, state)
@@ -275,3 +275,96 @@ def test_a_snapshot_holds_the_state_it_was_taken_at_and_links_the_build(tmp_path
     with pytest.raises(FileExistsError, match="choose another name"):
         write_snapshot(live, folder, snap, uploads=None)
     assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["one"]  # nothing half-written
+
+
+def _folder(tmp_path: Path, index: Any, factory: str) -> Path:
+    """An index folder (index.faiss, metadata.sqlite, manifest.json) of the ``base`` fixture's index."""
+    import faiss
+
+    from icr.index.manifest import Manifest
+
+    folder = tmp_path / "built"
+    folder.mkdir()
+    faiss.write_index(index, str(folder / "index.faiss"))
+    (folder / "metadata.sqlite").hardlink_to(tmp_path / "metadata.sqlite")
+    (folder / "calibration.json").write_text("{}")
+    manifest = Manifest(
+        modality="image", checkpoint_sha256="c" * 64, checkpoint_path="ckpt", dim=DIM, factory=factory,
+        factory_reason="test", ntotal=BASE, gallery_count=BASE, distractor_count=0,
+        recall_check={"k": 10, "recall": 1.0, "queries": 0}, build_seconds=0.0, peak_rss_mb=0.0,
+        created="2026-11-27T00:00:00+00:00", data={"path": "data", "split": "test"},
+    )  # fmt: skip
+    (folder / "manifest.json").write_text(manifest.to_json())
+    return folder
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF8,Flat", "IVF8,Flat retrained"])
+def test_a_compacted_folder_serves_the_same_images_under_the_same_ids(tmp_path, base, factory, monkeypatch):
+    """index/live_compact.py: the folder written from a living index, loaded with the same log, is
+    the oracle's state (search, filters, rows); later writes apply over it and ids keep growing."""
+    from icr.index import live_compact
+    from icr.index.index_folder import load_index_dir
+    from icr.index.live_index import base_ids
+    from icr.index.vector_index import stored_vectors
+
+    index, metadata, oracle, rng = base
+    if factory != "Flat":
+        vectors = np.stack([oracle.items[i][0] for i in range(BASE)])
+        index = build_index(vectors, DIM, "IVF8,Flat", gpu="off")
+        index.nprobe = 8  # every list: exact, so the oracle's order holds
+    if factory.endswith("retrained"):
+        monkeypatch.setattr(live_compact, "RETRAIN_IMBALANCE", 0.0)  # any imbalance: train again
+    folder = _folder(tmp_path, index, factory.split()[0])
+    live = _open(tmp_path, index, metadata)
+    _random_writes(live, oracle, rng, 60)
+    ids_end = live.state.ids_end
+    report = live_compact.compact(live, folder, folder)  # in place, as the server does
+    assert report["retrained"] == factory.endswith("retrained") and report["seq"] == live.state.seq
+    assert report["vectors"] == len(oracle.items) and report["holes"] == ids_end - len(oracle.items)
+
+    compacted, manifest, store = load_index_dir(folder)  # hashes and counts checked
+    assert (
+        manifest.ntotal == ids_end
+        and manifest.base_seq == report["seq"]
+        and compacted.ntotal == len(oracle.items)
+    )
+    assert (folder / "calibration.json").read_text() == "{}"
+    if factory != "Flat":
+        faiss_ivf = __import__("faiss").extract_index_ivf(compacted)
+        faiss_ivf.nprobe = faiss_ivf.nlist
+    again = LiveIndex(
+        compacted, store, tmp_path / "state" / "writes.sqlite", "key-1", base=base_ids(folder, manifest)
+    )
+    assert again.state.seq == report["seq"] and again.state.size == len(oracle.items)
+    assert again.state.dead_in_base_index == 0  # the deleted vectors are gone, not skipped
+    read = stored_vectors(compacted)  # by id, holes and all (the service's exact rescoring reads them)
+    assert read is not None
+    some = sorted(oracle.items)[::7]
+    np.testing.assert_allclose(read(np.array(some)), np.stack([oracle.items[i][0] for i in some]), atol=1e-6)
+    _check(again, oracle, np.random.default_rng(5))
+    _random_writes(again, oracle, rng, 30)  # writes after compaction: over the compacted base
+    _check(again, oracle, np.random.default_rng(6))
+    assert min(a.id for a in again.add([NewImage(_unit(rng, 1)[0], {"source": "n.jpg"})], "t")) >= ids_end
+
+
+def test_a_compacted_folder_refuses_a_log_that_lacks_its_writes(tmp_path, base):
+    """Served with another state directory's log, a compacted folder's later writes would be numbered
+    anew and skipped: it refuses to load, naming the fix. With no log (writes off) it is served as is."""
+    from icr.index import live_compact
+    from icr.index.index_folder import load_index_dir
+    from icr.index.live_index import base_ids
+
+    index, metadata, oracle, rng = base
+    folder = _folder(tmp_path, index, "Flat")
+    live = _open(tmp_path, index, metadata)
+    _random_writes(live, oracle, rng, 10)
+    live_compact.compact(live, folder, folder)
+    compacted, manifest, store = load_index_dir(folder)
+    with pytest.raises(ValueError, match="serve it with the state directory it was compacted with"):
+        LiveIndex(
+            compacted, store, tmp_path / "other" / "writes.sqlite", "key-1", base=base_ids(folder, manifest)
+        )
+    alone = LiveIndex(
+        compacted, store, None, "key-1", base=base_ids(folder, manifest)
+    )  # writes off: as it is
+    _check(alone, oracle, np.random.default_rng(8))

@@ -1,5 +1,6 @@
 """POST /v1/admin/reload: swap in rebuilt artifacts without a restart and without a failed request;
-POST /v1/admin/snapshot: a self-contained folder of the served index and its writes."""
+POST /v1/admin/snapshot: a self-contained folder of the served index and its writes;
+POST /v1/admin/compact: the served index rewritten with its writes folded in, and served."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 
-from icr.index.live_snapshot import SNAPSHOTS_FOLDER, write_snapshot
+from icr.index.live_compact import compact
+from icr.index.live_snapshot import SNAPSHOTS_FOLDER, snapshot_log, write_snapshot
 from icr.index.live_writes import UPLOADS_FOLDER
 from icr.service.config import Settings
 from icr.service.errors import ApiError
 from icr.service.loaded_index import preflight
 from icr.service.retriever import Retriever
 from icr.service.routes.deps import retriever_of, settings_of
-from icr.service.schemas import SnapshotRequest, SnapshotResult, error_responses
+from icr.service.schemas import CompactResult, SnapshotRequest, SnapshotResult, error_responses
 from icr.service.serving import install_retriever, load_retriever, without_paths
 
 log = logging.getLogger("icr.service")
@@ -72,6 +74,44 @@ def snapshot(request: Request, body: SnapshotRequest | None = None) -> SnapshotR
         raise ApiError(409, "snapshot_exists", str(err)) from None
     log.info("snapshot %s: %d images at seq %d in %.2f s", name, info["images"], info["seq"], info["seconds"])
     return SnapshotResult(folder=f"{SNAPSHOTS_FOLDER}/{name}", **{k: info[k] for k in _SNAPSHOT_FIELDS})
+
+
+_compacting = threading.Lock()
+
+
+@router.post(
+    "/compact",
+    response_model=CompactResult,
+    summary="Rewrite the served image index with its writes folded in, then serve it",
+    responses=error_responses(401, 403, 409, 503),
+)
+def compact_index(request: Request) -> CompactResult:
+    """Writes a fresh index folder of the live images (deleted vectors gone, added ones in, ids
+    unchanged, the inverted file trained again when its lists have drifted), renames it over the
+    served folder and switches to it as POST /v1/admin/reload does: requests running meanwhile
+    finish on the old one, none fails, and writes arriving meanwhile are applied over the new one.
+    Other servers on the same folder and state directory switch when they see it change
+    (ICR_WATCH_SECONDS). 409 when another compaction runs or this server takes no writes. Needs the
+    admin key (ICR_ADMIN_KEY; unset: clients on this machine only)."""
+    settings = settings_of(request)
+    target = retriever_of(request).images
+    if not target.live.writable or snapshot_log(target.directory) is not None:
+        raise ApiError(
+            409,
+            "not_compactable",
+            "this server serves no write log of its own (ICR_WRITES=false, or a snapshot folder): serve the "
+            "index with a state directory and writes on to compact it",
+        )
+    if not _compacting.acquire(blocking=False):
+        raise ApiError(
+            409, "compaction_in_progress", "a compaction is already running; retry when it has finished"
+        )
+    try:
+        report = compact(target.live, target.directory, target.directory, say=log.info)
+        fresh = reload_artifacts(request.app, settings, wait_s=120)
+    finally:
+        _compacting.release()
+    return CompactResult(images=fresh.images.live.state.size, **report)
 
 
 _SNAPSHOT_FIELDS = ("seq", "images", "writes", "uploads", "files_linked", "files_copied", "seconds")

@@ -118,11 +118,13 @@ def add_feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
     retriever = retriever_of(request)
     state = retriever.images.live.state  # an image added since the build is labelled as any other
     if not state.is_live(body.image_id):
-        ids = f"ids run from 0 to {state.ids_end - 1}" if state.size else "the served index holds no images"
+        ids = (
+            f"ids run from 0 to {state.ids_end - 1}, less deleted ones"
+            if state.size
+            else "it holds no images"
+        )
         raise ApiError(
-            404,
-            "not_found",
-            f"image_id: no image {body.image_id} in the served index; {ids}, less deleted ones (a hit's id)",
+            404, "not_found", f"image_id: no image {body.image_id} in the served index; {ids} (a hit's id)"
         )
     # the middleware let only an admin through; "admin" covers a reload of the settings in between
     who = admin_identity(request.scope, settings) or "admin"
