@@ -256,7 +256,8 @@ def markdown(section: dict[str, Any]) -> list[str]:
     lines += table(["search", "p50 ms", "p99 ms", "writes/s meanwhile"], rows)
     rows = [
         [c["factory"], c["vectors"], c["removed"], c["added"], c["seconds"], c["load_seconds"],
-         c["imbalance_before"] or "", c["imbalance_after"] or "", "yes" if c["retrained"] else "no"]
+         c["imbalance_before"] or "", c["imbalance_with_writes"] or "", c["imbalance_after"] or "",
+         "yes" if c["retrained"] else "no"]
         for c in s.get("compaction", [])
     ]  # fmt: skip
     if rows:

@@ -82,7 +82,7 @@ def compact(
     if hasattr(faiss, "GpuIndex") and isinstance(source, faiss.GpuIndex):
         source = faiss.index_gpu_to_cpu(source)
     say(f"compaction: {len(kept):,} live images at write {state.seq}, {len(holes):,} ids with no vector")
-    index, retrained = _faiss_index(
+    index, drifted, retrained = _faiss_index(
         source, manifest.factory, state.base_dead, base_live, added_ids, added_vectors
     )
     report: dict[str, Any] = {
@@ -92,6 +92,7 @@ def compact(
         "added": len(added_ids),
         "holes": len(holes),
         "imbalance_before": imbalance(source),
+        "imbalance_with_writes": drifted,  # the old lists with the writes applied
         "imbalance_after": imbalance(index),
         "retrained": retrained,
     }
@@ -133,8 +134,9 @@ def _faiss_index(
     base_live: np.ndarray,
     added_ids: np.ndarray,
     added_vectors: np.ndarray,
-) -> tuple[faiss.Index, bool]:
-    """(the new FAISS index of the live vectors under their ids, whether it was trained anew)."""
+) -> tuple[faiss.Index, float | None, bool]:
+    """(the new FAISS index of the live vectors under their ids, the imbalance of the old lists with
+    the writes applied (None: an index with no lists), whether it was trained anew)."""
     if nlist_of(source) is not None:
         index = faiss.clone_index(source)
         faiss.extract_index_ivf(index).set_direct_map_type(faiss.DirectMap.NoMap)  # type: ignore[attr-defined]
@@ -144,20 +146,20 @@ def _faiss_index(
             index.add_with_ids(added_vectors, added_ids)
         before, after = imbalance(source), imbalance(index)
         if before is None or after is None or after <= RETRAIN_IMBALANCE * before:
-            return index, False
+            return index, after, False
         fresh = empty_index(source.d, factory)
         vectors = np.concatenate(list(_vectors(index, np.concatenate([base_live, added_ids]))))  # (n, D)
         nlist = nlist_of(fresh) or 1
         sample = vectors[np.random.default_rng(0).permutation(len(vectors))[: 50 * nlist]]
         fresh.train(sample)
         fresh.add_with_ids(vectors, np.concatenate([base_live, added_ids]))
-        return fresh, True
+        return fresh, after, True
     index = faiss.IndexIDMap2(empty_index(source.d, factory))
     for ids, vectors in zip(_id_chunks(base_live), _vectors(source, base_live), strict=True):
         index.add_with_ids(vectors, ids)
     if len(added_ids):
         index.add_with_ids(added_vectors, added_ids)
-    return index, False
+    return index, None, False
 
 
 def _id_chunks(ids: np.ndarray) -> Iterator[np.ndarray]:

@@ -630,7 +630,8 @@ class CompactResult(BaseModel):
     imbalance_before: float | None = Field(
         ..., description="Inverted-list imbalance factor before (1.0: even)."
     )
-    imbalance_after: float | None = Field(..., description="The same after (null: not an inverted file).")
+    imbalance_with_writes: float | None = Field(..., description="The old lists with the writes applied.")
+    imbalance_after: float | None = Field(..., description="The new index's (null: not an inverted file).")
     retrained: bool = Field(
         ..., description="Whether the inverted file was trained again (its lists had drifted)."
     )
