@@ -271,6 +271,7 @@ def markdown(section: dict[str, Any]) -> list[str]:
                 "seconds",
                 "load s",
                 "imbalance before",
+                "with writes",
                 "after",
                 "retrained",
             ],
