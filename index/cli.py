@@ -548,6 +548,33 @@ def compact_command(
     print_summary(compact_folder(index_dir, state_dir or default_state_dir(), progress=progress))
 
 
+@index_app.command("shard")
+@fail_cleanly
+def shard_command(
+    index_dir: Annotated[
+        Path, typer.Argument(help="Index folder written by `icr index build` (or compacted).")
+    ],
+    shards: Annotated[int, typer.Option(help="How many shards: contiguous, near-equal id ranges.")],
+    out: Annotated[Path, typer.Option(help="Folder to write shard-<s>-of-<S> folders into.")],
+    progress: Annotated[bool, typer.Option(help="Say what it does.")] = True,
+) -> None:
+    """Cut an index folder into shard folders that each hold one range of its ids, under the same
+    global ids (inverted files keep their centroids and codes; nothing is encoded again). Merging the
+    shards' top-k by score gives the whole index's top-k. Each shard is an index folder `icr serve`
+    loads (read-only for now: ICR_WRITES=false). Writes made after the folder's build or compaction
+    are not included: compact first (`icr index compact`).
+
+    Examples:
+
+      icr index shard my-index --shards 4 --out my-index-shards
+    """
+    from icr.index.shard import shard_index
+
+    for done in shard_index(index_dir, out, shards, say=typer.echo if progress else lambda _m: None):
+        lo, hi = done["ids"]
+        typer.echo(f"shard {done['shard']}: ids {lo:,}-{hi - 1:,}, {done['vectors']:,} vectors")
+
+
 def format_label_report(report: dict[str, Any]) -> str:
     """What the labels support at each min_relevance, and what the map delivers out of fold."""
     lines = [

@@ -61,12 +61,17 @@ def imbalance(index: faiss.Index) -> float | None:
 
 
 def compact(
-    live: LiveIndex, directory: Path, out: Path, say: Callable[[str], None] = lambda _m: None
+    live: LiveIndex,
+    directory: Path,
+    out: Path,
+    say: Callable[[str], None] = lambda _m: None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the compaction of ``live`` (served from the index folder ``directory``) to ``out``
     (replaced whole when the folder is complete: ``out`` may be ``directory`` itself). Returns what
     it did: the write it includes, vectors kept, removed and added, the list imbalance before and
-    after, whether the inverted file was trained again, and the seconds taken."""
+    after, whether the inverted file was trained again, and the seconds taken. ``extra``: entries for
+    the new manifest's ``extra`` (a shard's: index/shard.py)."""
     t0 = time.perf_counter()
     manifest = Manifest.read(directory / MANIFEST_FILE)
     state = live.refresh()
@@ -118,7 +123,11 @@ def compact(
                 for n in (INDEX_FILE, METADATA_FILE, HOLES_FILE)
                 if (tmp / n).is_file()
             },
-            extra={**manifest.extra, "compaction": {**report, "from_ntotal": manifest.ntotal}},
+            extra={
+                **manifest.extra,
+                "compaction": {**report, "from_ntotal": manifest.ntotal},
+                **(extra or {}),
+            },
         )
         written = Manifest.from_dict(fields)  # validated before it is written
         (tmp / MANIFEST_FILE).write_text(written.to_json())

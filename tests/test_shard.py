@@ -1,0 +1,106 @@
+"""index/shard.py: an index folder cut into S range shards under the same global ids; merging the
+shards' top-k by score gives the single index's top-k (exact shards; IVF shards probing every list),
+and each shard holds exactly its own ids' vectors and metadata."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+
+from icr.index.index_folder import load_index_dir
+from icr.index.manifest import Manifest
+from icr.index.metadata import MetadataStore
+from icr.index.shard import check_shards, shard_index, shard_ranges
+from icr.index.vector_index import build_index
+
+N, DIM, K = 997, 16, 25
+
+
+def _folder(root: Path, factory: str) -> tuple[Path, np.ndarray]:
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((N, DIM)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)  # (N, D)
+    folder = root / factory.replace(",", "-")
+    folder.mkdir()
+    faiss.write_index(build_index(vectors, DIM, factory, gpu="off"), str(folder / "index.faiss"))
+    with MetadataStore.create(folder / "metadata.sqlite") as store:
+        store.add({"id": i, "source": f"{i}.jpg", "fields": {"n": i}} for i in range(N))
+    manifest = Manifest(
+        modality="image", checkpoint_sha256="c" * 64, checkpoint_path="ckpt", dim=DIM, factory=factory,
+        factory_reason="test", ntotal=N, gallery_count=N, distractor_count=0,
+        recall_check={"k": 10, "recall": 1.0, "queries": 0}, build_seconds=0.0, peak_rss_mb=0.0,
+        created="2026-11-27T00:00:00+00:00", data={"path": "data", "split": "test"},
+    )  # fmt: skip
+    (folder / "manifest.json").write_text(manifest.to_json())
+    return folder, vectors
+
+
+def _top(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    ivf = faiss.extract_index_ivf(index) if "IVF" in type(faiss.downcast_index(index)).__name__ else None
+    if ivf is not None:
+        ivf.nprobe = ivf.nlist  # every list: exact
+    return index.search(queries, k)
+
+
+def test_ranges_cover_the_ids_once() -> None:
+    assert shard_ranges(10, 3) == [(0, 3), (3, 7), (7, 10)]
+    with pytest.raises(ValueError, match="--shards must be between 1"):
+        shard_ranges(10, 0)
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF8,Flat"])
+@pytest.mark.parametrize("shards", [2, 4])
+def test_merged_shards_equal_the_single_index(tmp_path: Path, factory: str, shards: int) -> None:
+    folder, vectors = _folder(tmp_path, factory)
+    written = shard_index(folder, tmp_path / "shards", shards)
+    queries = vectors[:40] + 0.1 * np.random.default_rng(1).standard_normal((40, DIM)).astype(np.float32)
+    single_s, single_i = _top(faiss.read_index(str(folder / "index.faiss")), queries, K)
+
+    manifests, lists = [], []
+    for w, (lo, hi) in zip(written, shard_ranges(N, shards), strict=True):
+        index, manifest, store = load_index_dir(w["folder"])  # hashes and counts checked
+        manifests.append(manifest)
+        assert manifest.ntotal == N and manifest.holes == N - (hi - lo) and index.ntotal == hi - lo
+        ids = faiss.vector_to_array(faiss.downcast_index(index).id_map) if factory == "Flat" else None
+        if ids is not None:
+            assert sorted(ids) == list(range(lo, hi))
+        assert [r["fields"]["n"] for r in store.get([lo, hi - 1])] == [lo, hi - 1]
+        store.close()
+        lists.append(_top(index, queries, K))
+    check_shards(manifests)
+    scores = np.concatenate([s for s, _ in lists], axis=1)  # (Q, S*K)
+    ids = np.concatenate([i for _, i in lists], axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :K]
+    merged_s, merged_i = np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)
+    np.testing.assert_allclose(merged_s, single_s, atol=1e-6)
+    for q in range(len(queries)):  # the same ids, up to the order of tied scores
+        assert set(merged_i[q][merged_s[q] > single_s[q, -1] + 1e-6]) <= set(single_i[q])
+
+
+def test_shards_of_different_builds_are_refused(tmp_path: Path) -> None:
+    folder, _ = _folder(tmp_path, "Flat")
+    written = shard_index(folder, tmp_path / "shards", 2)
+    manifests = [Manifest.read(Path(w["folder"]) / "manifest.json") for w in written]
+    with pytest.raises(ValueError, match="expected shards 0..0 of 1"):
+        check_shards(manifests[:1])
+    other = manifests[1].model_copy(update={"created": "2026-01-01T00:00:00+00:00"})
+    with pytest.raises(ValueError, match="different checkpoints or builds"):
+        check_shards([manifests[0], other])
+
+
+def test_icr_index_shard_writes_the_folders(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from icr import cli
+
+    folder, _ = _folder(tmp_path, "IVF8,Flat")
+    out = tmp_path / "cut"
+    result = CliRunner().invoke(cli.app, ["index", "shard", str(folder), "--shards", "3", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "shard 2: ids 665-996" in result.output
+    assert sorted(p.name for p in out.iterdir()) == [f"shard-{s}-of-3" for s in range(3)]
+    bad = CliRunner().invoke(cli.app, ["index", "shard", str(folder), "--shards", "0", "--out", str(out)])
+    assert bad.exit_code != 0 and "--shards must be between 1" in bad.output
