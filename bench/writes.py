@@ -75,10 +75,10 @@ def _compaction(folder: Path, index: Any, metadata: Any, log_path: Path, factory
 
     built = _folder(folder, index, factory)
     live = LiveIndex(index, metadata, log_path, "bench")
-    report = compact(live, built, folder / f"compacted-{factory.replace(',', '-')}")
+    out = folder / f"compacted-{factory.replace(',', '-')}"
+    report = compact(live, built, out)
     live.close()
     t0 = time.perf_counter()
-    out = folder / f"compacted-{factory.replace(',', '-')}"
     compacted, manifest, store = load_index_dir(out)
     LiveIndex(compacted, store, log_path, "bench", base=base_ids(out, manifest)).close()
     store.close()

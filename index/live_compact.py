@@ -87,8 +87,9 @@ def compact(
     if hasattr(faiss, "GpuIndex") and isinstance(source, faiss.GpuIndex):
         source = faiss.index_gpu_to_cpu(source)
     say(f"compaction: {len(kept):,} live images at write {state.seq}, {len(holes):,} ids with no vector")
+    before = imbalance(source)
     index, drifted, retrained = _faiss_index(
-        source, manifest.factory, state.base_dead, base_live, added_ids, added_vectors
+        source, before, manifest.factory, state.base_dead, base_live, added_ids, added_vectors
     )
     report: dict[str, Any] = {
         "seq": state.seq,
@@ -96,7 +97,7 @@ def compact(
         "removed": int(source.ntotal) - len(base_live),
         "added": len(added_ids),
         "holes": len(holes),
-        "imbalance_before": imbalance(source),
+        "imbalance_before": before,
         "imbalance_with_writes": drifted,  # the old lists with the writes applied
         "imbalance_after": imbalance(index),
         "retrained": retrained,
@@ -138,6 +139,7 @@ def compact(
 
 def _faiss_index(
     source: faiss.Index,
+    before: float | None,
     factory: str,
     dead: np.ndarray,
     base_live: np.ndarray,
@@ -145,7 +147,8 @@ def _faiss_index(
     added_vectors: np.ndarray,
 ) -> tuple[faiss.Index, float | None, bool]:
     """(the new FAISS index of the live vectors under their ids, the imbalance of the old lists with
-    the writes applied (None: an index with no lists), whether it was trained anew)."""
+    the writes applied (None: an index with no lists), whether it was trained anew). ``before``: the
+    old lists' imbalance."""
     if nlist_of(source) is not None:
         index = faiss.clone_index(source)
         faiss.extract_index_ivf(index).set_direct_map_type(faiss.DirectMap.NoMap)  # type: ignore[attr-defined]
@@ -153,7 +156,7 @@ def _faiss_index(
             index.remove_ids(faiss.IDSelectorBatch(len(dead), faiss.swig_ptr(np.ascontiguousarray(dead))))
         if len(added_ids):
             index.add_with_ids(added_vectors, added_ids)
-        before, after = imbalance(source), imbalance(index)
+        after = imbalance(index)
         if before is None or after is None or after <= RETRAIN_IMBALANCE * before:
             return index, after, False
         fresh = empty_index(source.d, factory)

@@ -26,7 +26,7 @@ import numpy as np
 from icr.index.filters import Filter, Selection, to_sql
 from icr.index.index_folder import read_holes
 from icr.index.live_state import LiveState, merge
-from icr.index.live_writes import Ack, NewImage, UnknownImage, WriteLog
+from icr.index.live_writes import UPLOADS_FOLDER, Ack, NewImage, UnknownImage, WriteLog
 from icr.index.manifest import Manifest
 from icr.index.metadata import MetadataStore
 from icr.index.vector_index import Rescorer, rescored, search
@@ -100,6 +100,11 @@ class LiveIndex:
                 f"{self.log_path} holds {held}: serve it with the state directory it was compacted with "
                 "(or with writes off, ICR_WRITES=false, as it is)"
             )
+
+    @property
+    def uploads(self) -> Path | None:
+        """Where uploaded images are kept (beside the write log), None for an index without a log."""
+        return None if self.log_path is None else self.log_path.parent / UPLOADS_FOLDER
 
     @property
     def state(self) -> LiveState:

@@ -69,10 +69,9 @@ def link_folder(directory: Path, target: Path, skipped: tuple[str, ...]) -> dict
     return how
 
 
-def write_snapshot(live: LiveIndex, directory: Path, out: Path, uploads: Path | None) -> dict[str, Any]:
-    """Write the snapshot of ``live`` (served from the index folder ``directory``; ``uploads``: where
-    its uploaded images are) to the new folder ``out``, complete or not at all. Returns what it holds.
-    FileExistsError when ``out`` exists."""
+def write_snapshot(live: LiveIndex, directory: Path, out: Path) -> dict[str, Any]:
+    """Write the snapshot of ``live`` (served from the index folder ``directory``) to the new folder
+    ``out``, complete or not at all. Returns what it holds. FileExistsError when ``out`` exists."""
     t0 = time.perf_counter()
     if out.exists():
         raise FileExistsError(f"{out.name}: a snapshot of that name exists; choose another name")
@@ -80,7 +79,7 @@ def write_snapshot(live: LiveIndex, directory: Path, out: Path, uploads: Path | 
     with staged_dir(out) as tmp:
         how = link_folder(directory, tmp, _SKIPPED)
         writes = 0 if live.log is None or state.seq == 0 else live.log.export(tmp / WRITES_FILE, state.seq)
-        files = _uploads(tmp / WRITES_FILE, uploads, tmp / UPLOADS_FOLDER) if writes else 0
+        files = _uploads(tmp / WRITES_FILE, live.uploads, tmp / UPLOADS_FOLDER) if writes else 0
         info = {
             "format_version": 1,
             "index_key": live.key,

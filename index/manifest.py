@@ -127,6 +127,11 @@ class Manifest(BaseModel):
         return self
 
     @property
+    def built(self) -> int:
+        """Ids of the build itself (below it): the id space less the images a compaction folded in."""
+        return self.ntotal - self.added_count
+
+    @property
     def vectors(self) -> int:
         """Vectors in index.faiss (and rows in metadata.sqlite): the id space less its holes."""
         return self.ntotal - self.holes

@@ -13,7 +13,7 @@ from typing import Any
 from PIL import Image
 
 from icr.core.image_input import GALLERY_FORMATS, ImageLimits, ImageRefused, open_image
-from icr.index.live_writes import UPLOAD_PREFIX, UPLOADS_FOLDER
+from icr.index.live_writes import UPLOAD_PREFIX
 from icr.service.loaded_index import LoadedIndex, public_source
 from icr.training.data.synthetic.generate import DistractorStream
 
@@ -64,15 +64,14 @@ class GalleryImages:
         source = str(row["source"])
         if source.startswith(UPLOAD_PREFIX):  # added online (a compacted folder holds some too)
             return True
-        if row["id"] >= self.images.manifest.ntotal - self.images.manifest.added_count:
+        if row["id"] >= self.images.manifest.built:
             return False  # added by its embedding: a source the caller named, never opened
         return source.startswith(DISTRACTOR_PREFIX) or "#" not in source
 
     @property
     def uploads(self) -> Path | None:
         """Where uploaded images are kept (beside the write log), None for an index without writes."""
-        log_path = self.images.live.log_path
-        return None if log_path is None else log_path.parent / UPLOADS_FOLDER
+        return self.images.live.uploads
 
     def image(self, image_id: int, limits: ImageLimits = GALLERY_LIMITS) -> Any:
         """The PIL image of an image-index id; KeyError if unknown, OSError without pixels or when
@@ -82,8 +81,7 @@ class GalleryImages:
             raise KeyError(image_id)
         row = self.images.live.rows([image_id], state)[0]
         source = row["source"]
-        built = self.images.manifest.ntotal - self.images.manifest.added_count  # ids of the build
-        if image_id >= built and not source.startswith(UPLOAD_PREFIX):
+        if image_id >= self.images.manifest.built and not source.startswith(UPLOAD_PREFIX):
             raise FileNotFoundError(f"image {image_id} was added by its embedding: no pixels are stored")
         if source.startswith(UPLOAD_PREFIX):
             assert self.uploads is not None

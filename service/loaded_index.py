@@ -117,9 +117,7 @@ class LoadedIndex:
         """The warning that the live index has changed past what its calibration (fitted on the
         build) was measured to survive, None while it has not (:func:`service.quality.calibration_due`)."""
         state, m = self.live.state, self.manifest  # a compacted folder's own changes count too
-        return calibration_due(
-            m.added_count + int(state.alive.sum()), len(state.base_dead), m.ntotal - m.added_count
-        )
+        return calibration_due(m.added_count + int(state.alive.sum()), len(state.base_dead), m.built)
 
     def summary(self) -> dict[str, Any]:
         m, state = self.manifest, self.live.state

@@ -19,6 +19,7 @@ from icr.index.live_state import LiveState, merge
 from icr.index.live_writes import NewImage, UnknownImage, Write, WriteLog
 from icr.index.metadata import MetadataStore
 from icr.index.vector_index import build_index
+from tests.index_folders import write_index_folder
 
 DIM, BASE, DEPTH = 16, 300, 25
 FIELDS = ["album", "year"]
@@ -255,7 +256,7 @@ def test_a_snapshot_holds_the_state_it_was_taken_at_and_links_the_build(tmp_path
     frozen.items = {
         i: (v, {**row, "fields": dict(row["fields"] or {}) or None}) for i, (v, row) in oracle.items.items()
     }
-    taken = write_snapshot(live, folder, tmp_path / "snaps" / "one", uploads=None)
+    taken = write_snapshot(live, folder, tmp_path / "snaps" / "one")
     _random_writes(live, oracle, rng, 20)  # after it: not in it
 
     snap = tmp_path / "snaps" / "one"
@@ -273,28 +274,15 @@ def test_a_snapshot_holds_the_state_it_was_taken_at_and_links_the_build(tmp_path
     with pytest.raises(ValueError, match="takes no writes"):
         restored.delete([0], "tester")
     with pytest.raises(FileExistsError, match="choose another name"):
-        write_snapshot(live, folder, snap, uploads=None)
+        write_snapshot(live, folder, snap)
     assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["one"]  # nothing half-written
 
 
 def _folder(tmp_path: Path, index: Any, factory: str) -> Path:
     """An index folder (index.faiss, metadata.sqlite, manifest.json) of the ``base`` fixture's index."""
-    import faiss
-
-    from icr.index.manifest import Manifest
-
-    folder = tmp_path / "built"
-    folder.mkdir()
-    faiss.write_index(index, str(folder / "index.faiss"))
+    folder = write_index_folder(tmp_path / "built", index, factory)
     (folder / "metadata.sqlite").hardlink_to(tmp_path / "metadata.sqlite")
     (folder / "calibration.json").write_text("{}")
-    manifest = Manifest(
-        modality="image", checkpoint_sha256="c" * 64, checkpoint_path="ckpt", dim=DIM, factory=factory,
-        factory_reason="test", ntotal=BASE, gallery_count=BASE, distractor_count=0,
-        recall_check={"k": 10, "recall": 1.0, "queries": 0}, build_seconds=0.0, peak_rss_mb=0.0,
-        created="2026-11-27T00:00:00+00:00", data={"path": "data", "split": "test"},
-    )  # fmt: skip
-    (folder / "manifest.json").write_text(manifest.to_json())
     return folder
 
 

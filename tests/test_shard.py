@@ -15,6 +15,7 @@ from icr.index.manifest import Manifest
 from icr.index.metadata import MetadataStore
 from icr.index.shard import check_shards, shard_index, shard_ranges
 from icr.index.vector_index import build_index
+from tests.index_folders import write_index_folder
 
 N, DIM, K = 997, 16, 25
 
@@ -23,18 +24,10 @@ def _folder(root: Path, factory: str) -> tuple[Path, np.ndarray]:
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((N, DIM)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)  # (N, D)
-    folder = root / factory.replace(",", "-")
-    folder.mkdir()
-    faiss.write_index(build_index(vectors, DIM, factory, gpu="off"), str(folder / "index.faiss"))
+    index = build_index(vectors, DIM, factory, gpu="off")
+    folder = write_index_folder(root / factory.replace(",", "-"), index, factory)
     with MetadataStore.create(folder / "metadata.sqlite") as store:
         store.add({"id": i, "source": f"{i}.jpg", "fields": {"n": i}} for i in range(N))
-    manifest = Manifest(
-        modality="image", checkpoint_sha256="c" * 64, checkpoint_path="ckpt", dim=DIM, factory=factory,
-        factory_reason="test", ntotal=N, gallery_count=N, distractor_count=0,
-        recall_check={"k": 10, "recall": 1.0, "queries": 0}, build_seconds=0.0, peak_rss_mb=0.0,
-        created="2026-11-27T00:00:00+00:00", data={"path": "data", "split": "test"},
-    )  # fmt: skip
-    (folder / "manifest.json").write_text(manifest.to_json())
     return folder, vectors
 
 

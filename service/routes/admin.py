@@ -14,7 +14,6 @@ from fastapi import APIRouter, FastAPI, Request
 
 from icr.index.live_compact import compact
 from icr.index.live_snapshot import SNAPSHOTS_FOLDER, snapshot_log, write_snapshot
-from icr.index.live_writes import UPLOADS_FOLDER
 from icr.service.config import Settings
 from icr.service.errors import ApiError
 from icr.service.loaded_index import preflight
@@ -67,9 +66,8 @@ def snapshot(request: Request, body: SnapshotRequest | None = None) -> SnapshotR
     name = (body.name if body is not None else None) or (
         f"{target.directory.name}-seq{live.state.seq}-{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}"
     )
-    uploads = None if live.log_path is None else live.log_path.parent / UPLOADS_FOLDER
     try:
-        info = write_snapshot(live, target.directory, settings.state_path / SNAPSHOTS_FOLDER / name, uploads)
+        info = write_snapshot(live, target.directory, settings.state_path / SNAPSHOTS_FOLDER / name)
     except FileExistsError as err:
         raise ApiError(409, "snapshot_exists", str(err)) from None
     log.info("snapshot %s: %d images at seq %d in %.2f s", name, info["images"], info["seq"], info["seconds"])
