@@ -7,16 +7,12 @@ the server is a separate `icr serve` process on 127.0.0.1 that the tests only re
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from server_support import ICR, MAX_UPLOAD_BYTES, N_DISTRACTORS, ROOT, Artifacts, free_port
+from server_support import N_DISTRACTORS, Artifacts, Server, server_env
 
 from tests.tiny_model import TINY_MODEL
 
@@ -56,75 +52,6 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
     build_caption_index(checkpoint, data, out=captions, progress=False, gpu="off")
     calibrate_index(images, progress=False, generated=200)
     return Artifacts(data, checkpoint, images, captions, root)
-
-
-class Server:
-    """One `icr serve` process; ``start()`` returns when /readyz says ready."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [
-            str(ICR),
-            "serve",
-            *args,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--log-level",
-            "warning",
-        ]
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
-        self.log = log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 90.0) -> Server:
-        with open(self.log, "ab") as out:
-            self.process = subprocess.Popen(
-                self.args, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
-            )
-        deadline = time.monotonic() + timeout
-        key = (
-            {"X-API-Key": self.env["ICR_API_KEY"]} if "ICR_API_KEY" in self.env else {}
-        )  # ICR_HEALTH_NEED_KEY
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"icr serve exited with {self.process.returncode}:\n{self.log_text()}")
-            try:
-                if httpx.get(self.url + "/readyz", headers=key, timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"icr serve not ready after {timeout} s:\n{self.log_text()}")
-
-    def stop(self, timeout: float = 20.0) -> int | None:
-        """SIGTERM (uvicorn shuts down gracefully: lifespan exit runs), SIGKILL if it hangs."""
-        if self.process is None or self.process.poll() is not None:
-            return None if self.process is None else self.process.returncode
-        self.process.terminate()
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.is_file() else ""
-
-
-def server_env(artifacts: Artifacts, jobs_db: Path, **extra: str) -> dict[str, str]:
-    return {
-        "ICR_DATASETS": json.dumps({"synthetic": str(artifacts.data)}),
-        "ICR_JOBS_DB": str(jobs_db),
-        "ICR_MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES),
-        # the fuzzing tests send thousands of refused requests on purpose; the penalty that would
-        # slow them has a test of its own (test_hardening.py)
-        "ICR_REFUSALS_PER_SECOND": "0",
-        **extra,
-    }
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,15 @@ def _free_port() -> int:
 class Server:
     """``icr serve`` on a free port, started and stopped around a ``with`` block."""
 
-    def __init__(self, index: Path, checkpoint: Path, log_path: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        index: Path,
+        checkpoint: Path,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        serve_args: list[str] | None = None,
+    ):
+        """``serve_args``: what to serve instead of ``--index index`` (e.g. ``--shards DIR --ray``)."""
         self.port = _free_port()
         self.env = env or {}
         self.args = [
@@ -44,8 +52,7 @@ class Server:
             "-m",
             "icr.cli",
             "serve",
-            "--index",
-            str(index),
+            *(serve_args or ["--index", str(index)]),
             "--checkpoint",
             str(checkpoint),
             "--port",
@@ -136,10 +143,10 @@ def load(server: Server, captions: list[str], clients: int, per_client: int) -> 
         t.join()
     wall = time.perf_counter() - t0
     _, after = server.get("/v1/info")
-    calls = {
-        key: after["micro_batch"]["searches"]["image"][key] - before["micro_batch"]["searches"]["image"][key]
-        for key in ("calls", "queries")
-    }
+    # a sharded server's shards batch in their replicas (no count here); with workers, /v1/info is
+    # one worker's
+    counts = [x["micro_batch"]["searches"].get("image", {"calls": 0, "queries": 0}) for x in (before, after)]
+    calls = {key: counts[1][key] - counts[0][key] for key in ("calls", "queries")}
     done = sum(len(x) for x in latencies)
     return {
         "clients": clients,

@@ -431,8 +431,17 @@ class ServedCalibration:
     def read(cls, path: str | os.PathLike[str]) -> ServedCalibration:
         """ValueError naming the file when it does not parse."""
         try:
-            info = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as err:
+            text = Path(path).read_text()
+        except OSError as err:
+            raise ValueError(f"{path}: unreadable calibration ({err})") from None
+        return cls.from_text(text, str(path))
+
+    @classmethod
+    def from_text(cls, text: str, path: str) -> ServedCalibration:
+        """A calibration file's content (``path``: its name in errors), as :meth:`read` parses it."""
+        try:
+            info = json.loads(text)
+        except ValueError as err:
             raise ValueError(f"{path}: unreadable calibration ({err})") from None
         if isinstance(info, dict) and info.get("format_version") in (2, CALIBRATION_FORMAT):
             validated(CalibrationFile, info, str(path), "calibration file", "")

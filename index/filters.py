@@ -299,6 +299,14 @@ class Selection:
     added: Any = None  # (a,) bool over the state's added images; None: no images added
     seq: int = 0  # the write log's state it was made at
 
+    @property
+    def count(self) -> int:
+        return len(self.ids)
+
+    def contains(self, image_id: int) -> bool:
+        at = int(np.searchsorted(self.ids, image_id))
+        return at < len(self.ids) and int(self.ids[at]) == image_id
+
 
 class FilterCache:
     """Selections of recent filters (a user paging through results repeats the same filter), LRU;

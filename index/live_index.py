@@ -136,6 +136,10 @@ class LiveIndex:
             self._state = state  # one reference swap: a search holds the old state or the new
             return state
 
+    def unanswered(self, _state: LiveState) -> list[str]:
+        """Parts of the index that left a search unanswered: none (one folder, in this process)."""
+        return []
+
     def close(self) -> None:
         if self._log is not None:
             self._log.close()

@@ -81,6 +81,16 @@ class LiveState:
         return max(self.base_ntotal, int(self.ids.max()) + 1 if len(self.ids) else 0)
 
     @property
+    def added(self) -> int:
+        """Images added since the build and live now."""
+        return int(self.alive.sum())
+
+    @property
+    def deleted(self) -> int:
+        """Images deleted since the build: base ids and added ones."""
+        return len(self.base_dead) + int((~self.alive).sum())
+
+    @property
     def size(self) -> int:
         """Live images: the base's less its deleted ones, plus the live added ones."""
         return self.base_ntotal - len(self.base_dead) + int(self.alive.sum())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -75,8 +76,9 @@ def _setting_errors(errors: list[Any]) -> str:
     return "; ".join(parts)
 
 
-def serve(settings: Any, log_level: str = "info") -> None:
-    """Check the artifacts agree, then serve until interrupted (Ctrl-C)."""
+def serve(settings: Any, log_level: str = "info", shards: Any = None) -> None:
+    """Check the artifacts agree, then serve until interrupted (Ctrl-C); ``shards``: connects to
+    the shards of a sharded index (``settings.index`` is one of them)."""
     import uvicorn
 
     from icr.service.http_protocol import KEEP_ALIVE_SECONDS, bounded_protocol
@@ -87,25 +89,105 @@ def serve(settings: Any, log_level: str = "info") -> None:
     # Configuration errors stop here with one line and exit status 2, not as a traceback from the app.
     preflight(settings.index, settings.checkpoint, settings.caption_index)
     JobStore(settings.jobs_path)
-    app = create_app(settings)
+    if settings.workers > 1 and shards is not None:
+        raise ValueError("--workers serves one index folder; a sharded index scales with --ray --replicas")
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     typer.echo(
         f"serving on http://{host}:{settings.port}/  (API docs: /docs, metrics: /metrics; Ctrl-C stops)"
     )
     # What bounds slow and greedy clients, and what uvicorn leaves unbounded: service/http_protocol.py.
+    app: Any
+    protocol: Any
+    if settings.workers > 1:  # spawned worker processes: each builds the app and protocol itself
+        from icr.service import workers
+
+        os.environ.update(workers.environment(settings))
+        app, protocol = workers.APP, workers.PROTOCOL
+    else:
+        app = create_app(settings, shards)
+        protocol = bounded_protocol(settings.header_timeout_seconds, settings.max_connections_per_client)
     uvicorn.run(
         app,
+        factory=settings.workers > 1,
+        workers=settings.workers,
         host=settings.host,
         port=settings.port,
         log_level=log_level,
         access_log=False,
-        http=bounded_protocol(settings.header_timeout_seconds, settings.max_connections_per_client),
+        http=protocol,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
         limit_concurrency=settings.max_connections,
         # uvicorn would trust X-Forwarded-For from 127.0.0.1; only ICR_TRUSTED_PROXIES may name a
         # client (service/client_address.py)
         proxy_headers=False,
     )
+
+
+def shard_folders(directory: Path) -> list[Path]:
+    """The ``shard-<s>-of-<S>`` folders ``icr index shard`` wrote into ``directory``, in order."""
+    found = sorted(directory.glob("shard-*-of-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not found:
+        raise FileNotFoundError(
+            f"--shards {directory}: no shard-<s>-of-<S> folders in it; cut an index into shards with "
+            f"`icr index shard INDEX --shards S --out {directory}`"
+        )
+    return found
+
+
+def serve_shards(
+    settings: Any, shards: Path, *, ray: bool, address: str | None, replicas: int, log_level: str
+) -> None:
+    """Serve the shard folders in ``shards`` as one index: in this process (each shard searched on
+    its own threads), or with ``ray`` as Ray Serve applications (a local Ray started for the
+    purpose, or the cluster at ``address``) until interrupted."""
+    folders = shard_folders(shards)
+    settings = settings.model_copy(update={"index": folders[0], "writes": False})
+    if not ray:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from icr.service.shard_replica import ShardReplica
+        from icr.service.sharded_index import LocalShard
+
+        pool = ThreadPoolExecutor(4 * len(folders))
+
+        def connect() -> list[Any]:
+            return [
+                LocalShard(ShardReplica(f, gpu=settings.gpu, faiss_threads=settings.faiss_threads), pool)
+                for f in folders
+            ]
+
+        serve(settings, log_level, shards=connect)
+        return
+    import signal
+    import threading
+
+    try:
+        import ray as ray_lib
+
+        from icr.service.ray_serving import deploy, start_serve, undeploy
+    except ImportError as err:
+        raise ValueError(
+            f"--ray needs Ray Serve ({err}): pip install 'icr[distributed]' (or 'ray[serve]')"
+        ) from None
+    from icr.service.loaded_index import preflight
+
+    preflight(settings.index, settings.checkpoint, settings.caption_index)
+    level = logging.getLevelNamesMapping().get(log_level.upper(), logging.INFO)
+    ray_lib.init(address=address, logging_level=level, log_to_driver=False)
+    started = start_serve(settings.host, settings.port)
+    typer.echo(f"deploying {len(folders)} shards x {replicas} replicas and the coordinator on Ray ...")
+    names = deploy(settings, folders, replicas=replicas)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    typer.echo(
+        f"serving on http://{host}:{settings.port}/ through Ray Serve (Ctrl-C stops and removes the apps)"
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    if address is not None:  # a cluster that outlives this command
+        undeploy(names, started)
+    ray_lib.shutdown()  # a Ray started by this command stops with it
 
 
 def _datasets(values: list[str] | None) -> dict[str, Path] | None:
@@ -143,6 +225,22 @@ def serve_command(
         Path | None, typer.Option(help="File of ICR_KEY=value settings (see service/config.py).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    shards: Annotated[
+        Path | None,
+        typer.Option(help="Serve the shard folders `icr index shard` wrote into this folder as one index."),
+    ] = None,
+    ray: Annotated[
+        bool, typer.Option("--ray", help="With --shards: each shard a Ray Serve application.")
+    ] = False,
+    address: Annotated[
+        str | None,
+        typer.Option(help="With --ray: the Ray cluster to join (e.g. ray://head:10001; default: start one)."),
+    ] = None,
+    replicas: Annotated[int, typer.Option(min=1, help="With --ray: replicas of each shard.")] = 1,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="Server processes on the port, sharing the memory-mapped index (default 1)."),
+    ] = None,
 ) -> None:
     """Serve text->image and image->text search, benchmark jobs and the search page over HTTP.
 
@@ -157,15 +255,27 @@ def serve_command(
 
       icr serve --index idx --checkpoint runs/coco/best --host 0.0.0.0 --port 8080 --dataset coco=/data/coco
 
+      icr serve --index idx --workers 2   (one process per core, one memory-mapped index)
+
       ICR_API_KEY=secret icr serve --config /etc/icr.env
+
+      icr index shard idx --shards 4 --out idx-shards && icr serve --shards idx-shards --ray --replicas 2
     """
     settings = settings_from(
         config,
-        index=index,
+        index=shard_folders(shards)[0] if shards is not None else index,
         checkpoint=checkpoint,
         caption_index=caption_index,
         host=host,
         port=port,
         datasets=_datasets(dataset),
+        workers=workers,
     )
-    serve(settings, log_level)
+    if shards is not None and index is not None:
+        raise ValueError("give --index (one index folder) or --shards (the folder of its shards), not both")
+    if shards is not None:
+        serve_shards(settings, shards, ray=ray, address=address, replicas=replicas, log_level=log_level)
+    elif ray:
+        raise ValueError("--ray serves shards: give --shards DIR (icr index shard cuts an index into them)")
+    else:
+        serve(settings, log_level)

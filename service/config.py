@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -185,6 +186,30 @@ class Settings(BaseSettings):
         description="How often a server applies what other servers on its state directory wrote: the "
         "longest a write takes to be searchable on the other servers.",
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Server processes on the one port (icr serve --workers): one per core uses every "
+        "core; they share the memory-mapped index, the write log and the jobs database.",
+    )
+    mmap: bool | None = Field(
+        None,
+        description="Read the index memory-mapped from the page cache instead of copying it into "
+        "memory (shared by every process serving it); default: on with more than one worker.",
+    )
+    shard_failure: Literal["partial", "unavailable"] = Field(
+        "partial",
+        description="When an index shard does not answer (a sharded server, icr serve --ray): partial "
+        "answers without it (passed_is_exact false and a warning naming it), or unavailable (503).",
+    )
+    shard_timeout_seconds: float = Field(
+        10.0,
+        gt=0.0,
+        le=600.0,
+        description="How long a sharded server waits for the shards' answers to one search before it "
+        "counts the late ones as down.",
+    )
     jobs_db: Path | None = Field(
         None, description="SQLite file of benchmark jobs, shared by replicas; default: STATE_DIR/jobs.sqlite."
     )
@@ -220,6 +245,10 @@ class Settings(BaseSettings):
     def _networks(cls, value: list[str]) -> list[str]:
         trusted_networks(tuple(value))  # a bad entry stops the server at start-up, named
         return value
+
+    @property
+    def memory_mapped(self) -> bool:
+        return self.mmap if self.mmap is not None else self.workers > 1
 
     @property
     def state_path(self) -> Path:

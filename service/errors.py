@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from icr.index.metadata import MetadataUnreadable
+from icr.service.sharded_index import ShardsUnavailable
 
 log = logging.getLogger("icr.service")
 
@@ -191,6 +192,11 @@ def install_error_handlers(app: FastAPI) -> None:
             "GET /readyz says what to do (the server reloads whole artifacts by itself when watching)",
         )
 
+    async def _shards_down(request: Request, err: Exception) -> JSONResponse:
+        log.warning("%s %s: %s", request.method, request.url.path, err)
+        return error_response(503, "shards_unavailable", str(err), headers={"Retry-After": "1"})
+
+    app.add_exception_handler(ShardsUnavailable, _shards_down)
     app.add_exception_handler(sqlite3.DatabaseError, _metadata_changed)
     app.add_exception_handler(MetadataUnreadable, _metadata_changed)
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import faiss
 import numpy as np
@@ -57,18 +58,63 @@ class NotServable(ValueError):
 READ_WHILE_SERVING = ("metadata.sqlite", "index.ivfdata", "index.faiss")
 
 
+class StateView(Protocol):
+    """What one request reads of a live index: one state of its writes (:class:`LiveState`), or
+    of a sharded index's shards (:class:`service.sharded_index.ShardedState`)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def base_ntotal(self) -> int: ...
+    @property
+    def ids_end(self) -> int: ...
+    @property
+    def added(self) -> int: ...
+    @property
+    def deleted(self) -> int: ...
+    def is_live(self, image_id: int) -> bool: ...
+    def added_vector(self, image_id: int) -> np.ndarray | None: ...
+
+
+class Live(Protocol):
+    """How the service searches and reads an index: :class:`LiveIndex` (one folder and its write
+    log) or :class:`service.sharded_index.ShardedLive` (shards searched as one index)."""
+
+    @property
+    def writable(self) -> bool: ...
+    @property
+    def uploads(self) -> Path | None: ...
+    @property
+    def state(self) -> StateView: ...
+    def refresh(self) -> StateView: ...
+    def search(
+        self, query: np.ndarray, depth: int, state: Any, selection: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+    def rows(self, ids: Sequence[int], state: Any) -> list[dict[str, Any]]: ...
+    def unanswered(self, state: Any) -> list[str]: ...
+    def close(self) -> None: ...
+
+
+class Filters(Protocol):
+    def select(self, filter_: Any, state: Any) -> tuple[Any, bool]: ...
+
+
 @dataclass
 class LoadedIndex:
     directory: Path
     index: Any  # faiss.Index (GPU copy when serving on a GPU)
     manifest: Manifest
-    metadata: MetadataStore
+    metadata: MetadataStore | None  # None: a sharded index (each shard holds its own)
     calibration: ServedCalibration | None
-    batcher: MicroBatcher  # every search goes through it: merges concurrent ones, sets FAISS threads
-    filters: FilterCache  # the ids recent query filters select
-    # the base index with the writes since its build (images added, patched, deleted online): a
-    # request takes ``live.state`` once and reads only it
-    live: LiveIndex
+    # every search goes through it: merges concurrent ones, sets FAISS threads (None: a sharded
+    # index, whose replicas batch)
+    batcher: MicroBatcher | None
+    filters: Filters  # the ids recent query filters select (FilterCache)
+    # the base index with the writes since its build (images added, patched, deleted online), or the
+    # shards of a sharded index: a request takes ``live.state`` once and reads only it
+    live: Live
     rescore: Rescorer | None = None  # exact, batch-independent scores (None: FAISS's as they are)
     on_gpu: bool = False
     gpu_resources: Any = None  # faiss.StandardGpuResources: must outlive the GPU index
@@ -99,6 +145,16 @@ class LoadedIndex:
             "/v1/search/vector"
         )
 
+    def folder_live(self, action: str) -> LiveIndex:
+        """The live index of this server's own index folder; NotServable saying why ``action``
+        (e.g. "take writes") needs one when it serves shards."""
+        if not isinstance(self.live, LiveIndex):
+            raise NotServable(
+                f"this server coordinates index shards, which cannot {action} yet: do it on the source "
+                "index folder and cut it into shards again (icr index shard)"
+            )
+        return self.live
+
     def changed_in_place(self) -> list[Path]:
         """Served files rewritten on disk since they were loaded (same inode, other size or mtime):
         their open handles may now read bytes of another build. A file replaced by a rename is not
@@ -117,7 +173,7 @@ class LoadedIndex:
         """The warning that the live index has changed past what its calibration (fitted on the
         build) was measured to survive, None while it has not (:func:`service.quality.calibration_due`)."""
         state, m = self.live.state, self.manifest  # a compacted folder's own changes count too
-        return calibration_due(m.added_count + int(state.alive.sum()), len(state.base_dead), m.built)
+        return calibration_due(m.added_count + state.added, state.deleted, m.built)
 
     def summary(self) -> dict[str, Any]:
         m, state = self.manifest, self.live.state
@@ -145,8 +201,8 @@ class LoadedIndex:
             "images": state.size,  # live now: the build's, less deletions, plus additions
             "writes": {
                 "seq": state.seq,
-                "added": int(state.alive.sum()),
-                "deleted": len(state.base_dead) + int((~state.alive).sum()),
+                "added": state.added,
+                "deleted": state.deleted,
                 "accepted": self.live.writable,
                 # the warning searches carry once writes outgrow what the calibration survives
                 "calibration_due": self.calibration is not None and self.calibration_due() is not None,
@@ -232,12 +288,19 @@ def _batcher(index: Any, rescore: Rescorer | None, max_batch: int, faiss_threads
 
 
 def load_index_folder(
-    directory: Path, gpu: str, max_batch: int, faiss_threads: int, writes: Path | None = None
+    directory: Path,
+    gpu: str,
+    max_batch: int,
+    faiss_threads: int,
+    writes: Path | None = None,
+    *,
+    mmap: bool = False,
 ) -> LoadedIndex:
     """``writes``: the state directory whose write log this index takes writes into (None: none). A
     snapshot folder (:mod:`index.live_snapshot`) is served with the log it carries, written to only
-    when ``writes`` is given."""
-    index, manifest, metadata = load_index_dir(directory)
+    when ``writes`` is given. ``mmap``: an exact or inverted-file index is read in place from the
+    page cache, shared by every process serving the same folder, instead of copied into each."""
+    index, manifest, metadata = load_index_dir(directory, mmap=mmap)
     calibration = _load_calibration(directory, manifest.checkpoint_sha256)
     nprobe = manifest.recall_check.get("nprobe")
     if nprobe and nprobe_of(index) is not None:

@@ -33,6 +33,7 @@ from icr.service.routes import admin, benchmarks, feedback, health, image_writes
 from icr.service.routes.deps import DecodeSlots
 from icr.service.schemas import FILTER_DESCRIPTION, NONBLANK_TEXT_PATTERN
 from icr.service.serving import install_retriever, load_retriever, without_paths
+from icr.service.sharded_index import ShardConnector
 from icr.service.telemetry import MetricsMiddleware, Telemetry
 from icr.service.watcher import ArtifactWatcher, watched_files
 
@@ -55,7 +56,7 @@ def _load(app: FastAPI, settings: Settings, stop: threading.Event) -> None:
     attempt = 1
     while not stop.is_set():
         try:
-            install_retriever(app, load_retriever(settings))
+            install_retriever(app, load_retriever(settings, app.state.shards))
             log.info("ready: %s", settings.index)
             if settings.watch_seconds > 0 and not stop.is_set():
                 app.state.watcher = _watcher(app, settings)
@@ -94,7 +95,7 @@ def _watcher(app: FastAPI, settings: Settings) -> ArtifactWatcher:
     return ArtifactWatcher(
         files,
         settings.watch_seconds,
-        reload=lambda: load_retriever(settings),
+        reload=lambda: load_retriever(settings, app.state.shards),
         swap=lambda fresh: install_retriever(app, fresh),
         refuse=refuse,
         describe=lambda err: without_paths(f"{type(err).__name__}: {err}", settings),
@@ -296,7 +297,9 @@ def _bounded_number(prop: dict[str, Any], lo: float, hi: float, nullable: bool) 
     return {**out, "anyOf": [number, {"type": "null"}]} if nullable else {**out, **number}
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, shards: ShardConnector | None = None) -> FastAPI:
+    """``shards``: serve a sharded index whose shards this reaches (``settings.index`` is one of
+    them, read for the agreement check and watched); the API is the same."""
     settings = settings if settings is not None else get_settings()
     app = FastAPI(
         title="icr: image-caption retrieval",
@@ -306,6 +309,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.shards = shards
     app.state.retriever = None
     app.state.load_error = None
     app.state.refused = None  # why the served artifacts may not be used (changed in place on disk)

@@ -36,6 +36,7 @@ from icr.service.loaded_index import (
     preflight,
 )
 from icr.service.quality import TOP_N, over_embedded_benchmark
+from icr.service.sharded_index import ShardSet, sharded_index
 from icr.training.checkpoint import CheckpointMeta, load_checkpoint
 from icr.training.evaluation.metrics.query_evidence import Evidence
 
@@ -62,6 +63,7 @@ class Page:
     top_count: int = 0  # how many retrieved hits top_relevance averages (TOP_N, or fewer in a tiny index)
     matched: int | None = None  # items the query's filter selects (None: no filter)
     evidence: Evidence | None = None  # what the calibration has seen of a text query (None: not checked)
+    unanswered: list[str] = field(default_factory=list)  # shards left out of this answer (by name)
 
     @property
     def expected_precision(self) -> float | None:
@@ -110,15 +112,24 @@ class Retriever:
         faiss_threads: int = 1,
         micro_batch: int = 64,
         writes: Path | None = None,
+        shards: ShardSet | None = None,
+        mmap: bool = False,
     ) -> Retriever:
         """``faiss_threads``: OpenMP threads of a one-query search (set per searching thread by the
         batcher, since OpenMP's setting is per thread); ``micro_batch``: most queries per FAISS call;
-        ``writes``: the state directory whose write log the image index takes writes into."""
+        ``writes``: the state directory whose write log the image index takes writes into;
+        ``shards``: serve these shards as the image index (``index`` is one of them, read for the
+        agreement check; each shard searches its own folder); ``mmap``: read the image index in
+        place (shared by the processes serving it)."""
         checkpoint, _ = preflight(index, checkpoint, caption_index)
         t0 = time.perf_counter()
         device = resolve_device(device)
         model, config = load_checkpoint(checkpoint, device)
-        images = load_index_folder(Path(index), gpu, micro_batch, faiss_threads, writes)
+        images = (
+            load_index_folder(Path(index), gpu, micro_batch, faiss_threads, writes, mmap=mmap)
+            if shards is None
+            else sharded_index(shards)
+        )
         captions = (
             load_index_folder(Path(caption_index), gpu, micro_batch, faiss_threads)
             if caption_index is not None
@@ -228,14 +239,16 @@ class Retriever:
         relevance = method = matched = None
         if filter_ is not None:
             selection, cached = target.filters.select(filter_, state)
-            timings["select_ms"] = timings.get("select_ms", 0.0) + (
-                0.0 if cached else selection.seconds * 1000
-            )
-            matched = len(selection.ids)
-            universe = matched - (extra if exclude is not None and _selected(selection.ids, exclude) else 0)
             f_scores, f_ids = _without(
                 exclude, depth, *target.live.search(query, depth + extra, state, selection)
             )
+            # read after the search: a sharded index's shards count and time theirs while searching
+            timings["select_ms"] = timings.get("select_ms", 0.0) + (
+                0.0 if cached else selection.seconds * 1000
+            )
+            matched = selection.count
+            universe = matched - (extra if exclude is not None and selection.contains(exclude) else 0)
+        unanswered = target.live.unanswered(state)
         t1 = time.perf_counter()
         if calibration is not None and (evidence is None or evidence.inside):
             if filter_ is None:
@@ -279,7 +292,7 @@ class Retriever:
         return Page(
             threshold=threshold,
             passed=passed,
-            passed_is_exact=passed < len(scores) or len(scores) >= universe,
+            passed_is_exact=not unanswered and (passed < len(scores) or len(scores) >= universe),
             searched=len(scores),
             k=k,
             offset=offset,
@@ -293,6 +306,7 @@ class Retriever:
             top_count=top_count,
             matched=matched,
             evidence=evidence,
+            unanswered=unanswered,
         )
 
     def batching(self) -> dict[str, dict[str, int]]:
@@ -303,7 +317,7 @@ class Retriever:
                 "queries": loaded.batcher.batched_queries,
             }
             for loaded in (self.images, self.captions)
-            if loaded is not None
+            if loaded is not None and loaded.batcher is not None
         }
 
     # --- description ------------------------------------------------------------------------------
@@ -360,12 +374,6 @@ def _without(
         keep = ids != exclude
         scores, ids = scores[keep], ids[keep]
     return scores[:depth], ids[:depth]
-
-
-def _selected(ids: np.ndarray, item: int) -> bool:
-    """Whether ``item`` is among the ascending ``ids`` of a filter's selection."""
-    at = int(np.searchsorted(ids, item))
-    return at < len(ids) and int(ids[at]) == item
 
 
 def _relevance_of_subset(

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from icr.index.calibration import CALIBRATION_FILE
 from icr.service.config import Settings
 from icr.service.retriever import Retriever
+from icr.service.sharded_index import ShardConnector, ShardSet
 
 log = logging.getLogger("icr.service")
 
@@ -25,8 +26,9 @@ def without_paths(text: str, settings: Settings) -> str:
     return text
 
 
-def load_retriever(settings: Settings) -> Retriever:
-    """The model and indices at the configured paths (at start-up, and on POST /v1/admin/reload)."""
+def load_retriever(settings: Settings, shards: ShardConnector | None = None) -> Retriever:
+    """The model and indices at the configured paths (at start-up, and on POST /v1/admin/reload);
+    ``shards``: connects to the shard replicas of a sharded index (``settings.index`` is one of them)."""
     return Retriever.load(
         settings.index,
         settings.checkpoint,
@@ -35,7 +37,15 @@ def load_retriever(settings: Settings) -> Retriever:
         gpu=settings.gpu,
         faiss_threads=settings.faiss_threads,
         micro_batch=settings.micro_batch,
-        writes=settings.state_path if settings.writes else None,
+        writes=settings.state_path if settings.writes and shards is None else None,
+        mmap=settings.memory_mapped,
+        shards=None
+        if shards is None
+        else ShardSet(
+            shards(),
+            timeout_s=settings.shard_timeout_seconds,
+            require_all=settings.shard_failure == "unavailable",
+        ),
     )
 
 

@@ -16,7 +16,7 @@ from icr.index.live_compact import compact
 from icr.index.live_snapshot import SNAPSHOTS_FOLDER, snapshot_log, write_snapshot
 from icr.service.config import Settings
 from icr.service.errors import ApiError
-from icr.service.loaded_index import preflight
+from icr.service.loaded_index import NotServable, preflight
 from icr.service.retriever import Retriever
 from icr.service.routes.deps import retriever_of, settings_of
 from icr.service.schemas import CompactResult, SnapshotRequest, SnapshotResult, error_responses
@@ -62,7 +62,10 @@ def snapshot(request: Request, body: SnapshotRequest | None = None) -> SnapshotR
     Needs the admin key (ICR_ADMIN_KEY; unset: clients on this machine only)."""
     settings = settings_of(request)
     target = retriever_of(request).images
-    live = target.live
+    try:
+        live = target.folder_live("take snapshots")
+    except NotServable as err:
+        raise ApiError(409, "sharded", str(err)) from None
     name = (body.name if body is not None else None) or (
         f"{target.directory.name}-seq{live.state.seq}-{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}"
     )
@@ -93,7 +96,11 @@ def compact_index(request: Request) -> CompactResult:
     admin key (ICR_ADMIN_KEY; unset: clients on this machine only)."""
     settings = settings_of(request)
     target = retriever_of(request).images
-    if not target.live.writable or snapshot_log(target.directory) is not None:
+    try:
+        live = target.folder_live("be compacted")
+    except NotServable as err:
+        raise ApiError(409, "sharded", str(err)) from None
+    if not live.writable or snapshot_log(target.directory) is not None:
         raise ApiError(
             409,
             "not_compactable",
@@ -105,7 +112,7 @@ def compact_index(request: Request) -> CompactResult:
             409, "compaction_in_progress", "a compaction is already running; retry when it has finished"
         )
     try:
-        report = compact(target.live, target.directory, target.directory, say=log.info)
+        report = compact(live, target.directory, target.directory, say=log.info)
         fresh = reload_artifacts(request.app, settings, wait_s=120)
     finally:
         _compacting.release()
@@ -126,7 +133,7 @@ def reload_artifacts(app: FastAPI, settings: Settings, wait_s: float = 0.0) -> R
     try:
         try:
             preflight(settings.index, settings.checkpoint, settings.caption_index)
-            fresh = load_retriever(settings)
+            fresh = load_retriever(settings, app.state.shards)
         except Exception as err:  # anything the new artifacts do: the served ones stay
             reason = without_paths(f"{type(err).__name__}: {err}", settings)
             log.warning("reload refused: the new artifacts did not load (%s)", reason)

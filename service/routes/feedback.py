@@ -27,7 +27,7 @@ from icr.index.feedback_labels import FEEDBACK_FILE, FeedbackStore, index_key
 from icr.index.label_calibration import USER_LABELS, calibrate_from_labels
 from icr.service.access import admin_identity
 from icr.service.errors import ApiError
-from icr.service.loaded_index import calibration_summary
+from icr.service.loaded_index import NotServable, calibration_summary
 from icr.service.retriever import Retriever
 from icr.service.routes.admin import reload_artifacts
 from icr.service.routes.deps import query_text, retriever_of, settings_of
@@ -235,6 +235,10 @@ def refit(request: Request) -> dict[str, Any]:
                 "(POST /v1/feedback, or the search page's Label buttons), then refit",
             )
         try:
+            live = retriever.images.folder_live("be recalibrated from labels")
+        except NotServable as err:
+            raise ApiError(409, "refit_refused", str(err)) from None
+        try:
             calibrate_from_labels(
                 retriever.images.directory,
                 labels,
@@ -242,7 +246,7 @@ def refit(request: Request) -> dict[str, Any]:
                 depth=settings.search_depth,
                 device=retriever.device,
                 progress=False,
-                live=retriever.images.live,  # hits as served now: added images' labels count
+                live=live,  # hits as served now: added images' labels count
             )
         except ValueError as err:  # what the labels cannot support, said with the fix
             raise ApiError(409, "refit_refused", without_paths(str(err), settings)) from None

@@ -198,12 +198,25 @@ def _assessment(target: LoadedIndex, page: Page | None, text: str | None, benchm
         dated=target.calibration is not None and target.calibration.evidence is None and text is not None,
         due=target.calibration_due() if calibration is not None else None,
     )
+    if page is not None:
+        quality["warnings"] = [*quality["warnings"], *_partial(page)]
     return {
         "calibration": page.calibration if page is not None else None,
         "expected_precision": page.expected_precision if page is not None else None,
         "expected_relevant": page.expected_relevant if page is not None else None,
         "quality": quality,
     }
+
+
+def _partial(page: Page) -> list[str]:
+    """The warning of an answer that leaves out shards which did not answer (none otherwise)."""
+    if not page.unanswered:
+        return []
+    return [
+        f"partial results: index shard{'s' if len(page.unanswered) > 1 else ''} "
+        f"{', '.join(page.unanswered)} did not answer, so their images are missing and passed counts "
+        "only the shards that answered (passed_is_exact is false); retry shortly"
+    ]
 
 
 def _timings(timings: dict[str, float], start: float) -> Timings:
@@ -396,6 +409,7 @@ def _vector_page_response(
             f"the index stores compressed vectors ({retriever.images.manifest.factory}): image "
             f"{query.image_id}'s vector is read back approximately, so its neighbours are approximate too"
         )
+    warnings += _partial(page)
     return VectorSearchResponse.model_validate(
         {
             "query": query,
@@ -426,23 +440,24 @@ async def search_similar(body: SimilarSearchRequest, request: Request) -> Respon
     settings = settings_of(request)
     _check_paging(settings, body.k, body.offset)
     retriever = retriever_of(request)
-    images = retriever.images
-    if not images.live.state.is_live(body.image_id):
-        raise ApiError(404, "not_found", f"image_id: {not_found(retriever, body.image_id).message}")
-    if images.vectors is None and body.image_id < images.manifest.ntotal:  # an added image's is kept
-        raise ApiError(409, "no_stored_vectors", images.why_no_vectors())
-    _check_filter(images, body.filter)
     return await run_in_threadpool(_similar_results, retriever, body, settings, request, start)
 
 
 def _similar_results(
     retriever: Retriever, body: SimilarSearchRequest, settings: Settings, request: Request, start: float
 ) -> Response:
+    images = retriever.images
+    # in the thread pool: over shards, whether the image is live is asked of the shard holding it
+    if not images.live.state.is_live(body.image_id):
+        raise ApiError(404, "not_found", f"image_id: {not_found(retriever, body.image_id).message}")
+    if images.vectors is None and body.image_id < images.manifest.ntotal:  # an added image's is kept
+        raise ApiError(409, "no_stored_vectors", images.why_no_vectors())
+    _check_filter(images, body.filter)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     try:
         query = retriever.stored_vector(retriever.images, body.image_id)  # (1, D)
-    except NotServable as err:  # checked on the event loop already; kept for a reload in between
+    except NotServable as err:  # checked above already; kept for a reload in between
         raise ApiError(409, "no_stored_vectors", str(err)) from None
     timings["encode_ms"] = (time.perf_counter() - t0) * 1000
     page = _search(

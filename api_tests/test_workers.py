@@ -1,0 +1,71 @@
+"""`icr serve --workers 2`: two server processes on one port over one memory-mapped index. They
+answer as the single server does, each sees the other's writes (the shared write log), and a worker
+that dies is replaced while the other keeps answering."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from server_support import Server
+
+QUERY = {"text": "a red circle", "k": 10, "min_relevance": 0.05}
+
+
+def _workers(server: Server) -> list[int]:
+    """The pids of the server's worker processes (uvicorn spawns them: ``spawn_main`` in their
+    command line), read from /proc."""
+    assert server.process is not None
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):  # not a process, or gone meanwhile
+            continue
+        if parent == server.process.pid and b"spawn_main" in command:
+            out.append(int(proc.name))
+    return out
+
+
+def _nearest(client: httpx.Client, vector: list[float]) -> int:
+    response = client.post("/v1/search/vector", json={"vector": vector, "k": 1})
+    assert response.status_code == 200, response.text
+    hit: dict[str, Any] = response.json()["hits"][0]
+    return int(hit["id"])
+
+
+def test_two_workers_answer_as_one_server_and_share_writes(make_server, server: Server, tmp_path) -> None:
+    multi = make_server(
+        extra_args=["--workers", "2"], ICR_STATE_DIR=str(tmp_path / "state"), ICR_WRITES_POLL_SECONDS="0.1"
+    ).start()
+    assert len(_workers(multi)) == 2
+    single = httpx.post(server.url + "/v1/search/text", json=QUERY).json()
+    with httpx.Client(base_url=multi.url, timeout=60) as c:
+        for _ in range(8):  # connections land on either worker
+            with httpx.Client(base_url=multi.url, timeout=60) as fresh:
+                got = fresh.post("/v1/search/text", json=QUERY).json()
+            assert [h["id"] for h in got["hits"]] == [h["id"] for h in single["hits"]]
+            for key in ("passed", "expected_relevant"):
+                assert got[key] == single[key]
+        vector = np.random.default_rng(3).standard_normal(c.get("/v1/info").json()["index"]["dim"])
+        vector = (vector / np.linalg.norm(vector)).tolist()
+        [written] = c.post("/v1/images", json={"images": [{"vector": vector}]}).json()["written"]
+    seen, deadline = 0, time.monotonic() + 20
+    while seen < 10:  # ten fresh connections in a row find it, whichever worker answers
+        assert time.monotonic() < deadline, "a worker never applied the other's write"
+        with httpx.Client(base_url=multi.url, timeout=60) as fresh:
+            seen = seen + 1 if _nearest(fresh, vector) == written["id"] else 0
+    victim = _workers(multi)[0]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while victim in _workers(multi) or len(_workers(multi)) < 2:
+        assert time.monotonic() < deadline, "the dead worker was not replaced"
+        time.sleep(0.2)
+    with httpx.Client(base_url=multi.url, timeout=60) as c:
+        assert c.post("/v1/search/text", json=QUERY).status_code == 200
