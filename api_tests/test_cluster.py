@@ -202,7 +202,7 @@ def test_a_shard_with_no_replica_is_named_in_a_partial_answer(sharded: Server) -
         assert [h["id"] for h in partial["hits"]] == others[:100]
     finally:
         _serve().run(
-            ShardDeployment.options(num_replicas=REPLICAS).bind(str(down.resolve()), "off", 1, 64, True),
+            ShardDeployment.options(num_replicas=REPLICAS).bind(str(down.resolve()), "off", 1, 64, False),
             name=shard_app_name(len(folders) - 1),
             route_prefix=None,
         )

@@ -2,11 +2,13 @@
 
 Sections (``--only`` picks some): ``build`` (index build of the largest gallery), ``search``
 (in-process figures per gallery size), ``http`` (``icr serve`` under 1/4/16 clients, ANN and
-exact), ``peers`` (the largest gallery's ANN index beside FAISS HNSW, hnswlib and usearch at k = 10
-and at the service's depth), ``relevance`` (threshold honesty of the largest served index: what
-``min_relevance`` delivers per query kind on held-out captions), ``writes`` (a living index: upserts
-per second, log replay, search while writers run), ``train`` (step time and peak memory per
-objective), ``eval`` (COCO-5K-size metrics) and ``gpu`` (when a CUDA GPU is visible).
+exact), ``cluster`` (the largest gallery served as one process, as ``--workers 2`` and as Ray
+shards through HTTP, and the coordinator's own cost), ``peers`` (the largest gallery's ANN index
+beside FAISS HNSW, hnswlib and usearch at k = 10 and at the service's depth), ``relevance``
+(threshold honesty of the largest served index: what ``min_relevance`` delivers per query kind
+on held-out captions), ``writes`` (a living index: upserts per second, log replay, search while
+writers run), ``train`` (step time and peak memory per objective), ``eval`` (COCO-5K-size
+metrics) and ``gpu`` (when a CUDA GPU is visible).
 ``--quick`` runs every section small (CI-sized: a 20,000 distractor gallery, a model trained for
 one short epoch, few repeats); its figures check that the suite works, not the targets.
 """
@@ -34,6 +36,7 @@ SECTIONS = (
     "peers",
     "filters",
     "scale",
+    "cluster",
     "relevance",
     "writes",
     "train",
@@ -107,7 +110,7 @@ def bench_command(
         "sections": {},
     }
     sections = report["sections"]
-    needs_gallery = {"build", "search", "http", "peers", "filters", "scale", "relevance", "gpu"} & set(chosen)
+    needs_gallery = (set(SECTIONS) - {"writes", "train", "eval"}) & set(chosen)  # all search a gallery
     needs_model = needs_gallery or "train" in chosen
     model = gallery.prepare_model(workdir, quick, checkpoint, data, _log) if needs_model else None
     largest = max(counts)
@@ -164,7 +167,7 @@ def bench_command(
             )
             for n in counts
         }
-    if {"peers", "filters", "scale"} & set(chosen):
+    if {"peers", "filters", "scale", "cluster"} & set(chosen):
         assert model is not None
         sections.update(
             _largest_gallery_sections(
@@ -255,7 +258,8 @@ def _largest_gallery_sections(
     workdir: Path,
     quick: bool,
 ) -> dict[str, Any]:
-    """The ``peers``, ``filters`` and ``scale`` sections of the largest gallery (each only when chosen)."""
+    """The ``peers``, ``filters``, ``scale`` and ``cluster`` sections of the largest gallery (each
+    only when chosen)."""
     out: dict[str, Any] = {}
     checkpoint = model.checkpoint
     if "peers" in chosen:
@@ -275,6 +279,10 @@ def _largest_gallery_sections(
         from bench import scale
 
         out["scale"] = scale.run(checkpoint, embeddings, workdir, quick, _log)
+    if "cluster" in chosen:
+        from bench import cluster
+
+        out["cluster"] = cluster.run(index_dir, checkpoint, captions, workdir / "cluster", quick, _log)
     return out
 
 

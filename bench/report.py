@@ -193,12 +193,13 @@ def markdown(report: dict[str, Any]) -> str:
         lines += _table(
             ["index, clients", "p50 ms", "p99 ms", "queries/s", "queries per FAISS call", "errors"], rows
         )
-    from bench import ann_peers, filters, scale, writes  # sections that render themselves
+    from bench import ann_peers, cluster, filters, scale, writes  # sections that render themselves
 
     for name, render in (
         ("peers", ann_peers.markdown),
         ("filters", filters.markdown),
         ("scale", scale.markdown),
+        ("cluster", cluster.markdown),
         ("writes", writes.markdown),
         ("eval", _evaluation),
     ):

@@ -68,15 +68,17 @@ class Server:
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 300
+        ready = 0  # in a row: each check is a new connection, so with workers any of them answers
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"icr serve exited with {self.process.returncode}; see {self.log_path}")
             try:
-                if self.get("/readyz")[0] == 200:
+                ready = ready + 1 if self.get("/readyz")[0] == 200 else 0
+                if ready == 10:
                     return self
-            except OSError:
-                pass
-            time.sleep(0.2)
+            except (OSError, ValueError):  # not listening yet, or a proxy's plain-text 404 meanwhile
+                ready = 0
+            time.sleep(0.05 if ready else 0.2)
         raise TimeoutError(f"icr serve not ready after 300 s; see {self.log_path}")
 
     def __exit__(self, *exc: object) -> None:
@@ -116,6 +118,23 @@ def _client(
     conn.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its children (workers; Linux /proc; 0.0
+    where it cannot be read)."""
+    total = 0.0
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for p in [pid, *map(int, children)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def load(server: Server, captions: list[str], clients: int, per_client: int) -> dict[str, Any]:
     """``clients`` concurrent clients, ``per_client`` requests each: latency and throughput."""
     latencies: list[list[float]] = [[] for _ in range(clients)]
@@ -135,13 +154,15 @@ def load(server: Server, captions: list[str], clients: int, per_client: int) -> 
         for c in range(clients)
     ]
     _, before = server.get("/v1/info")
+    assert server.process is not None
     for t in threads:
         t.start()
     start.wait()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), cpu_seconds(server.process.pid)
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    cpu = cpu_seconds(server.process.pid) - cpu0
     _, after = server.get("/v1/info")
     # a sharded server's shards batch in their replicas (no count here); with workers, /v1/info is
     # one worker's
@@ -154,6 +175,10 @@ def load(server: Server, captions: list[str], clients: int, per_client: int) -> 
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
         "queries_per_s": done / wall,
+        # the server process's (and its workers') CPU: cores busy, and CPU per query (a Ray
+        # server's work is in Ray's processes, not counted)
+        "server_cores": cpu / wall,
+        "server_cpu_ms_per_query": cpu / done * 1000 if done else None,
         "latency": latency([s for x in latencies for s in x]),
         "faiss_calls": calls["calls"],
         "mean_batch": calls["queries"] / calls["calls"] if calls["calls"] else None,

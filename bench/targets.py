@@ -137,6 +137,18 @@ def _why_train(row: dict[str, Any], ntxent: dict[str, Any] | None) -> str | None
     return "; ".join(parts)
 
 
+def _why_workers(cluster: Any) -> str | None:
+    single = _get(cluster, "layouts", "single")
+    if not single:
+        return None
+    one, sixteen = single["1"], single["16"]
+    return (
+        f"one process: {one['queries_per_s']:.0f} queries/s for one client at p50 "
+        f"{one['latency']['p50_ms']:.1f} ms, {sixteen['queries_per_s']:.0f}/s for 16; the 16 client "
+        "threads share the same 2 cores"
+    )
+
+
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     s = report["sections"]
     size = max((int(k) for k in s.get("search", s.get("http", {}))), default=None)
@@ -352,4 +364,17 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             "s",
         )
     )
+    cluster = s.get("cluster")
+    if cluster is not None:
+        out.append(
+            _target(
+                f"--workers 2: 16-client queries/s / one client, one process "
+                f"({cluster['index']['vectors']:,})",
+                _get(cluster, "workers_gain", "ratio"),
+                1.8,
+                False,
+                "x",
+                _why_workers(cluster),
+            )
+        )
     return out

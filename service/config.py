@@ -191,12 +191,20 @@ class Settings(BaseSettings):
         ge=1,
         le=64,
         description="Server processes on the one port (icr serve --workers): one per core uses every "
-        "core; they share the memory-mapped index, the write log and the jobs database.",
+        "core; they share the write log and the jobs database, each holds the index (or ICR_MMAP).",
     )
-    mmap: bool | None = Field(
-        None,
+    mmap: bool = Field(
+        False,
         description="Read the index memory-mapped from the page cache instead of copying it into "
-        "memory (shared by every process serving it); default: on with more than one worker.",
+        "memory: one copy shared by every worker, but an inverted file searched from mapped pages "
+        "measured 1.7x slower than from its own memory (docs/serving-beyond-one-machine.md).",
+    )
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="Threads each server process encodes queries with (torch intra-op); default: the "
+        "cores divided among the workers. More threads than cores spin and take CPU from searches.",
     )
     shard_failure: Literal["partial", "unavailable"] = Field(
         "partial",
@@ -247,8 +255,8 @@ class Settings(BaseSettings):
         return value
 
     @property
-    def memory_mapped(self) -> bool:
-        return self.mmap if self.mmap is not None else self.workers > 1
+    def encode_threads(self) -> int:
+        return self.torch_threads or max(1, len(os.sched_getaffinity(0)) // self.workers)
 
     @property
     def state_path(self) -> Path:

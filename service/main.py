@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
@@ -123,6 +124,7 @@ def _tail_writes(app: FastAPI, settings: Settings, stop: threading.Event) -> Non
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     checkpoint, _ = preflight(settings.index, settings.checkpoint, settings.caption_index)
+    torch.set_num_threads(settings.encode_threads)  # process-wide; benchmark jobs run in their own
     stop = threading.Event()
     loader = threading.Thread(target=_load, args=(app, settings, stop), name="icr-load", daemon=True)
     loader.start()

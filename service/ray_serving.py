@@ -185,7 +185,6 @@ def deploy(
     *,
     replicas: int = 1,
     coordinators: int = 1,
-    mmap: bool = True,
 ) -> list[str]:
     """Deploy each shard folder as an application of ``replicas`` replicas, then the coordinator
     (``coordinators`` replicas) at ``/``, on the Ray cluster this process is connected to; returns
@@ -194,7 +193,11 @@ def deploy(
     for s, folder in enumerate(shards):
         name = shard_app_name(s)
         app = ShardDeployment.options(num_replicas=replicas).bind(
-            str(Path(folder).resolve()), settings.gpu, settings.faiss_threads, settings.micro_batch, mmap
+            str(Path(folder).resolve()),
+            settings.gpu,
+            settings.faiss_threads,
+            settings.micro_batch,
+            settings.mmap,
         )
         serve.run(app, name=name, route_prefix=None)
         names.append(name)

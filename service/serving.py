@@ -38,7 +38,7 @@ def load_retriever(settings: Settings, shards: ShardConnector | None = None) -> 
         faiss_threads=settings.faiss_threads,
         micro_batch=settings.micro_batch,
         writes=settings.state_path if settings.writes and shards is None else None,
-        mmap=settings.memory_mapped,
+        mmap=settings.mmap,
         shards=None
         if shards is None
         else ShardSet(

@@ -72,7 +72,7 @@ class LocalShard:
 
     def __init__(self, replica: ShardReplica, pool: ThreadPoolExecutor):
         self.replica, self.pool = replica, pool
-        self.down = False  # set by tests and operators: this shard stops answering
+        self.down = False  # a shard that stops answering (set by tests)
 
     def submit(self, method: str, *args: Any) -> Waiter:
         if self.down:

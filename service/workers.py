@@ -3,8 +3,9 @@ tokenising, encoding, JSON) runs on every core instead of one.
 
 uvicorn starts the workers (spawned processes sharing the listening socket) and restarts one that
 dies. Each builds the same app from the settings the command resolved, passed in the environment
-(``ICR_WORKER_SETTINGS``, JSON), and loads the index memory-mapped, so the N processes read one
-copy of the vectors from the page cache instead of holding N. They are N replicas of one server:
+(``ICR_WORKER_SETTINGS``, JSON), encodes with its share of the cores (ICR_TORCH_THREADS) and loads
+the index into its own memory, or memory-mapped with ICR_MMAP=true: one copy in the page cache for
+all N, searched 1.7x slower (an inverted file at 1M, measured). They are N replicas of one server:
 writes go through the shared write log and every worker applies the others' (as separate servers
 on one state directory do), benchmark jobs are leased from the shared jobs database, and each
 worker counts its own metrics.
