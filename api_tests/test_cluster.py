@@ -3,7 +3,8 @@ machine): the session's index cut into 2 and 4 shards, each a Ray Serve applicat
 coordinator's HTTP API. Its answers equal the single server's on the same index (hits, scores,
 relevance, thresholds, filters, pages, image routes); a shard replica killed under load fails no
 request (another replica answers, Serve starts a new one); a shard with no replica at all gives
-partial answers that name it (passed_is_exact false), never a silent drop."""
+partial answers that name it (passed_is_exact false), or 503 (ICR_SHARD_FAILURE=unavailable),
+never a silent drop. (`icr serve --shards DIR` without Ray: api_tests/test_shards_in_process.py.)"""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ QUERIES: list[dict[str, Any]] = [
     {"text": "a red circle", "k": 10, "filter": {"is_distractor": True}, "min_relevance": 0.05},
 ]
 REPLICAS = 2
+FAILURE = {2: "partial", 4: "unavailable"}
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +68,13 @@ def sharded(request, cluster, artifacts: Artifacts, tmp_path_factory) -> Iterato
             ICR_STATE_DIR=str(folder),
             ICR_SHARD_TIMEOUT_SECONDS="5",
             ICR_WATCH_SECONDS="0",
+            # both policies for a shard with no replica: partial answers (2 shards), 503 (4 shards)
+            ICR_SHARD_FAILURE=FAILURE[request.param],
         ),
         folder / "server.log",
     )
     server.shards = folder / "shards"  # type: ignore[attr-defined]
+    server.failure = FAILURE[request.param]  # type: ignore[attr-defined]
     yield server.start(timeout=240)
     assert server.stop(timeout=90) == 0, server.log_text()  # removed its applications and exited
 
@@ -185,7 +190,7 @@ def _all_hits(url: str, text: str) -> list[int]:
     return ids
 
 
-def test_a_shard_with_no_replica_is_named_in_a_partial_answer(sharded: Server) -> None:
+def test_a_shard_with_no_replica_is_named_in_a_partial_answer_or_a_503(sharded: Server) -> None:
     from icr.index.manifest import Manifest
     from icr.service.ray_serving import ShardDeployment, shard_app_name
 
@@ -195,11 +200,16 @@ def test_a_shard_with_no_replica_is_named_in_a_partial_answer(sharded: Server) -
     everything = _all_hits(sharded.url, "a red circle")
     _serve().delete(shard_app_name(len(folders) - 1))  # no replica of the last shard anywhere
     try:
-        partial = _search(sharded.url, {"text": "a red circle", "k": 100})
-        assert not partial["passed_is_exact"] and partial["passed"] == len(everything) - (hi - lo)
-        assert any("partial results" in w and down.name in w for w in partial["quality"]["warnings"])
-        others = [i for i in everything if not lo <= i < hi]  # the answering shards' images, in order
-        assert [h["id"] for h in partial["hits"]] == others[:100]
+        if sharded.failure == "unavailable":  # type: ignore[attr-defined]
+            refused = httpx.post(sharded.url + "/v1/search/text", json={"text": "a red circle"}, timeout=60)
+            assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+            assert refused.json()["error"] == "shards_unavailable" and down.name in refused.json()["message"]
+        else:
+            partial = _search(sharded.url, {"text": "a red circle", "k": 100})
+            assert not partial["passed_is_exact"] and partial["passed"] == len(everything) - (hi - lo)
+            assert any("partial results" in w and down.name in w for w in partial["quality"]["warnings"])
+            others = [i for i in everything if not lo <= i < hi]  # the answering shards' images, in order
+            assert [h["id"] for h in partial["hits"]] == others[:100]
     finally:
         _serve().run(
             ShardDeployment.options(num_replicas=REPLICAS).bind(str(down.resolve()), "off", 1, 64, False),

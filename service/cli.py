@@ -261,6 +261,10 @@ def serve_command(
 
       icr index shard idx --shards 4 --out idx-shards && icr serve --shards idx-shards --ray --replicas 2
     """
+    if shards is not None and index is not None:
+        raise ValueError("give --index (one index folder) or --shards (the folder of its shards), not both")
+    if ray and shards is None:
+        raise ValueError("--ray serves shards: give --shards DIR (icr index shard cuts an index into them)")
     settings = settings_from(
         config,
         index=shard_folders(shards)[0] if shards is not None else index,
@@ -271,11 +275,7 @@ def serve_command(
         datasets=_datasets(dataset),
         workers=workers,
     )
-    if shards is not None and index is not None:
-        raise ValueError("give --index (one index folder) or --shards (the folder of its shards), not both")
     if shards is not None:
         serve_shards(settings, shards, ray=ray, address=address, replicas=replicas, log_level=log_level)
-    elif ray:
-        raise ValueError("--ray serves shards: give --shards DIR (icr index shard cuts an index into them)")
     else:
         serve(settings, log_level)
