@@ -33,6 +33,16 @@ def _workers(server: Server) -> list[int]:
     return out
 
 
+def _all_ready(server: Server, timeout: float = 90.0) -> None:
+    """Until every worker is ready: each worker loads on its own, and a new connection may land on
+    one still loading (503, as a server that is loading answers)."""
+    ready, deadline = 0, time.monotonic() + timeout
+    while ready < 10:  # in a row, each on a new connection
+        assert time.monotonic() < deadline, "a worker never became ready"
+        ready = ready + 1 if httpx.get(server.url + "/readyz", timeout=10).status_code == 200 else 0
+        time.sleep(0.05)
+
+
 def _nearest(client: httpx.Client, vector: list[float]) -> int:
     response = client.post("/v1/search/vector", json={"vector": vector, "k": 1})
     assert response.status_code == 200, response.text
@@ -45,11 +55,14 @@ def test_two_workers_answer_as_one_server_and_share_writes(make_server, server: 
         extra_args=["--workers", "2"], ICR_STATE_DIR=str(tmp_path / "state"), ICR_WRITES_POLL_SECONDS="0.1"
     ).start()
     assert len(_workers(multi)) == 2
+    _all_ready(multi)
     single = httpx.post(server.url + "/v1/search/text", json=QUERY).json()
     with httpx.Client(base_url=multi.url, timeout=60) as c:
         for _ in range(8):  # connections land on either worker
             with httpx.Client(base_url=multi.url, timeout=60) as fresh:
-                got = fresh.post("/v1/search/text", json=QUERY).json()
+                response = fresh.post("/v1/search/text", json=QUERY)
+            assert response.status_code == 200, response.text
+            got = response.json()
             assert [h["id"] for h in got["hits"]] == [h["id"] for h in single["hits"]]
             for key in ("passed", "expected_relevant"):
                 assert got[key] == single[key]
@@ -67,5 +80,6 @@ def test_two_workers_answer_as_one_server_and_share_writes(make_server, server: 
     while victim in _workers(multi) or len(_workers(multi)) < 2:
         assert time.monotonic() < deadline, "the dead worker was not replaced"
         time.sleep(0.2)
+    _all_ready(multi)  # the replacement loaded too
     with httpx.Client(base_url=multi.url, timeout=60) as c:
         assert c.post("/v1/search/text", json=QUERY).status_code == 200
