@@ -73,7 +73,7 @@ def _coordinator_cost(
     from icr.index.live_state import merge
     from icr.service.cli import shard_folders
     from icr.service.config import Settings
-    from icr.service.ray_serving import RayShard, ShardDeployment, shard_app_name
+    from icr.service.ray_serving import RayShard, deploy_shards, undeploy
     from icr.service.sharded_index import ShardSet
     from icr.training.checkpoint import load_checkpoint
 
@@ -81,16 +81,14 @@ def _coordinator_cost(
     with torch.inference_mode():
         queries = model.encode_text(model.tokenize(captions)).float().numpy()  # (Q, D)
     exact = _exact_top(index, queries, depth)  # (Q, depth) ids
-    settings = Settings(index=index)
+    settings = Settings(index=index, gpu="off")
     ray.init(log_to_driver=False)
     out: dict[str, Any] = {}
     try:
         serve.start(http_options={"location": "NoServer"})  # handles only: no HTTP proxy
         for s in shard_counts:
-            for k, folder in enumerate(shard_folders(workdir / f"shards-{s}")):
-                app = ShardDeployment.bind(str(folder.resolve()), "off", settings.faiss_threads, 64, False)
-                serve.run(app, name=shard_app_name(k), route_prefix=None)
-            shards = ShardSet([RayShard(shard_app_name(k)) for k in range(s)], timeout_s=60)
+            names = deploy_shards(settings, shard_folders(workdir / f"shards-{s}"))
+            shards = ShardSet([RayShard(name) for name in names], timeout_s=60)
             hop, merged, own, found = [], [], [], []
             for q in queries:
                 t0 = time.perf_counter()
@@ -117,8 +115,7 @@ def _coordinator_cost(
                 f"cluster: {s} shard(s), p50 ms: hop {p50['hop']:.2f}, merge {p50['merge']:.3f}, "
                 f"shard {p50['own']:.2f}"
             )
-            for k in range(s):
-                serve.delete(shard_app_name(k))
+            undeploy(names, started=False)
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -76,6 +76,12 @@ def _setting_errors(errors: list[Any]) -> str:
     return "; ".join(parts)
 
 
+def _url(settings: Any) -> str:
+    """Where the server answers (an IPv6 host in brackets)."""
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return f"http://{host}:{settings.port}/"
+
+
 def serve(settings: Any, log_level: str = "info", shards: Any = None) -> None:
     """Check the artifacts agree, then serve until interrupted (Ctrl-C); ``shards``: connects to
     the shards of a sharded index (``settings.index`` is one of them)."""
@@ -91,10 +97,7 @@ def serve(settings: Any, log_level: str = "info", shards: Any = None) -> None:
     JobStore(settings.jobs_path)
     if settings.workers > 1 and shards is not None:
         raise ValueError("--workers serves one index folder; a sharded index scales with --ray --replicas")
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    typer.echo(
-        f"serving on http://{host}:{settings.port}/  (API docs: /docs, metrics: /metrics; Ctrl-C stops)"
-    )
+    typer.echo(f"serving on {_url(settings)}  (API docs: /docs, metrics: /metrics; Ctrl-C stops)")
     # What bounds slow and greedy clients, and what uvicorn leaves unbounded: service/http_protocol.py.
     app: Any
     protocol: Any
@@ -177,10 +180,7 @@ def serve_shards(
     started = start_serve(settings.host, settings.port)
     typer.echo(f"deploying {len(folders)} shards x {replicas} replicas and the coordinator on Ray ...")
     names = deploy(settings, folders, replicas=replicas)
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    typer.echo(
-        f"serving on http://{host}:{settings.port}/ through Ray Serve (Ctrl-C stops and removes the apps)"
-    )
+    typer.echo(f"serving on {_url(settings)} through Ray Serve (Ctrl-C stops and removes the apps)")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -239,7 +239,7 @@ def serve_command(
     replicas: Annotated[int, typer.Option(min=1, help="With --ray: replicas of each shard.")] = 1,
     workers: Annotated[
         int | None,
-        typer.Option(help="Server processes on the port, sharing the memory-mapped index (default 1)."),
+        typer.Option(help="Server processes on the port, one per core (default 1; see ICR_MMAP)."),
     ] = None,
 ) -> None:
     """Serve text->image and image->text search, benchmark jobs and the search page over HTTP.
@@ -255,7 +255,7 @@ def serve_command(
 
       icr serve --index idx --checkpoint runs/coco/best --host 0.0.0.0 --port 8080 --dataset coco=/data/coco
 
-      icr serve --index idx --workers 2   (one process per core, one memory-mapped index)
+      icr serve --index idx --workers 2   (one process per core)
 
       ICR_API_KEY=secret icr serve --config /etc/icr.env
 

@@ -179,16 +179,9 @@ def undeploy(names: list[str], started: bool) -> None:
             log.warning("could not remove %s: %s", name, err)
 
 
-def deploy(
-    settings: Settings,
-    shards: list[Path],
-    *,
-    replicas: int = 1,
-    coordinators: int = 1,
-) -> list[str]:
-    """Deploy each shard folder as an application of ``replicas`` replicas, then the coordinator
-    (``coordinators`` replicas) at ``/``, on the Ray cluster this process is connected to; returns
-    the applications' names. ``settings.index`` must be one of the shards (the agreement check)."""
+def deploy_shards(settings: Settings, shards: list[Path], replicas: int = 1) -> list[str]:
+    """Deploy each shard folder as the application ``icr-shard-<s>`` of ``replicas`` replicas, on
+    the Ray cluster this process is connected to; returns the applications' names."""
     names = []
     for s, folder in enumerate(shards):
         name = shard_app_name(s)
@@ -201,6 +194,20 @@ def deploy(
         )
         serve.run(app, name=name, route_prefix=None)
         names.append(name)
+    return names
+
+
+def deploy(
+    settings: Settings,
+    shards: list[Path],
+    *,
+    replicas: int = 1,
+    coordinators: int = 1,
+) -> list[str]:
+    """Deploy the shards (:func:`deploy_shards`), then the coordinator (``coordinators`` replicas)
+    at ``/``; returns the applications' names. ``settings.index`` must be one of the shards (the
+    agreement check)."""
+    names = deploy_shards(settings, shards, replicas)
     dump = settings.model_dump(mode="json", exclude_none=True)
     coordinator = Coordinator.options(num_replicas=coordinators).bind({**dump, "writes": False}, names)
     serve.run(coordinator, name=COORDINATOR_APP, route_prefix="/")

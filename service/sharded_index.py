@@ -135,6 +135,17 @@ class ShardSet:
         s = int(np.searchsorted(self.starts, image_id, side="right")) - 1
         return s if s >= 0 and image_id < self.ends[s] else None
 
+    def ask_owner(self, image_id: int, method: str, *args: Any) -> Any:
+        """The answer of the shard owning ``image_id`` to ``method(*args)``; None when no shard's
+        range holds the id; ShardsUnavailable when its shard does not answer."""
+        s = self.owner(image_id)
+        if s is None:
+            return None
+        answers, _ = self.ask({s: args}, method)
+        if s not in answers:
+            raise ShardsUnavailable([self.names[s]])
+        return answers[s]
+
     def ask(
         self, calls: dict[int, tuple[Any, ...]], method: str, timeout_s: float | None = None
     ) -> tuple[dict[int, Any], list[int]]:
@@ -171,13 +182,7 @@ class ShardedState:
 
     def is_live(self, image_id: int) -> bool:
         """Asked of the shard owning ``image_id``; ShardsUnavailable when it does not answer."""
-        s = self.shards.owner(image_id)
-        if s is None:
-            return False
-        answers, _ = self.shards.ask({s: (image_id,)}, "is_live")
-        if s not in answers:
-            raise ShardsUnavailable([self.shards.names[s]])
-        return bool(answers[s])
+        return bool(self.shards.ask_owner(image_id, "is_live", image_id))
 
     def added_vector(self, _image_id: int) -> np.ndarray | None:
         return None  # shards take no writes yet: no image was added since the build
@@ -194,11 +199,7 @@ class ShardedSelection:
     seconds: float = 0.0
 
     def contains(self, image_id: int) -> bool:
-        s = self.shards.owner(image_id)
-        if s is None:
-            return False
-        answers, _ = self.shards.ask({s: (self.filter_, image_id)}, "selects")
-        return bool(answers.get(s, False))
+        return bool(self.shards.ask_owner(image_id, "selects", self.filter_, image_id))
 
 
 class ShardedFilters:
@@ -269,13 +270,10 @@ class ShardedLive:
         """(n, D) stored vectors, each from its owner (a search by a stored image)."""
         out = []
         for i in ids:
-            s = self.shards.owner(int(i))
-            if s is None:
+            found = self.shards.ask_owner(int(i), "vectors", np.array([i], np.int64))  # (1, D)
+            if found is None:
                 raise KeyError(int(i))
-            answers, _ = self.shards.ask({s: (np.array([i], np.int64),)}, "vectors")
-            if s not in answers:
-                raise ShardsUnavailable([self.shards.names[s]])
-            out.append(answers[s][0])
+            out.append(found[0])
         return np.stack(out)
 
     def close(self) -> None:

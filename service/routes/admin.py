@@ -16,9 +16,9 @@ from icr.index.live_compact import compact
 from icr.index.live_snapshot import SNAPSHOTS_FOLDER, snapshot_log, write_snapshot
 from icr.service.config import Settings
 from icr.service.errors import ApiError
-from icr.service.loaded_index import NotServable, preflight
+from icr.service.loaded_index import preflight
 from icr.service.retriever import Retriever
-from icr.service.routes.deps import retriever_of, settings_of
+from icr.service.routes.deps import folder_live, retriever_of, settings_of
 from icr.service.schemas import CompactResult, SnapshotRequest, SnapshotResult, error_responses
 from icr.service.serving import install_retriever, load_retriever, without_paths
 
@@ -62,10 +62,7 @@ def snapshot(request: Request, body: SnapshotRequest | None = None) -> SnapshotR
     Needs the admin key (ICR_ADMIN_KEY; unset: clients on this machine only)."""
     settings = settings_of(request)
     target = retriever_of(request).images
-    try:
-        live = target.folder_live("take snapshots")
-    except NotServable as err:
-        raise ApiError(409, "sharded", str(err)) from None
+    live = folder_live(target, "take snapshots", "sharded")
     name = (body.name if body is not None else None) or (
         f"{target.directory.name}-seq{live.state.seq}-{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}"
     )
@@ -96,10 +93,7 @@ def compact_index(request: Request) -> CompactResult:
     admin key (ICR_ADMIN_KEY; unset: clients on this machine only)."""
     settings = settings_of(request)
     target = retriever_of(request).images
-    try:
-        live = target.folder_live("be compacted")
-    except NotServable as err:
-        raise ApiError(409, "sharded", str(err)) from None
+    live = folder_live(target, "be compacted", "sharded")
     if not live.writable or snapshot_log(target.directory) is not None:
         raise ApiError(
             409,

@@ -11,8 +11,10 @@ from functools import cache
 
 from fastapi import Request
 
+from icr.index.live_index import LiveIndex
 from icr.service.config import Settings
 from icr.service.errors import ApiError
+from icr.service.loaded_index import LoadedIndex, NotServable
 from icr.service.retriever import Retriever
 from icr.service.schemas import BLANK
 
@@ -22,6 +24,15 @@ log = logging.getLogger("icr.service")
 def settings_of(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
+
+
+def folder_live(target: LoadedIndex, action: str, code: str) -> LiveIndex:
+    """The live index of the served folder (:meth:`LoadedIndex.folder_live`); 409 ``code`` saying
+    why ``action`` needs one when the server coordinates shards."""
+    try:
+        return target.folder_live(action)
+    except NotServable as err:
+        raise ApiError(409, code, str(err)) from None
 
 
 def retriever_of(request: Request) -> Retriever:

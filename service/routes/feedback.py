@@ -27,10 +27,10 @@ from icr.index.feedback_labels import FEEDBACK_FILE, FeedbackStore, index_key
 from icr.index.label_calibration import USER_LABELS, calibrate_from_labels
 from icr.service.access import admin_identity
 from icr.service.errors import ApiError
-from icr.service.loaded_index import NotServable, calibration_summary
+from icr.service.loaded_index import calibration_summary
 from icr.service.retriever import Retriever
 from icr.service.routes.admin import reload_artifacts
-from icr.service.routes.deps import query_text, retriever_of, settings_of
+from icr.service.routes.deps import folder_live, query_text, retriever_of, settings_of
 from icr.service.schemas import (
     LABELS_IDS_MAX,
     SQLITE_INT_MAX,
@@ -234,10 +234,7 @@ def refit(request: Request) -> dict[str, Any]:
                 f"no labels for the served index {name!r} yet: mark hits relevant or not relevant "
                 "(POST /v1/feedback, or the search page's Label buttons), then refit",
             )
-        try:
-            live = retriever.images.folder_live("be recalibrated from labels")
-        except NotServable as err:
-            raise ApiError(409, "refit_refused", str(err)) from None
+        live = folder_live(retriever.images, "be recalibrated from labels", "refit_refused")
         try:
             calibrate_from_labels(
                 retriever.images.directory,

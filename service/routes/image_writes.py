@@ -18,9 +18,9 @@ from icr.index.live_index import LiveIndex
 from icr.index.live_writes import UPLOAD_PREFIX, Ack, NewImage, UnknownImage, check_fields
 from icr.service.access import admin_identity
 from icr.service.errors import ApiError, validation_message
-from icr.service.loaded_index import LoadedIndex, NotServable
+from icr.service.loaded_index import LoadedIndex
 from icr.service.retriever import Retriever, unit_query
-from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
+from icr.service.routes.deps import decode_slots_of, folder_live, retriever_of, settings_of
 from icr.service.routes.images import metadata_of, not_found
 from icr.service.schemas import (
     EXTERNAL_ID_MAX,
@@ -40,10 +40,7 @@ router = APIRouter(prefix="/v1/images", tags=["images"])
 
 
 def _live(retriever: Retriever) -> LiveIndex:
-    try:
-        live = retriever.images.folder_live("take writes")
-    except NotServable as err:
-        raise ApiError(409, "writes_disabled", str(err)) from None
+    live = folder_live(retriever.images, "take writes", "writes_disabled")
     if not live.writable:
         raise ApiError(
             409,
