@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from server_support import Artifacts, Server, server_env
 
@@ -74,6 +75,7 @@ def sharded(request, cluster, artifacts: Artifacts, tmp_path_factory) -> Iterato
         folder / "server.log",
     )
     server.shards = folder / "shards"  # type: ignore[attr-defined]
+    server.state = folder  # type: ignore[attr-defined]
     server.failure = FAILURE[request.param]  # type: ignore[attr-defined]
     yield server.start(timeout=240)
     assert server.stop(timeout=90) == 0, server.log_text()  # removed its applications and exited
@@ -116,8 +118,6 @@ def test_the_sharded_server_answers_as_the_single_one(server: Server, sharded: S
     )
     missing = httpx.get(sharded.url + "/v1/images/999999/metadata")
     assert missing.status_code == 404
-    writes = httpx.delete(sharded.url + f"/v1/images/{hit}")  # shards take no writes yet: said so
-    assert writes.status_code == 409 and "shards" in writes.json()["message"]
     info = httpx.get(sharded.url + "/v1/info").json()
     assert info["index"]["images"] == httpx.get(server.url + "/v1/info").json()["index"]["images"]
 
@@ -193,6 +193,7 @@ def _all_hits(url: str, text: str) -> list[int]:
 def test_a_shard_with_no_replica_is_named_in_a_partial_answer_or_a_503(sharded: Server) -> None:
     from icr.index.manifest import Manifest
     from icr.service.ray_serving import ShardDeployment, shard_app_name
+    from icr.service.shard_replica import shard_state_dir
 
     folders = sorted(sharded.shards.glob("shard-*"), key=lambda p: int(p.name.split("-")[1]))  # type: ignore[attr-defined]
     down = folders[-1]
@@ -212,8 +213,41 @@ def test_a_shard_with_no_replica_is_named_in_a_partial_answer_or_a_503(sharded: 
             assert [h["id"] for h in partial["hits"]] == others[:100]
     finally:
         _serve().run(
-            ShardDeployment.options(num_replicas=REPLICAS).bind(str(down.resolve()), "off", 1, 64, False),
+            ShardDeployment.options(num_replicas=REPLICAS).bind(
+                str(down.resolve()),
+                "off",
+                1,
+                64,
+                False,
+                str(shard_state_dir(sharded.state, down.resolve())),  # type: ignore[attr-defined]
+            ),
             name=shard_app_name(len(folders) - 1),
             route_prefix=None,
         )
     assert _all_hits(sharded.url, "a red circle") == everything  # whole again
+
+
+def test_writes_reach_the_owning_shard_and_every_replica_of_it(sharded: Server) -> None:
+    """An image added through the coordinator (to the last shard) and a built image of the first
+    shard deleted: every later search, whichever replica of each shard answers it, says so."""
+    info = httpx.get(sharded.url + "/v1/info").json()["index"]
+    n, before = info["ntotal"], info["images"]
+    vector = np.random.default_rng(1).standard_normal(info["dim"])
+    vector = (vector / np.linalg.norm(vector)).tolist()
+    added = httpx.post(sharded.url + "/v1/images", json={"images": [{"vector": vector}]}, timeout=60)
+    assert added.status_code == 200 and added.json()["images"] == before + 1, added.text
+    new = added.json()["written"][0]["id"]
+    assert new >= n  # past the whole index's ids: the last shard's
+    first = _search(sharded.url, {"text": "a red circle", "k": 100})["hits"]
+    victim = min(h["id"] for h in first)  # a built image, the first shard's when it holds a hit
+    gone = httpx.delete(sharded.url + f"/v1/images/{victim}", timeout=60)
+    assert gone.status_code == 200 and gone.json()["deleted"] == [victim], gone.text
+    for _ in range(8):  # searches spread over both replicas of every shard
+        top = _search(sharded.url, {"vector": vector, "k": 1}, "/v1/search/vector")["hits"][0]
+        assert top["id"] == new and top["score"] == pytest.approx(1.0, abs=1e-5)
+        assert victim not in [
+            h["id"] for h in _search(sharded.url, {"text": "a red circle", "k": 100})["hits"]
+        ]
+    assert httpx.get(sharded.url + f"/v1/images/{victim}/metadata").status_code == 404
+    assert httpx.get(sharded.url + f"/v1/images/{new}/metadata").status_code == 200
+    assert httpx.get(sharded.url + "/v1/info").json()["index"]["images"] == before

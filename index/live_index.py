@@ -160,6 +160,13 @@ class LiveIndex:
         self.refresh()
         return acks
 
+    def delete_matching(self, filter_: Filter, who: str) -> list[Ack]:
+        """Delete every live image ``filter_`` selects as of now, in one transaction."""
+        state = self.refresh()
+        selection = self.select(filter_, state)
+        ids = np.concatenate([selection.base_ids, state.ids[selection.added]])  # (n,)
+        return self.delete(ids.tolist(), who) if len(ids) else []
+
     def resolve_external(self, external_id: str) -> int:
         """The live image ``external_id`` names; UnknownImage if none."""
         if self._log is None:

@@ -10,8 +10,10 @@ all S are checked to come from one checkpoint and one build.
 
 Merging the shards' top-k lists by score gives the top-k of the whole index: exactly so for exact
 shards (up to tied scores), and never worse than the shards' own recall for inverted files.
-The ids outside a shard's range are listed as its holes (8 bytes per id of the whole index); a shard
-is served read-only (ICR_WRITES=false) until writes are routed to the owning shard.
+The ids outside a shard's range are listed as its holes (8 bytes per id of the whole index). A shard
+takes writes into a write log of its own (``base_seq`` 0: a compacted source's log is folded in and
+not carried on); images added online go to the last shard, whose range is open-ended
+(:mod:`service.sharded_index`).
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ def shard_index(
             outside = np.concatenate([np.arange(0, lo), np.arange(hi, manifest.ntotal)]).astype(np.int64)
             gone = outside if holes is None else np.union1d(outside, holes)
             live = LiveIndex(
-                index, metadata, None, "shard", base=BaseIds(manifest.ntotal, manifest.base_seq, gone)
-            )
+                index, metadata, None, "shard", base=BaseIds(manifest.ntotal, 0, gone)
+            )  # seq 0: a shard's own log starts empty
             folder = out_dir / f"shard-{s}-of-{shards}"
             say(f"shard {s}: ids {lo:,} to {hi - 1:,} -> {folder}")
             info = {"index": s, "count": shards, "ids": [lo, hi], "from": index_dir.name}

@@ -95,8 +95,6 @@ def serve(settings: Any, log_level: str = "info", shards: Any = None) -> None:
     # Configuration errors stop here with one line and exit status 2, not as a traceback from the app.
     preflight(settings.index, settings.checkpoint, settings.caption_index)
     JobStore(settings.jobs_path)
-    if settings.workers > 1 and shards is not None:
-        raise ValueError("--workers serves one index folder; a sharded index scales with --ray --replicas")
     typer.echo(f"serving on {_url(settings)}  (API docs: /docs, metrics: /metrics; Ctrl-C stops)")
     # What bounds slow and greedy clients, and what uvicorn leaves unbounded: service/http_protocol.py.
     app: Any
@@ -143,19 +141,29 @@ def serve_shards(
     """Serve the shard folders in ``shards`` as one index: in this process (each shard searched on
     its own threads), or with ``ray`` as Ray Serve applications (a local Ray started for the
     purpose, or the cluster at ``address``) until interrupted."""
+    if settings.workers > 1:  # on Ray the coordinator would ignore it, in process it cannot share the shards
+        raise ValueError("--workers serves one index folder; a sharded index scales with --ray --replicas")
     folders = shard_folders(shards)
-    settings = settings.model_copy(update={"index": folders[0], "writes": False})
+    settings = settings.model_copy(update={"index": folders[0]})
     if not ray:
         from concurrent.futures import ThreadPoolExecutor
 
-        from icr.service.shard_replica import ShardReplica
+        from icr.service.shard_replica import ShardReplica, shard_state_dir
         from icr.service.sharded_index import LocalShard
 
         pool = ThreadPoolExecutor(4 * len(folders))
 
         def connect() -> list[Any]:
             return [
-                LocalShard(ShardReplica(f, gpu=settings.gpu, faiss_threads=settings.faiss_threads), pool)
+                LocalShard(
+                    ShardReplica(
+                        f,
+                        gpu=settings.gpu,
+                        faiss_threads=settings.faiss_threads,
+                        writes=shard_state_dir(settings.state_path, f) if settings.writes else None,
+                    ),
+                    pool,
+                )
                 for f in folders
             ]
 

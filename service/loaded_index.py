@@ -22,11 +22,11 @@ import numpy as np
 from icr.index.calibration import CALIBRATION_FILE, ServedCalibration
 from icr.index.exact_kernel import kernel_for
 from icr.index.feedback_labels import index_key
-from icr.index.filters import FilterCache
+from icr.index.filters import Filter, FilterCache
 from icr.index.index_folder import load_index_dir
 from icr.index.live_index import LiveIndex, base_ids
 from icr.index.live_snapshot import snapshot_log
-from icr.index.live_writes import WRITES_FILE
+from icr.index.live_writes import WRITES_FILE, Ack, NewImage
 from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
 from icr.index.metadata import MetadataStore
 from icr.index.vector_index import (
@@ -95,6 +95,11 @@ class Live(Protocol):
     def rows(self, ids: Sequence[int], state: Any) -> list[dict[str, Any]]: ...
     def unanswered(self, state: Any) -> list[str]: ...
     def close(self) -> None: ...
+    # writes (when ``writable``): each acknowledged once durable, and visible before it returns
+    def add(self, images: Sequence[NewImage], who: str) -> list[Ack]: ...
+    def patch(self, image_id: int, fields: dict[str, Any], who: str) -> Ack: ...
+    def delete(self, ids: Sequence[int], who: str) -> list[Ack]: ...
+    def delete_matching(self, filter_: Filter, who: str) -> list[Ack]: ...
 
 
 class Filters(Protocol):

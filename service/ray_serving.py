@@ -8,6 +8,10 @@ in the replica with the shards' handles, so every route, schema and page is the 
 encodes each query once, scatters it to the shards, merges their top ``depth`` and thresholds,
 calibrates, filters and pages the merged list (:mod:`service.sharded_index`).
 
+Writes go to the owning shard's replicas (:mod:`service.sharded_index`), which share the shard's
+write log in its state directory: ``STATE_DIR/shards/<shard folder>/``, on one file system for all
+of that shard's replicas (SQLite's locking: a local disk, not NFS).
+
 Failure: a shard replica that dies mid-request has the call retried on another replica (Serve
 restarts the dead one); a shard with no replica answering within ICR_SHARD_TIMEOUT_SECONDS is left
 out (a partial answer that names it) or fails the request with 503 (ICR_SHARD_FAILURE=unavailable).
@@ -21,14 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 
-from icr.index.filters import Filter
 from icr.service.config import Settings
-from icr.service.shard_replica import ShardHits, ShardReplica
+from icr.service.shard_replica import ShardReplica, shard_state_dir
 from icr.service.sharded_index import ShardBackend, ShardDown, Waiter
 
 log = logging.getLogger("icr.service")
@@ -53,30 +55,26 @@ def shard_app_name(s: int) -> str:
 
 class ShardDeploymentClass:
     """One replica of one shard; each call runs on a thread, so concurrent searches meet in the
-    shard's micro-batcher (one FAISS call for many queries)."""
+    shard's micro-batcher (one FAISS call for many queries). ``writes``: the shard's state
+    directory, shared by its replicas (None: read-only)."""
 
-    def __init__(self, folder: str, gpu: str, faiss_threads: int, micro_batch: int, mmap: bool) -> None:
+    def __init__(
+        self, folder: str, gpu: str, faiss_threads: int, micro_batch: int, mmap: bool, writes: str | None
+    ) -> None:
         self.replica = ShardReplica(
-            folder, gpu=gpu, faiss_threads=faiss_threads, micro_batch=micro_batch, mmap=mmap
+            folder,
+            gpu=gpu,
+            faiss_threads=faiss_threads,
+            micro_batch=micro_batch,
+            mmap=mmap,
+            writes=None if writes is None else Path(writes),
         )
 
-    async def describe(self) -> dict[str, Any]:
-        return await asyncio.to_thread(self.replica.describe)
-
-    async def search(self, queries: np.ndarray, depth: int, filter_: Filter | None) -> ShardHits:
-        return await asyncio.to_thread(self.replica.search, queries, depth, filter_)
-
-    async def selects(self, filter_: Filter, image_id: int) -> bool:
-        return await asyncio.to_thread(self.replica.selects, filter_, image_id)
-
-    async def rows(self, ids: list[int]) -> list[dict[str, Any] | None]:
-        return await asyncio.to_thread(self.replica.rows, ids)
-
-    async def is_live(self, image_id: int) -> bool:
-        return await asyncio.to_thread(self.replica.is_live, image_id)
-
-    async def vectors(self, ids: np.ndarray) -> np.ndarray:
-        return await asyncio.to_thread(self.replica.vectors, ids)
+    async def call(self, method: str, *args: Any) -> Any:
+        """``ShardReplica.<method>(*args)`` for the methods a coordinator calls (ShardReplica.CALLS)."""
+        if method not in ShardReplica.CALLS:
+            raise ValueError(f"a shard answers {sorted(ShardReplica.CALLS)}, not {method!r}")
+        return await asyncio.to_thread(getattr(self.replica, method), *args)
 
 
 # Serve's decorators return Deployment objects that mypy sees as the classes: typed Any here.
@@ -91,28 +89,30 @@ ShardDeployment: Any = serve.deployment(
 
 class RayShard:
     """A shard reached through its Serve application's handle (any replica; a dead one's call
-    is retried on another within the deadline)."""
+    is retried on another within the deadline, unless it is an add: the dead replica may have
+    made it, and repeating it would add the images twice)."""
 
     def __init__(self, app_name: str):
         self.app_name = app_name
         self.handle = serve.get_deployment_handle("ShardDeployment", app_name=app_name)
 
     def submit(self, method: str, *args: Any) -> Waiter:
-        response = getattr(self.handle, method).remote(*args)
+        response = self.handle.call.remote(method, *args)
 
         def wait(timeout: float) -> Any:
             nonlocal response
             deadline = time.monotonic() + timeout
-            for attempt in range(RETRIES + 1):
+            retries = 0 if method in ShardReplica.NOT_REPEATABLE else RETRIES
+            for attempt in range(retries + 1):
                 try:
                     return response.result(timeout_s=max(0.001, deadline - time.monotonic()))
                 except (GetTimeoutError, TimeoutError):
                     raise ShardDown(f"no answer in {timeout:.1f} s") from None
                 except _DOWN as err:
-                    if attempt == RETRIES or time.monotonic() >= deadline:
+                    if attempt == retries or time.monotonic() >= deadline:
                         raise ShardDown(f"{type(err).__name__}: {err}") from None
                     log.warning("%s: a replica failed %s (%s); trying again", self.app_name, method, err)
-                    response = getattr(self.handle, method).remote(*args)
+                    response = self.handle.call.remote(method, *args)
             raise AssertionError("unreachable")
 
         return wait
@@ -181,7 +181,9 @@ def undeploy(names: list[str], started: bool) -> None:
 
 def deploy_shards(settings: Settings, shards: list[Path], replicas: int = 1) -> list[str]:
     """Deploy each shard folder as the application ``icr-shard-<s>`` of ``replicas`` replicas, on
-    the Ray cluster this process is connected to; returns the applications' names."""
+    the Ray cluster this process is connected to (taking writes, when ``settings.writes``, into its
+    own directory under the state directory, which its replicas share); returns the applications'
+    names."""
     names = []
     for s, folder in enumerate(shards):
         name = shard_app_name(s)
@@ -191,6 +193,7 @@ def deploy_shards(settings: Settings, shards: list[Path], replicas: int = 1) -> 
             settings.faiss_threads,
             settings.micro_batch,
             settings.mmap,
+            str(shard_state_dir(settings.state_path, folder)) if settings.writes else None,
         )
         serve.run(app, name=name, route_prefix=None)
         names.append(name)
@@ -209,6 +212,6 @@ def deploy(
     agreement check)."""
     names = deploy_shards(settings, shards, replicas)
     dump = settings.model_dump(mode="json", exclude_none=True)
-    coordinator = Coordinator.options(num_replicas=coordinators).bind({**dump, "writes": False}, names)
+    coordinator = Coordinator.options(num_replicas=coordinators).bind(dump, names)
     serve.run(coordinator, name=COORDINATOR_APP, route_prefix="/")
     return [*names, COORDINATOR_APP]

@@ -117,7 +117,8 @@ class Retriever:
     ) -> Retriever:
         """``faiss_threads``: OpenMP threads of a one-query search (set per searching thread by the
         batcher, since OpenMP's setting is per thread); ``micro_batch``: most queries per FAISS call;
-        ``writes``: the state directory whose write log the image index takes writes into;
+        ``writes``: the state directory whose write log the image index takes writes into (a sharded
+        index's: where uploaded images are kept; each shard keeps its own log);
         ``shards``: serve these shards as the image index (``index`` is one of them, read for the
         agreement check; each shard searches its own folder); ``mmap``: read the image index in
         place (shared by the processes serving it)."""
@@ -128,7 +129,7 @@ class Retriever:
         images = (
             load_index_folder(Path(index), gpu, micro_batch, faiss_threads, writes, mmap=mmap)
             if shards is None
-            else sharded_index(shards)
+            else sharded_index(shards, writes)
         )
         captions = (
             load_index_folder(Path(caption_index), gpu, micro_batch, faiss_threads)

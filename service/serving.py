@@ -37,7 +37,7 @@ def load_retriever(settings: Settings, shards: ShardConnector | None = None) -> 
         gpu=settings.gpu,
         faiss_threads=settings.faiss_threads,
         micro_batch=settings.micro_batch,
-        writes=settings.state_path if settings.writes and shards is None else None,
+        writes=settings.state_path if settings.writes else None,
         mmap=settings.mmap,
         shards=None
         if shards is None

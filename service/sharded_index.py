@@ -7,6 +7,13 @@ Calibration, thresholds, filters' counts and pagination then run on the merged l
 one machine (:class:`service.retriever.Retriever`), and metadata rows are fetched from the shards
 that own the page's ids only.
 
+Writes go to the shard that owns the id (a shard's range; ids past the whole index's are the last
+shard's): a patch to its owner, a delete by ids to each owner of some of them, a delete by filter to
+every shard, an added image to the last shard (one transaction per request). Each shard's writes
+commit in one transaction on it; a request spanning shards is atomic per shard, not across them:
+when a shard does not answer, the request fails 503 naming it, the other shards' deletes stand,
+and sending it again completes it (a delete of an id that is gone does nothing).
+
 Failure policy: a shard that does not answer within ``timeout_s`` (no live replica, a crash, a
 network partition) is either left out of the answer, which then says so (``passed_is_exact: false``
 and a warning naming the shard), or fails the request with 503 (``require_all``). Never silent.
@@ -30,10 +37,11 @@ import numpy as np
 from icr.index.calibration import CALIBRATION_FILE, ServedCalibration
 from icr.index.filters import Filter
 from icr.index.live_state import merge
+from icr.index.live_writes import UPLOADS_FOLDER, Ack, NewImage, UnknownImage
 from icr.index.manifest import Manifest
 from icr.index.shard import check_shards
 from icr.service.loaded_index import LoadedIndex, NotServable
-from icr.service.shard_replica import ShardHits, ShardReplica
+from icr.service.shard_replica import ShardHits, ShardReplica, ShardStatus, ShardWrite
 
 log = logging.getLogger("icr.service")
 
@@ -47,12 +55,15 @@ class ShardDown(Exception):
 class ShardsUnavailable(Exception):
     """Shards did not answer and the server is configured to require every shard (a 503)."""
 
-    def __init__(self, names: Sequence[str]):
+    def __init__(self, names: Sequence[str], why: str | None = None):
         self.names = list(names)
+        why = why or (
+            "and this server requires every shard (ICR_SHARD_FAILURE=unavailable); retry shortly, or "
+            "serve partial answers with ICR_SHARD_FAILURE=partial"
+        )
         super().__init__(
             f"shard{'s' if len(names) > 1 else ''} {', '.join(names)} did not answer (no live replica or "
-            "no answer in time) and this server requires every shard (ICR_SHARD_FAILURE=unavailable); "
-            "retry shortly, or serve partial answers with ICR_SHARD_FAILURE=partial"
+            f"no answer in time) {why}"
         )
 
 
@@ -114,6 +125,7 @@ class ShardSet:
         self.manifests = [manifests[s] for s in order]
         self.starts = np.array([m.extra["shard"]["ids"][0] for m in self.manifests], np.int64)  # (S,)
         self.ends = np.array([m.extra["shard"]["ids"][1] for m in self.manifests], np.int64)  # (S,)
+        self.status: list[ShardStatus] = [d["status"] for d in self.described]  # the latest seen
         texts = {d["calibration"] for d in self.described}
         if len(texts) > 1:
             raise ValueError(
@@ -125,26 +137,32 @@ class ShardSet:
     def names(self) -> list[str]:
         return [str(d["folder"]) for d in self.described]
 
-    @property
-    def size(self) -> int:
-        """Live images over all shards, as described at start."""
-        return sum(int(d["size"]) for d in self.described)
+    def saw(self, s: int, status: ShardStatus | None) -> None:
+        """Keep shard ``s``'s latest status (answers may arrive out of order: the larger seq wins)."""
+        if status is not None and status.seq >= self.status[s].seq:
+            self.status[s] = status
 
     def owner(self, image_id: int) -> int | None:
-        """The shard whose id range holds ``image_id`` (None: no shard's)."""
+        """The shard whose id range holds ``image_id`` (None: no shard's); ids past the whole
+        index's are the last shard's (images added since the cut)."""
         s = int(np.searchsorted(self.starts, image_id, side="right")) - 1
-        return s if s >= 0 and image_id < self.ends[s] else None
+        return s if s >= 0 else None
 
     def ask_owner(self, image_id: int, method: str, *args: Any) -> Any:
         """The answer of the shard owning ``image_id`` to ``method(*args)``; None when no shard's
         range holds the id; ShardsUnavailable when its shard does not answer."""
         s = self.owner(image_id)
-        if s is None:
-            return None
-        answers, _ = self.ask({s: args}, method)
-        if s not in answers:
-            raise ShardsUnavailable([self.names[s]])
-        return answers[s]
+        why = "and it holds the image this request needs; retry shortly"
+        return None if s is None else self.ask_all({s: args}, method, why)[s]
+
+    def ask_all(
+        self, calls: dict[int, tuple[Any, ...]], method: str, why: str | None = None
+    ) -> dict[int, Any]:
+        """:meth:`ask` where every shard asked must answer: ShardsUnavailable (``why``) otherwise."""
+        answers, missing = self._ask(calls, method, self.timeout_s)
+        if missing:
+            raise ShardsUnavailable([self.names[s] for s in missing], why)
+        return answers
 
     def ask(
         self, calls: dict[int, tuple[Any, ...]], method: str, timeout_s: float | None = None
@@ -152,7 +170,15 @@ class ShardSet:
         """Call ``method`` on each shard in ``calls`` (shard -> arguments) at once; returns the
         answers by shard and the shards that did not answer within the timeout (one deadline for
         all). A replica's own exception (KeyError, NotServable, ...) propagates."""
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        answers, missing = self._ask(calls, method, self.timeout_s if timeout_s is None else timeout_s)
+        if missing and self.require_all:
+            raise ShardsUnavailable([self.names[s] for s in missing])
+        return answers, missing
+
+    def _ask(
+        self, calls: dict[int, tuple[Any, ...]], method: str, timeout_s: float
+    ) -> tuple[dict[int, Any], list[int]]:
+        deadline = time.monotonic() + timeout_s
         waiters = {s: self.backends[s].submit(method, *args) for s, args in calls.items()}
         answers, missing = {}, []
         for s, wait in waiters.items():
@@ -161,23 +187,23 @@ class ShardSet:
             except ShardDown as err:
                 log.warning("shard %s did not answer %s: %s", s, method, err)
                 missing.append(s)
-        if missing and self.require_all:
-            raise ShardsUnavailable([self.names[s] for s in missing])
         return answers, missing
 
 
 class ShardedState:
-    """What one request sees of a sharded index (read-only shards: the images described at start)
-    and which shards left its searches unanswered."""
-
-    seq = 0
-    added = 0
-    deleted = 0
+    """What one request sees of a sharded index: the counts of the shards' latest statuses (``seq``
+    their sequence numbers' sum, which every write on any shard increases), and which shards left
+    its searches unanswered."""
 
     def __init__(self, shards: ShardSet):
         self.shards = shards
-        self.size = shards.size
-        self.base_ntotal = self.ids_end = int(shards.ends[-1])  # one past the last shard's range
+        status = list(shards.status)
+        self.seq = sum(st.seq for st in status)
+        self.size = sum(st.size for st in status)
+        self.added = sum(st.added for st in status)
+        self.deleted = sum(st.deleted for st in status)
+        self.base_ntotal = int(shards.ends[-1])  # the whole index's id space when it was cut
+        self.ids_end = max(st.ids_end for st in status)
         self.unanswered: set[int] = set()
 
     def is_live(self, image_id: int) -> bool:
@@ -185,7 +211,7 @@ class ShardedState:
         return bool(self.shards.ask_owner(image_id, "is_live", image_id))
 
     def added_vector(self, _image_id: int) -> np.ndarray | None:
-        return None  # shards take no writes yet: no image was added since the build
+        return None  # an added image's vector is its shard's to give (ShardedLive.vectors)
 
 
 @dataclass
@@ -211,14 +237,14 @@ class ShardedFilters:
 
 
 class ShardedLive:
-    """The shards as the retriever searches an index: merged searches, rows from their owners.
-    Read-only: the write routes answer 409 (``writable`` False)."""
+    """The shards as the retriever searches an index: merged searches, rows from their owners,
+    writes routed to them (see the module). ``writes``: the coordinator's state directory (uploaded
+    images are kept in it), None: the server takes no writes; it takes them when every shard does."""
 
-    writable = False
-    uploads: Path | None = None
-
-    def __init__(self, shards: ShardSet):
+    def __init__(self, shards: ShardSet, writes: Path | None = None):
         self.shards = shards
+        self.writable = writes is not None and all(d["writes"] for d in shards.described)
+        self.uploads = None if writes is None else writes / UPLOADS_FOLDER
 
     @property
     def state(self) -> ShardedState:
@@ -236,6 +262,8 @@ class ShardedLive:
         calls = dict.fromkeys(range(len(self.shards.backends)), (query, depth, filter_))
         answers, missing = self.shards.ask(calls, "search")
         state.unanswered.update(missing)
+        for s, answer in answers.items():
+            self.shards.saw(s, answer.status)
         hits: list[ShardHits] = list(answers.values())
         if selection is not None:
             selection.count = sum(h.matched or 0 for h in hits)
@@ -254,9 +282,8 @@ class ShardedLive:
             if s is None:
                 raise KeyError(f"no live image {int(i)} in this index")
             owners.setdefault(s, []).append(int(i))
-        answers, missing = self.shards.ask({s: (owned,) for s, owned in owners.items()}, "rows")
-        if missing:  # the page's hits came from them a moment ago: they went down since
-            raise ShardsUnavailable([self.shards.names[s] for s in missing])
+        # the page's hits came from them a moment ago: one that went down since fails the request
+        answers = self.shards.ask_all({s: (owned,) for s, owned in owners.items()}, "rows")
         found = {i: row for s, owned in owners.items() for i, row in zip(owned, answers[s], strict=True)}
         out = []
         for i in ids:
@@ -276,14 +303,55 @@ class ShardedLive:
             out.append(found[0])
         return np.stack(out)
 
+    # --- writes: each acknowledged by its shard's log, the shard's new status kept -----------------
+    def _write(self, calls: dict[int, tuple[Any, ...]], method: str) -> list[Ack]:
+        why = (
+            "to this write, so whether its part was made is unknown: send the same request again once "
+            "it answers (deletes and patches are safe to repeat; an add is too when its images carry "
+            "an external_id, which replaces)"
+        )
+        if len(calls) > 1:
+            why += "; the other shards made their parts, each in one transaction"
+        answers: dict[int, ShardWrite] = self.shards.ask_all(calls, method, why)
+        for s, answer in answers.items():
+            self.shards.saw(s, answer.status)
+        return [ack for s in sorted(answers) for ack in answers[s].acks]
+
+    def add(self, images: Sequence[NewImage], who: str) -> list[Ack]:
+        """Added to the last shard, whose range is open-ended (new ids follow the whole index's)."""
+        return self._write({len(self.shards.backends) - 1: (list(images), who)}, "add")
+
+    def patch(self, image_id: int, fields: dict[str, Any], who: str) -> Ack:
+        s = self.shards.owner(image_id)
+        if s is None:
+            raise UnknownImage(f"no live image {image_id} in this index")
+        return self._write({s: (image_id, fields, who)}, "patch")[0]
+
+    def delete(self, ids: Sequence[int], who: str) -> list[Ack]:
+        owned: dict[int, list[int]] = {}
+        asked = list(dict.fromkeys(int(i) for i in ids))
+        for i in asked:
+            s = self.shards.owner(i)
+            if s is not None:  # no shard's: not an image of this index
+                owned.setdefault(s, []).append(i)
+        if not owned:
+            return []
+        acks = self._write({s: (part, who) for s, part in owned.items()}, "delete")
+        order = {i: k for k, i in enumerate(asked)}
+        return sorted(acks, key=lambda ack: order[ack.id])  # as asked, as one index answers
+
+    def delete_matching(self, filter_: Filter, who: str) -> list[Ack]:
+        return self._write(dict.fromkeys(range(len(self.shards.backends)), (filter_, who)), "delete_matching")
+
     def close(self) -> None:
         pass
 
 
-def sharded_index(shards: ShardSet) -> LoadedIndex:
+def sharded_index(shards: ShardSet, writes: Path | None = None) -> LoadedIndex:
     """The shards as the retriever serves one image index: shard 0's manifest (every shard keeps
     the source's checkpoint, build stamp and counts) and the calibration every shard carries (the
-    source index's, fitted on the whole gallery, so relevance means what it means on one machine)."""
+    source index's, fitted on the whole gallery, so relevance means what it means on one machine).
+    ``writes``: the coordinator's state directory, when it takes writes (:class:`ShardedLive`)."""
     first = shards.manifests[0]
     source = str(first.extra["shard"].get("from") or "shards")
     manifest = first.model_copy(
@@ -295,7 +363,7 @@ def sharded_index(shards: ShardSet) -> LoadedIndex:
     )
     if calibration is not None and calibration.info.get("checkpoint_sha256") != first.checkpoint_sha256:
         raise NotServable(f"{shards.names[0]}/{CALIBRATION_FILE}: fitted for another checkpoint")
-    live = ShardedLive(shards)
+    live = ShardedLive(shards, writes)
     return LoadedIndex(
         directory=Path(source),
         index=None,

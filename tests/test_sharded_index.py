@@ -16,9 +16,10 @@ import pytest
 from icr.index.build import build_image_index
 from icr.index.calibration import calibrate_index
 from icr.index.filters import parse_filter
+from icr.index.live_writes import NewImage
 from icr.index.shard import shard_index
 from icr.service.retriever import Page, Retriever
-from icr.service.shard_replica import ShardReplica
+from icr.service.shard_replica import ShardReplica, shard_state_dir
 from icr.service.sharded_index import LocalShard, ShardSet, ShardsUnavailable
 
 pytestmark = pytest.mark.usefixtures("faiss_one_thread")
@@ -146,3 +147,100 @@ def test_shards_of_different_builds_or_a_missing_shard_are_refused(single: Retri
             ShardReplica(single.images.directory, gpu="off")
         for r in replicas:
             r.close()
+
+
+def _writable(
+    folders: list[Path], state: Path, pool: ThreadPoolExecutor
+) -> tuple[Retriever, list[LocalShard]]:
+    backends = [
+        LocalShard(ShardReplica(f, gpu="off", writes=shard_state_dir(state, f)), pool) for f in folders
+    ]
+    shards = ShardSet(list(backends), timeout_s=30)
+    return Retriever.load(folders[0], gpu="off", shards=shards, writes=state), backends
+
+
+def test_writes_routed_to_the_owning_shards_answer_as_on_the_single_index(
+    single: Retriever, sharded, tmp_path: Path
+) -> None:
+    """The same writes on a writable copy of the single index and on its shards (each with a log of
+    its own): the same acks, counts and sequence number, then every search answers the same; a
+    second replica of a shard sees its writes at its next call; a write spanning a shard that does
+    not answer fails naming it, the others' parts stand, and sending it again completes it."""
+    _, read_only = sharded
+    folders = sorted((b.replica.folder for b in read_only), key=lambda f: int(f.name.split("-")[1]))
+    one = Retriever.load(single.images.directory, gpu="off", writes=tmp_path / "single")
+    pool = ThreadPoolExecutor(8)
+    coordinator, backends = _writable(folders, tmp_path / "state", pool)
+    a, b = one.images.live, coordinator.images.live
+    assert a.writable and b.writable and b.uploads == tmp_path / "state" / "uploads"
+    n, dim = one.images.manifest.ntotal, one.images.manifest.dim
+    rng = np.random.default_rng(0)
+    near = one.encode_text("a red circle")[0]  # (D,) added images that rank at the top
+
+    def image(k: int, name: str | None = None) -> NewImage:
+        vector = near + 0.3 * rng.standard_normal(dim).astype(np.float32)  # (D,)
+        return NewImage(vector / np.linalg.norm(vector), {"source": f"added-{k}", "captions": []}, name)
+
+    def both(method: str, *args) -> list:
+        acks = [getattr(live, method)(*args) for live in (a, b)]
+        if method == "patch":
+            acks = [[ack] for ack in acks]
+        # a shard's acks carry its own log's seq: the rest is the same
+        assert [[(x.op, x.id, x.external_id, x.replaced) for x in acked] for acked in acks] == [
+            [(x.op, x.id, x.external_id, x.replaced) for x in acks[0]]
+        ] * 2, method
+        assert (a.state.size, a.state.seq, a.state.added, a.state.deleted) == (
+            b.state.size,
+            b.state.seq,
+            b.state.added,
+            b.state.deleted,
+        )
+        return acks[0]
+
+    added = both("add", [image(0, "x"), image(1), image(2)], "t")
+    assert [ack.id for ack in added] == [n, n + 1, n + 2]  # past the whole index: the last shard's
+    assert coordinator.images.live.shards.owner(n + 2) == len(folders) - 1
+    both("patch", 1, {"color": "red"}, "t")
+    both("delete", [0, n - 1, n // 2, n + 1, 10**9], "t")  # spans the first, middle and last shards
+    both("delete_matching", parse_filter({"is_distractor": True}, []), "t")
+    replaced = both("add", [image(3, "x")], "t")
+    assert [(ack.op, ack.id, ack.replaced) for ack in replaced] == [("add", n + 3, n)]
+    state = b.state
+    assert state.is_live(n + 3) and not state.is_live(n) and not state.is_live(0)
+    assert b.rows([1], state) == a.rows([1], a.state)
+    np.testing.assert_allclose(
+        coordinator.stored_vector(coordinator.images, n + 2), one.stored_vector(one.images, n + 2), atol=1e-7
+    )
+    for text in TEXTS:
+        query = one.encode_text(text)  # (1, D)
+        for kwargs in (
+            {"k": 10, "offset": 0, "depth": n},
+            {"k": 20, "offset": 0, "depth": 40, "min_relevance": 0.3},
+            {"k": 10, "offset": 0, "depth": n, "filter_": parse_filter({"is_distractor": False}, [])},
+        ):
+            want = one.search(one.images, query, text=text, timings={}, **kwargs)
+            _same(want, coordinator.search(coordinator.images, query, text=text, timings={}, **kwargs))
+
+    # another replica of the last shard, on the same state directory: it sees the writes at its next call
+    last = folders[-1]
+    other = ShardReplica(last, gpu="off", writes=shard_state_dir(tmp_path / "state", last))
+    hits = other.search(near[None, :], 5)
+    assert n + 3 in hits.ids[0] and n not in hits.ids[0]
+    assert other.status() == backends[-1].replica.status()
+    b.add([image(4)], "t")
+    assert n + 4 in other.search(near[None, :], 5).ids[0] and other.rows([n + 4])[0]["source"] == "added-4"
+    a.add([image(4)], "t")
+
+    # a write spanning a shard that does not answer: named, the others' parts stand, repeatable
+    backends[0].down = True
+    ids = [2, n - 2]  # the first shard's and the last's
+    with pytest.raises(ShardsUnavailable, match=f"{folders[0].name}.*send the same request again"):
+        b.delete(ids, "t")
+    assert not backends[-1].replica.is_live(n - 2) and backends[0].replica.is_live(2)
+    backends[0].down = False
+    assert [ack.id for ack in b.delete(ids, "t")] == [2]  # completes it: the rest was done
+    a.delete(ids, "t")
+    assert b.state.size == a.state.size
+    for replica in (other, *(x.replica for x in backends)):
+        replica.close()
+    pool.shutdown()

@@ -14,13 +14,12 @@ from pydantic import ValidationError
 
 from icr.core.atomic import atomic_write
 from icr.index.filters import parse_filter
-from icr.index.live_index import LiveIndex
 from icr.index.live_writes import UPLOAD_PREFIX, Ack, NewImage, UnknownImage, check_fields
 from icr.service.access import admin_identity
 from icr.service.errors import ApiError, validation_message
-from icr.service.loaded_index import LoadedIndex
+from icr.service.loaded_index import Live, LoadedIndex
 from icr.service.retriever import Retriever, unit_query
-from icr.service.routes.deps import decode_slots_of, folder_live, retriever_of, settings_of
+from icr.service.routes.deps import decode_slots_of, retriever_of, settings_of
 from icr.service.routes.images import metadata_of, not_found
 from icr.service.schemas import (
     EXTERNAL_ID_MAX,
@@ -39,8 +38,9 @@ from icr.service.uploads import decode_upload, read_upload
 router = APIRouter(prefix="/v1/images", tags=["images"])
 
 
-def _live(retriever: Retriever) -> LiveIndex:
-    live = folder_live(retriever.images, "take writes", "writes_disabled")
+def _live(retriever: Retriever) -> Live:
+    """The served index's writes: its folder's log, or its shards' (routed to the owning shard)."""
+    live = retriever.images.live
     if not live.writable:
         raise ApiError(
             409,
@@ -78,7 +78,7 @@ def _new_image(image: ImageToAdd, k: int, target: LoadedIndex) -> NewImage:
     return NewImage(vector, row, image.external_id)
 
 
-def _result(live: LiveIndex, acks: list[Ack]) -> WriteResult:
+def _result(live: Live, acks: list[Ack]) -> WriteResult:
     state = live.state
     return WriteResult(
         written=[
@@ -199,14 +199,11 @@ def delete_images(body: DeleteImagesRequest, request: Request) -> WriteResult:
     retriever = retriever_of(request)
     live = _live(retriever)
     target = retriever.images
-    if isinstance(body, DeleteByFilter):
-        try:
-            filter_ = parse_filter(body.filter, target.manifest.metadata_fields, target.field_types)
-        except ValueError as err:
-            raise ApiError(422, "invalid_request", f"filter: {err}") from None
-        assert filter_ is not None  # the schema asks for at least one field
-        selection, _ = target.filters.select(filter_, live.state)
-        ids = [int(i) for i in selection.ids]
-    else:
-        ids = [int(i) for i in body.ids]
-    return _result(live, live.delete(ids, _who(request)) if ids else [])
+    if not isinstance(body, DeleteByFilter):
+        return _result(live, live.delete(body.ids, _who(request)))
+    try:
+        filter_ = parse_filter(body.filter, target.manifest.metadata_fields, target.field_types)
+    except ValueError as err:
+        raise ApiError(422, "invalid_request", f"filter: {err}") from None
+    assert filter_ is not None  # the schema asks for at least one field
+    return _result(live, live.delete_matching(filter_, _who(request)))
