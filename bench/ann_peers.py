@@ -1,5 +1,6 @@
 """ANN engines side by side on the same embeddings, queries, k, depth and threads: the index the
-build chose (FAISS IVF at a sweep of nprobe), FAISS HNSW32, hnswlib and usearch.
+build chose (FAISS IVF at a sweep of nprobe), FAISS HNSW32, hnswlib and usearch, and the candidates
+for a faster engine of our own: inverted files of compact codes re-ranked exactly (``REFINED``).
 
 Two workloads, both one query per call on one thread (as the service searches):
 
@@ -16,6 +17,7 @@ are optional (the ``dev`` extra installs them); a missing one is reported, not a
 
     python -m bench.ann_peers --index bench-work/index-100000 --exact bench-work/exact-100000 \\
         --checkpoint bench-work/model/best --data bench-work/data
+    python -m bench.ann_peers --vectors gallery.npy --query-vectors captions.npy --factory IVF4000,Flat
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 
 from bench.floors import cores
 from bench.stats import latency
-from icr.index.vector_index import ExactTopK, build_index, exact_depth, recall_of_ids
+from icr.index.vector_index import ExactTopK, build_index, exact_depth, nlist_of, recall_of_ids
 
 K = 10
 RECALL_TARGET = 0.98
@@ -48,6 +50,15 @@ EFS_DEPTH_MULTIPLES = (
 HNSW_M = 32  # FAISS HNSW32, as the build's candidate
 PEER_M = 16  # hnswlib / usearch connectivity: both libraries' documented default
 PEER_EF_CONSTRUCTION = 200  # hnswlib's README value; usearch's expansion_add is set to the same
+# Candidates for our own engine: an inverted file of compact codes (4-bit PQ scanned with SIMD,
+# "fast-scan", or 8-bit scalar codes), its best k x k_factor candidates re-ranked exactly from the
+# raw vectors (RFlat). k_factor per workload: a list of 10 needs far more candidates per neighbour
+# than a list of 1,000 (measured on the demo model's embeddings:
+# docs/results/2026-11-27-ann-candidates-1m.md).
+REFINED = (
+    ("IVF{nlist},PQ{half}x4fs,RFlat", {"k10": 128, "depth": 4}),
+    ("IVF{nlist},SQ8,RFlat", {"k10": 2, "depth": 1}),
+)
 
 
 class Engine:
@@ -60,6 +71,9 @@ class Engine:
     def settings(self, depth: int | None) -> list[int]:
         """Values of the knob swept for a search of ``depth`` neighbours (None: k = 10)."""
         return [m * depth for m in EFS_DEPTH_MULTIPLES] if depth else list(EFS_K)
+
+    def prepare(self, depth: int | None) -> None:
+        """Set what is fixed per workload (a search of ``depth`` neighbours; None: k = 10)."""
 
     def set(self, value: int) -> None:
         raise NotImplementedError
@@ -98,6 +112,24 @@ class FaissEngine(Engine):
 
     def bytes(self) -> int:
         return int(faiss.serialize_index(self.index).size)
+
+
+class RefinedEngine(FaissEngine):
+    """An inverted file re-ranked exactly (``...,RFlat``): nprobe swept, k_factor set per workload."""
+
+    def __init__(self, factory: str, vectors: np.ndarray, nlist: int, k_factors: dict[str, int]):
+        factory = factory.format(nlist=nlist, half=vectors.shape[1] // 2)
+        t0 = time.perf_counter()
+        index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+        sample = np.random.default_rng(0).permutation(len(vectors))[: 50 * nlist]  # as build_index
+        index.train(vectors[np.sort(sample)])
+        index.add(vectors)
+        name = f"faiss {factory} (k_factor {k_factors['k10']} at k=10, {k_factors['depth']} at depth)"
+        super().__init__(name, index, time.perf_counter() - t0)
+        self.k_factors = k_factors
+
+    def prepare(self, depth: int | None) -> None:
+        faiss.downcast_index(self.index).k_factor = self.k_factors["depth" if depth else "k10"]
 
 
 class HnswlibEngine(Engine):
@@ -176,6 +208,7 @@ def sweep(
 ) -> list[dict[str, Any]]:
     """One row per setting: recall@k (and @depth when searching ``depth``), latency, QPS."""
     rows = []
+    engine.prepare(depth)
     faiss.omp_set_num_threads(1)
     try:
         for value in settings:
@@ -218,6 +251,10 @@ def _engines(
     hnsw.add(vectors)
     engines.append(FaissEngine(f"faiss HNSW{HNSW_M}", hnsw, time.perf_counter() - t0))
     log(f"peers: faiss HNSW{HNSW_M} built in {engines[-1].build_seconds:.1f} s")
+    nlist = nlist_of(ann) or max(1, int(4 * np.sqrt(len(vectors))))
+    for candidate, k_factors in REFINED:
+        engines.append(RefinedEngine(candidate, vectors, nlist, k_factors))
+        log(f"peers: {engines[-1].name} built in {engines[-1].build_seconds:.1f} s")
     missing = {}
     for name, make in (("hnswlib", HnswlibEngine), ("usearch", UsearchEngine)):
         try:
@@ -323,17 +360,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--index", type=Path, required=True, help="an ANN index folder (icr index build)")
-    parser.add_argument(
-        "--exact", type=Path, required=True, help="its Flat twin (the same vectors in id order)"
-    )
-    parser.add_argument("--checkpoint", type=Path, required=True)
-    parser.add_argument("--data", type=Path, required=True, help="the synthetic benchmark (test captions)")
+    parser.add_argument("--index", type=Path, help="an ANN index folder (icr index build)")
+    parser.add_argument("--exact", type=Path, help="its Flat twin (the same vectors in id order)")
+    parser.add_argument("--checkpoint", type=Path)
+    parser.add_argument("--data", type=Path, help="the synthetic benchmark (test captions)")
+    parser.add_argument("--vectors", type=Path, help="or: the gallery's unit vectors, an (N, D) .npy")
+    parser.add_argument("--query-vectors", type=Path, help="with --vectors: unit query vectors, (Q, D) .npy")
+    parser.add_argument("--factory", default="IVF4000,Flat", help="with --vectors: ours, built here")
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--depth", type=int, default=1000)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    section = run_dirs(args.index, args.exact, args.checkpoint, args.data, args.queries, args.depth, print)
+    if args.vectors is not None:
+        if args.query_vectors is None:
+            parser.error("--vectors needs --query-vectors")
+        vectors = np.ascontiguousarray(np.load(args.vectors), dtype=np.float32)  # (N, D)
+        queries = np.ascontiguousarray(np.load(args.query_vectors)[: args.queries], dtype=np.float32)
+        ann = build_index(vectors, vectors.shape[1], args.factory, gpu="off")
+        section = run(ann, args.factory, vectors, queries, args.depth, print)
+    elif None in (args.index, args.exact, args.checkpoint, args.data):
+        parser.error("give --index, --exact, --checkpoint and --data, or --vectors and --query-vectors")
+    else:
+        section = run_dirs(
+            args.index, args.exact, args.checkpoint, args.data, args.queries, args.depth, print
+        )
     print("\n".join(markdown(section)))
     if args.json:
         args.json.write_text(json.dumps(section, indent=1) + "\n")

@@ -251,7 +251,13 @@ def test_peers_run_every_engine_and_pick_the_fastest_setting_meeting_the_targets
     names = [e["engine"] for e in section["engines"]]
     peers = {"hnswlib M16": "hnswlib", "usearch M16": "usearch"}  # the optional ones ([dev] extra)
     installed = [name for name, module in peers.items() if importlib.util.find_spec(module)]
-    assert names == ["ours: IVF16,Flat", "faiss HNSW32", *installed]
+    refined = [
+        "faiss IVF16,PQ8x4fs,RFlat (k_factor 128 at k=10, 4 at depth)",
+        "faiss IVF16,SQ8,RFlat (k_factor 2 at k=10, 1 at depth)",
+    ]
+    assert names == ["ours: IVF16,Flat", "faiss HNSW32", *refined, *installed]
+    fast_scan = section["engines"][2]  # every list probed, 1,280 candidates re-ranked exactly
+    assert fast_scan["k10"][-1]["nprobe"] == 16 and fast_scan["k10"][-1]["recall_at_10"] == 1.0
     assert sorted(section["missing"]) == sorted(peers[n] for n in peers if n not in installed)
     ours = section["engines"][0]
     # every list probed: exact, whatever the engine's tie order
