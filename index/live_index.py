@@ -120,15 +120,20 @@ class LiveIndex:
             raise ValueError("this index takes no writes (it is served without a state directory)")
         with self._apply_lock:
             if self._log is None:
-                self._log = WriteLog(self.log_path, self.key, self.metadata, self.base.ids_end, self.index.d)
+                self._log = self._open_log()
             return self._log
+
+    def _open_log(self) -> WriteLog:
+        assert self.log_path is not None
+        base = self.base
+        return WriteLog(self.log_path, self.key, self.metadata, base.ids_end, self.index.d, base.holes)
 
     def refresh(self) -> LiveState:
         """Apply what the log holds past the current state (this process's writes and others');
         returns the new state. Replaying a whole log at start-up is this call."""
         with self._apply_lock:
             if self._log is None and self.log_path is not None and self.log_path.is_file():
-                self._log = WriteLog(self.log_path, self.key, self.metadata, self.base.ids_end, self.index.d)
+                self._log = self._open_log()
             state = self._state
             if self._log is not None:
                 while batch := self._log.since(state.seq):

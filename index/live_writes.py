@@ -115,12 +115,21 @@ class Ack:
 
 
 class WriteLog:
-    """The writes of one index (``key``) in ``path``. Thread-safe; several processes may share the file."""
+    """The writes of one index (``key``) in ``path``. Thread-safe; several processes may share the file.
+    ``holes``: base ids below ``base_ntotal`` with no image (a compacted folder's, a shard's other
+    ids; ascending), never live unless the log adds them."""
 
     def __init__(
-        self, path: str | os.PathLike[str], key: str, base: MetadataStore, base_ntotal: int, dim: int
+        self,
+        path: str | os.PathLike[str],
+        key: str,
+        base: MetadataStore,
+        base_ntotal: int,
+        dim: int,
+        holes: np.ndarray | None = None,
     ):
         self.path, self.key, self.base, self.base_ntotal, self.dim = Path(path), key, base, base_ntotal, dim
+        self.holes = np.zeros(0, np.int64) if holes is None else holes
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._opened: list[sqlite3.Connection] = []
@@ -172,7 +181,7 @@ class WriteLog:
     def export(self, target: str | os.PathLike[str], seq: int) -> int:
         """Copy this index's writes up to ``seq`` into a new log file ``target`` (a snapshot's), one
         file with no WAL beside it; returns how many rows it holds."""
-        copy = WriteLog(target, self.key, self.base, self.base_ntotal, self.dim)  # the schema
+        copy = WriteLog(target, self.key, self.base, self.base_ntotal, self.dim, self.holes)  # the schema
         try:
             db = copy._connection()
             db.execute("ATTACH DATABASE ? AS source", (str(self.path),))
@@ -283,7 +292,10 @@ class WriteLog:
         if not 0 <= image_id < 2**63:  # beyond SQLite's integers: no id
             return False
         op = self._latest_op(tx, image_id)
-        return op != "delete" if op is not None else 0 <= image_id < self.base_ntotal
+        if op is not None:
+            return op != "delete"
+        at = int(np.searchsorted(self.holes, image_id))
+        return image_id < self.base_ntotal and not (at < len(self.holes) and self.holes[at] == image_id)
 
     def _live_external(self, tx: sqlite3.Connection, external_id: str) -> int | None:
         found = tx.execute(

@@ -16,7 +16,7 @@ import pytest
 from icr.index.build import build_image_index
 from icr.index.calibration import calibrate_index
 from icr.index.filters import parse_filter
-from icr.index.live_writes import NewImage
+from icr.index.live_writes import NewImage, UnknownImage
 from icr.index.shard import shard_index
 from icr.service.retriever import Page, Retriever
 from icr.service.shard_replica import ShardReplica, shard_state_dir
@@ -220,6 +220,12 @@ def test_writes_routed_to_the_owning_shards_answer_as_on_the_single_index(
         ):
             want = one.search(one.images, query, text=text, timings={}, **kwargs)
             _same(want, coordinator.search(coordinator.images, query, text=text, timings={}, **kwargs))
+
+    # a shard's log knows the ids the shard does not hold: another shard's id is no image of it
+    last_shard = backends[-1].replica
+    assert last_shard.delete([1], "t").acks == [] and backends[0].replica.is_live(1)  # the first's
+    with pytest.raises(UnknownImage):
+        last_shard.patch(1, {"color": "blue"}, "t")
 
     # another replica of the last shard, on the same state directory: it sees the writes at its next call
     last = folders[-1]
