@@ -123,7 +123,7 @@ class ShardReplica:
         return self.live.refresh()
 
     def status(self, state: LiveState | None = None) -> ShardStatus:
-        state = state or self._state()
+        state = self._state() if state is None else state
         return ShardStatus(state.seq, state.size, state.added, state.deleted - self._outside, state.ids_end)
 
     def describe(self) -> dict[str, Any]:

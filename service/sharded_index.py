@@ -53,7 +53,8 @@ class ShardDown(Exception):
 
 
 class ShardsUnavailable(Exception):
-    """Shards did not answer and the server is configured to require every shard (a 503)."""
+    """Shards did not answer where the request cannot go without them (a 503): every shard when
+    the server requires them all, the owner of an image asked for, the shards a write goes to."""
 
     def __init__(self, names: Sequence[str], why: str | None = None):
         self.names = list(names)
