@@ -76,9 +76,8 @@ def read_holes(directory: str | os.PathLike[str], manifest: Manifest) -> np.ndar
         holes = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as err:
         raise ValueError(f"{path}: unreadable ({err}); compact the index again") from None
+    lo, hi = manifest.own_ids
     ok = holes.dtype == np.int64 and holes.shape == (manifest.holes,)
-    if not ok or (
-        len(holes) and (holes[0] < 0 or holes[-1] >= manifest.ntotal or (np.diff(holes) <= 0).any())
-    ):
-        raise ValueError(f"{path}: not {manifest.holes} ascending ids below {manifest.ntotal}; compact again")
+    if not ok or (len(holes) and (holes[0] < lo or holes[-1] >= hi or (np.diff(holes) <= 0).any())):
+        raise ValueError(f"{path}: not {manifest.holes} ascending ids in [{lo}, {hi}); compact again")
     return np.asarray(holes)

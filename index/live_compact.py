@@ -75,21 +75,32 @@ def compact(
     t0 = time.perf_counter()
     manifest = Manifest.read(directory / MANIFEST_FILE)
     state = live.refresh()
-    alive = np.ones(state.base_ntotal, bool)  # (N,) over the base's id space
+    lo, hi = state.own
+    alive = np.zeros(state.base_ntotal, bool)  # (N,) over the base's id space
+    alive[lo:hi] = True
     alive[state.base_dead] = False
     base_live = np.flatnonzero(alive).astype(np.int64)  # (b,)
     added_ids = state.ids[state.alive]  # (a,) ascending, all >= base_ntotal
     added_vectors = state.vectors[state.alive]  # (a, D)
     ids_end = state.ids_end
     kept = np.concatenate([base_live, added_ids])  # (b + a,) ascending
-    holes = np.setdiff1d(np.arange(ids_end, dtype=np.int64), kept, assume_unique=True)
+    # a shard's range [lo, hi) (index/shard.py): the last one's is open-ended, so it takes the adds
+    own = None if (lo, state.hi) == (0, None) else [lo, ids_end if hi == state.base_ntotal else hi]
+    start, end = own or (0, ids_end)
+    holes = np.setdiff1d(np.arange(start, end, dtype=np.int64), kept, assume_unique=True)
     source = live.index
     if hasattr(faiss, "GpuIndex") and isinstance(source, faiss.GpuIndex):
         source = faiss.index_gpu_to_cpu(source)
     say(f"compaction: {len(kept):,} live images at write {state.seq}, {len(holes):,} ids with no vector")
     before = imbalance(source)
     index, drifted, retrained = _faiss_index(
-        source, before, manifest.factory, state.base_dead, base_live, added_ids, added_vectors
+        source,
+        before,
+        manifest.factory,
+        _removed(state.base_dead, lo, hi),
+        base_live,
+        added_ids,
+        added_vectors,
     )
     report: dict[str, Any] = {
         "seq": state.seq,
@@ -118,6 +129,7 @@ def compact(
             ntotal=ids_end,
             added_count=manifest.added_count + (ids_end - manifest.ntotal),
             holes=len(holes),
+            id_range=own,
             base_seq=state.seq,
             files={
                 n: sha256_file(tmp / n)
@@ -137,23 +149,35 @@ def compact(
     return report
 
 
+def _removed(dead: np.ndarray, lo: int, hi: int) -> Any:
+    """A FAISS selector of the base ids a compaction removes: the deleted ones (``dead``, ascending)
+    and, for a shard being cut, every id outside its range [lo, hi)."""
+    dead = np.ascontiguousarray(dead, np.int64)
+    outside = faiss.IDSelectorNot(faiss.IDSelectorRange(lo, hi))
+    if not len(dead):
+        return outside
+    batch = faiss.IDSelectorBatch(len(dead), faiss.swig_ptr(dead))
+    either = faiss.IDSelectorOr(batch, outside)
+    either.referenced_objects = [batch, outside, dead]  # type: ignore[attr-defined]  # (C++ pointers)
+    return either
+
+
 def _faiss_index(
     source: faiss.Index,
     before: float | None,
     factory: str,
-    dead: np.ndarray,
+    removed: Any,
     base_live: np.ndarray,
     added_ids: np.ndarray,
     added_vectors: np.ndarray,
 ) -> tuple[faiss.Index, float | None, bool]:
     """(the new FAISS index of the live vectors under their ids, the imbalance of the old lists with
     the writes applied (None: an index with no lists), whether it was trained anew). ``before``: the
-    old lists' imbalance."""
+    old lists' imbalance; ``removed``: a selector of the base ids to drop (:func:`_removed`)."""
     if nlist_of(source) is not None:
         index = faiss.clone_index(source)
         faiss.extract_index_ivf(index).set_direct_map_type(faiss.DirectMap.NoMap)  # type: ignore[attr-defined]
-        if len(dead):
-            index.remove_ids(faiss.IDSelectorBatch(len(dead), faiss.swig_ptr(np.ascontiguousarray(dead))))
+        index.remove_ids(removed)
         if len(added_ids):
             index.add_with_ids(added_vectors, added_ids)
         after = imbalance(index)

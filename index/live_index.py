@@ -49,16 +49,21 @@ class LiveSelection:
 @dataclass(frozen=True)
 class BaseIds:
     """The id space of a base index: ids below ``ids_end``; a compacted base's (index/live_compact.py)
-    also includes the log's writes up to ``seq`` and holds no vector for its ``holes`` (ascending)."""
+    also includes the log's writes up to ``seq`` and holds no vector for its ``holes`` (ascending);
+    a shard's holds the ids [``lo``, ``hi``) only (``hi`` None: ``ids_end``), holes among them."""
 
     ids_end: int
     seq: int = 0
     holes: np.ndarray | None = None
+    lo: int = 0
+    hi: int | None = None
 
 
 def base_ids(directory: str | os.PathLike[str], manifest: Manifest) -> BaseIds:
     """The id space of the index folder ``directory`` (its compaction's, if it was compacted)."""
-    return BaseIds(manifest.ntotal, manifest.base_seq, read_holes(directory, manifest))
+    lo, hi = manifest.own_ids
+    holes = read_holes(directory, manifest)
+    return BaseIds(manifest.ntotal, manifest.base_seq, holes, lo, None if hi == manifest.ntotal else hi)
 
 
 class LiveIndex:
@@ -90,7 +95,8 @@ class LiveIndex:
         self._batched, self._rescore = batched, rescore
         self._log: WriteLog | None = None
         self.base = base or BaseIds(index.ntotal)
-        self._state = LiveState.empty(self.base.ids_end, index.d, self.base.seq, self.base.holes)
+        base = self.base
+        self._state = LiveState.empty(base.ids_end, index.d, base.seq, base.holes, base.lo, base.hi)
         self._apply_lock = threading.Lock()
         self.refresh()
         held = self._log.last_seq() if self._log is not None else 0
@@ -126,7 +132,8 @@ class LiveIndex:
     def _open_log(self) -> WriteLog:
         assert self.log_path is not None
         base = self.base
-        return WriteLog(self.log_path, self.key, self.metadata, base.ids_end, self.index.d, base.holes)
+        own = (base.lo, base.ids_end if base.hi is None else base.hi)
+        return WriteLog(self.log_path, self.key, self.metadata, base.ids_end, self.index.d, base.holes, own)
 
     def refresh(self) -> LiveState:
         """Apply what the log holds past the current state (this process's writes and others');
@@ -233,7 +240,7 @@ class LiveIndex:
             return state.without_dead(*self._unfiltered(query, depth + dead))
         if selection is None:
             selector = faiss.IDSelectorBitmap(state.base_ntotal, faiss.swig_ptr(state.base_alive_bitmap))
-            count = state.base_ntotal - len(state.base_dead)
+            count = state.base_live
         else:
             selector = selection.selector
             count = len(selection.ids) - (0 if selection.added is None else int(selection.added.sum()))

@@ -61,14 +61,38 @@ class LiveState:
     # ids below base_ntotal that a compacted base holds no vector for (deleted before it was
     # written): never in a base search's results, so searches need not search deeper for them
     holes: int = 0
+    # the base ids [lo, hi) this index may hold (a shard's range; hi None: base_ntotal); the others
+    # are not its images, and not listed in base_dead
+    lo: int = 0
+    hi: int | None = None
 
     @classmethod
-    def empty(cls, base_ntotal: int, dim: int, seq: int = 0, holes: np.ndarray | None = None) -> LiveState:
+    def empty(
+        cls,
+        base_ntotal: int,
+        dim: int,
+        seq: int = 0,
+        holes: np.ndarray | None = None,
+        lo: int = 0,
+        hi: int | None = None,
+    ) -> LiveState:
         """The state of a base index alone: ``seq`` the write its content includes (a compacted
-        base's), ``holes`` its ids with no vector (ascending)."""
+        base's), ``holes`` its ids with no vector (ascending), [``lo``, ``hi``) the ids it holds."""
         rows = _Rows(np.empty(0, np.int64), np.empty((0, dim), np.float32))
         dead = np.zeros(0, np.int64) if holes is None else np.asarray(holes, np.int64)
-        return cls(seq, base_ntotal, rows.ids[:0], rows.vectors[:0], np.zeros(0, bool), dead, rows, len(dead))
+        empty = (rows.ids[:0], rows.vectors[:0], np.zeros(0, bool))
+        return cls(seq, base_ntotal, *empty, dead, rows, len(dead), lo, hi)
+
+    @property
+    def own(self) -> tuple[int, int]:
+        """[lo, hi): the base ids this index may hold."""
+        return self.lo, self.base_ntotal if self.hi is None else self.hi
+
+    @property
+    def base_live(self) -> int:
+        """Live base ids: those it holds less the deleted ones."""
+        lo, hi = self.own
+        return hi - lo - len(self.base_dead)
 
     @property
     def dead_in_base_index(self) -> int:
@@ -93,7 +117,7 @@ class LiveState:
     @property
     def size(self) -> int:
         """Live images: the base's less its deleted ones, plus the live added ones."""
-        return self.base_ntotal - len(self.base_dead) + int(self.alive.sum())
+        return self.base_live + int(self.alive.sum())
 
     def apply(self, writes: Sequence[Write]) -> LiveState:
         """The state after ``writes`` (the log's next ones, in order); this one is unchanged."""
@@ -121,15 +145,28 @@ class LiveState:
         dead_arr = np.array(dead, np.int64)
         in_base = dead_arr < self.base_ntotal
         alive[np.searchsorted(ids, dead_arr[~in_base])] = False  # added ids are ascending
-        base_dead = np.union1d(self.base_dead, dead_arr[in_base])
+        lo, hi = self.own
+        base_dead = np.union1d(self.base_dead, dead_arr[in_base & (dead_arr >= lo) & (dead_arr < hi)])
         return LiveState(
-            writes[-1].seq, self.base_ntotal, ids, rows.vectors[:m], alive, base_dead, rows, self.holes
+            writes[-1].seq,
+            self.base_ntotal,
+            ids,
+            rows.vectors[:m],
+            alive,
+            base_dead,
+            rows,
+            self.holes,
+            self.lo,
+            self.hi,
         )
 
     def is_live(self, image_id: int) -> bool:
         if not 0 <= image_id < 2**63:  # beyond int64: no id (and no numpy overflow)
             return False
         if image_id < self.base_ntotal:
+            lo, hi = self.own
+            if not lo <= image_id < hi:
+                return False
             at = int(np.searchsorted(self.base_dead, image_id))
             return not (at < len(self.base_dead) and self.base_dead[at] == image_id)
         return self._live_added(image_id) is not None
@@ -152,11 +189,12 @@ class LiveState:
 
     def base_bitmap(self, selected: np.ndarray | None) -> np.ndarray:
         """The bitmap of the live base ids among ``selected`` (ascending ids; None: all of them)."""
+        lo, hi = self.own
+        mask = np.zeros(self.base_ntotal, bool)
         if selected is None:
-            mask = np.ones(self.base_ntotal, bool)
+            mask[lo:hi] = True
         else:
-            mask = np.zeros(self.base_ntotal, bool)
-            mask[selected[selected < self.base_ntotal]] = True
+            mask[selected[(selected >= lo) & (selected < hi)]] = True
         mask[self.base_dead] = False
         return np.packbits(mask, bitorder="little")
 

@@ -116,8 +116,9 @@ class Ack:
 
 class WriteLog:
     """The writes of one index (``key``) in ``path``. Thread-safe; several processes may share the file.
-    ``holes``: base ids below ``base_ntotal`` with no image (a compacted folder's, a shard's other
-    ids; ascending), never live unless the log adds them."""
+    ``holes``: base ids with no image (a compacted folder's; ascending) and ``own``: [lo, hi), the
+    base ids this index may hold (a shard's range; default all below ``base_ntotal``): a base id
+    outside it or among the holes is never live unless the log adds it."""
 
     def __init__(
         self,
@@ -127,9 +128,11 @@ class WriteLog:
         base_ntotal: int,
         dim: int,
         holes: np.ndarray | None = None,
+        own: tuple[int, int] | None = None,
     ):
         self.path, self.key, self.base, self.base_ntotal, self.dim = Path(path), key, base, base_ntotal, dim
         self.holes = np.zeros(0, np.int64) if holes is None else holes
+        self.own = (0, base_ntotal) if own is None else own
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._opened: list[sqlite3.Connection] = []
@@ -181,7 +184,7 @@ class WriteLog:
     def export(self, target: str | os.PathLike[str], seq: int) -> int:
         """Copy this index's writes up to ``seq`` into a new log file ``target`` (a snapshot's), one
         file with no WAL beside it; returns how many rows it holds."""
-        copy = WriteLog(target, self.key, self.base, self.base_ntotal, self.dim, self.holes)  # the schema
+        copy = WriteLog(target, self.key, self.base, self.base_ntotal, self.dim, self.holes, self.own)
         try:
             db = copy._connection()
             db.execute("ATTACH DATABASE ? AS source", (str(self.path),))
@@ -294,8 +297,9 @@ class WriteLog:
         op = self._latest_op(tx, image_id)
         if op is not None:
             return op != "delete"
+        lo, hi = self.own
         at = int(np.searchsorted(self.holes, image_id))
-        return image_id < self.base_ntotal and not (at < len(self.holes) and self.holes[at] == image_id)
+        return lo <= image_id < hi and not (at < len(self.holes) and self.holes[at] == image_id)
 
     def _live_external(self, tx: sqlite3.Connection, external_id: str) -> int | None:
         found = tx.execute(

@@ -104,6 +104,9 @@ class Manifest(BaseModel):
     base_seq: int = Field(default=0, ge=0)
     added_count: int = Field(default=0, ge=0)
     holes: int = Field(default=0, ge=0)
+    # A shard (index/shard.py) holds the ids [lo, hi) of the id space: the others are not its images
+    # and are not listed as holes (a list of them would cost 8 bytes per id of the whole index).
+    id_range: list[int] | None = None
 
     @field_validator("recall_check")
     @classmethod
@@ -122,9 +125,21 @@ class Manifest(BaseModel):
                 f"gallery_count {self.gallery_count} + distractor_count {self.distractor_count} "
                 f"+ added_count {self.added_count} != ntotal {self.ntotal}"
             )
-        if self.holes > self.ntotal:
-            raise ValueError(f"holes {self.holes} > ntotal {self.ntotal}")
+        lo, hi = self.own_ids
+        if not 0 <= lo <= hi <= self.ntotal or (self.id_range is not None and len(self.id_range) != 2):
+            raise ValueError(
+                f"id_range {self.id_range}: not [lo, hi] with 0 <= lo <= hi <= ntotal {self.ntotal}"
+            )
+        if self.holes > hi - lo:
+            raise ValueError(f"holes {self.holes} > the {hi - lo} ids of {self.own_ids}")
         return self
+
+    @property
+    def own_ids(self) -> tuple[int, int]:
+        """[lo, hi): the ids this folder's images may have (a shard's range; else the id space)."""
+        if self.id_range is None:
+            return 0, self.ntotal
+        return int(self.id_range[0]), int(self.id_range[-1])
 
     @property
     def built(self) -> int:
@@ -133,8 +148,9 @@ class Manifest(BaseModel):
 
     @property
     def vectors(self) -> int:
-        """Vectors in index.faiss (and rows in metadata.sqlite): the id space less its holes."""
-        return self.ntotal - self.holes
+        """Vectors in index.faiss (and rows in metadata.sqlite): its ids less its holes."""
+        lo, hi = self.own_ids
+        return hi - lo - self.holes
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()  # format and format_version first: a reader sees what the file is

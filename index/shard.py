@@ -10,7 +10,7 @@ all S are checked to come from one checkpoint and one build.
 
 Merging the shards' top-k lists by score gives the top-k of the whole index: exactly so for exact
 shards (up to tied scores), and never worse than the shards' own recall for inverted files.
-The ids outside a shard's range are listed as its holes (8 bytes per id of the whole index). A shard
+A shard's manifest names its id range (``id_range``); only the holes within it are listed. A shard
 takes writes into a write log of its own (``base_seq`` 0: a compacted source's log is folded in and
 not carried on); images added online go to the last shard, whose range is open-ended
 (:mod:`service.sharded_index`).
@@ -53,11 +53,10 @@ def shard_index(
         holes = read_holes(index_dir, manifest)
         out = []
         for s, (lo, hi) in enumerate(shard_ranges(manifest.ntotal, shards)):
-            outside = np.concatenate([np.arange(0, lo), np.arange(hi, manifest.ntotal)]).astype(np.int64)
-            gone = outside if holes is None else np.union1d(outside, holes)
-            live = LiveIndex(
-                index, metadata, None, "shard", base=BaseIds(manifest.ntotal, 0, gone)
-            )  # seq 0: a shard's own log starts empty
+            inside = None if holes is None else holes[(holes >= lo) & (holes < hi)]
+            # seq 0: a shard's own log starts empty
+            base = BaseIds(manifest.ntotal, 0, inside, lo, hi)
+            live = LiveIndex(index, metadata, None, "shard", base=base)
             folder = out_dir / f"shard-{s}-of-{shards}"
             say(f"shard {s}: ids {lo:,} to {hi - 1:,} -> {folder}")
             info = {"index": s, "count": shards, "ids": [lo, hi], "from": index_dir.name}

@@ -47,7 +47,7 @@ class ShardStatus:
     seq: int
     size: int  # live images
     added: int  # images added since the cut, live now
-    deleted: int  # images of the shard deleted since the cut (ids outside its range not counted)
+    deleted: int  # images of the shard deleted since the cut
     ids_end: int  # one past the largest id given
 
 
@@ -114,9 +114,12 @@ class ShardReplica:
                 "shards with `icr index shard INDEX --shards S --out DIR`"
             )
         self.shard: dict[str, Any] = shard
+        if self.loaded.manifest.id_range is None:  # cut before shards recorded their range
+            raise NotServable(
+                f"{self.folder}: a shard cut by an older icr (it lists every other shard's id as a hole, "
+                "8 bytes per id); cut the source index again with `icr index shard`"
+            )
         self.live = self.loaded.folder_live("serve a shard")  # its own folder and write log
-        lo, hi = shard["ids"]
-        self._outside = self.loaded.manifest.ntotal - (hi - lo)  # ids of other shards: holes here
 
     def _state(self) -> LiveState:
         """The shard's state with every write in its log applied (other replicas' too)."""
@@ -124,7 +127,7 @@ class ShardReplica:
 
     def status(self, state: LiveState | None = None) -> ShardStatus:
         state = self._state() if state is None else state
-        return ShardStatus(state.seq, state.size, state.added, state.deleted - self._outside, state.ids_end)
+        return ShardStatus(state.seq, state.size, state.added, state.deleted, state.ids_end)
 
     def describe(self) -> dict[str, Any]:
         """What the coordinator checks and serves from: this shard's manifest, calibration file

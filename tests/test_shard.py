@@ -56,7 +56,8 @@ def test_merged_shards_equal_the_single_index(tmp_path: Path, factory: str, shar
     for w, (lo, hi) in zip(written, shard_ranges(N, shards), strict=True):
         index, manifest, store = load_index_dir(w["folder"])  # hashes and counts checked
         manifests.append(manifest)
-        assert manifest.ntotal == N and manifest.holes == N - (hi - lo) and index.ntotal == hi - lo
+        assert manifest.ntotal == N and index.ntotal == hi - lo
+        assert manifest.id_range == [lo, hi] and manifest.holes == 0  # the others' ids are not listed
         ids = faiss.vector_to_array(faiss.downcast_index(index).id_map) if factory == "Flat" else None
         if ids is not None:
             assert sorted(ids) == list(range(lo, hi))
@@ -71,6 +72,36 @@ def test_merged_shards_equal_the_single_index(tmp_path: Path, factory: str, shar
     np.testing.assert_allclose(merged_s, single_s, atol=1e-6)
     for q in range(len(queries)):  # the same ids, up to the order of tied scores
         assert set(merged_i[q][merged_s[q] > single_s[q, -1] + 1e-6]) <= set(single_i[q])
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF8,Flat"])
+def test_a_shard_lists_only_its_own_holes_and_holds_only_its_own_ids(tmp_path: Path, factory: str) -> None:
+    """A source compacted after deletions, cut in two: each shard lists the deleted ids of its own
+    range only (not the other shard's ids), and as a live index holds exactly its live ids."""
+    from icr.index.live_compact import compact
+    from icr.index.live_index import LiveIndex, base_ids
+
+    folder, _ = _folder(tmp_path, factory)
+    index, manifest, store = load_index_dir(folder)
+    live = LiveIndex(index, store, tmp_path / "state" / "writes.sqlite", "k", base=base_ids(folder, manifest))
+    deleted = [5, 600, 900]
+    live.delete(deleted, "t")
+    compact(live, folder, tmp_path / "compacted")
+    live.close()
+    store.close()
+    written = shard_index(tmp_path / "compacted", tmp_path / "shards", 2)
+    for w, (lo, hi) in zip(written, shard_ranges(N, 2), strict=True):
+        index, manifest, store = load_index_dir(w["folder"])
+        own = [i for i in deleted if lo <= i < hi]
+        assert manifest.id_range == [lo, hi] and manifest.holes == len(own)
+        shard = LiveIndex(index, store, None, "k", base=base_ids(w["folder"], manifest))
+        state = shard.state
+        live_ids = [i for i in range(N) if state.is_live(i)]
+        assert live_ids == [i for i in range(lo, hi) if i not in own]  # its own, less its holes
+        assert state.size == hi - lo - len(own) == index.ntotal and state.deleted == len(own)
+        bitmap = np.unpackbits(state.base_alive_bitmap, bitorder="little")[:N]
+        assert np.flatnonzero(bitmap).tolist() == live_ids
+        store.close()
 
 
 def test_shards_of_different_builds_are_refused(tmp_path: Path) -> None:
