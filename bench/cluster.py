@@ -19,6 +19,7 @@ latency(S) ~ shard(N) / S + hop + merge(S) (:func:`_projection`).
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -50,11 +51,26 @@ def _layouts(
     }
     for s in shards:
         folder = workdir / f"shards-{s}"
-        if not (folder / f"shard-{s - 1}-of-{s}").is_dir():
+        if not _cut_already(index, folder, s):
             log(f"cluster: cutting {index.name} into {s} shard(s)")
+            shutil.rmtree(folder, ignore_errors=True)
             shard_index(index, folder, s)
         layouts[f"ray-{s}"] = (["--shards", str(folder), "--ray"], {})
     return layouts
+
+
+def _cut_already(index: Path, folder: Path, shards: int) -> bool:
+    """Whether ``folder`` holds the ``shards`` shards of this very build of ``index`` from an earlier
+    run, in the current format (a shard records its id range)."""
+    from icr.index.manifest import MANIFEST_FILE, Manifest
+
+    source = Manifest.read(index / MANIFEST_FILE)
+    try:
+        cut = [Manifest.read(folder / f"shard-{k}-of-{shards}" / MANIFEST_FILE) for k in range(shards)]
+    except (FileNotFoundError, ValueError):
+        return False
+    build = (source.checkpoint_sha256, source.created)
+    return all(m.id_range is not None and (m.checkpoint_sha256, m.created) == build for m in cut)
 
 
 def _coordinator_cost(

@@ -128,3 +128,21 @@ def test_icr_index_shard_writes_the_folders(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == [f"shard-{s}-of-3" for s in range(3)]
     bad = CliRunner().invoke(cli.app, ["index", "shard", str(folder), "--shards", "0", "--out", str(out)])
     assert bad.exit_code != 0 and "--shards must be between 1" in bad.output
+
+
+def test_the_cluster_bench_cuts_again_shards_of_another_build_or_format(tmp_path: Path) -> None:
+    """bench/cluster.py reuses a previous run's shards only when they are this build's, in the
+    current format (a workdir outlives the code that cut them)."""
+    from bench.cluster import _cut_already
+
+    folder, _ = _folder(tmp_path, "Flat")
+    cut = tmp_path / "shards-2"
+    assert not _cut_already(folder, cut, 2)  # nothing cut yet
+    shard_index(folder, cut, 2)
+    assert _cut_already(folder, cut, 2) and not _cut_already(folder, cut, 3)
+    path = cut / "shard-1-of-2" / "manifest.json"
+    old = Manifest.read(path)
+    path.write_text(old.model_copy(update={"id_range": None, "holes": 0}).to_json())  # before id_range
+    assert not _cut_already(folder, cut, 2)
+    path.write_text(old.model_copy(update={"created": "2026-01-01T00:00:00+00:00"}).to_json())
+    assert not _cut_already(folder, cut, 2)
