@@ -84,8 +84,10 @@ def compact(
     added_vectors = state.vectors[state.alive]  # (a, D)
     ids_end = state.ids_end
     kept = np.concatenate([base_live, added_ids])  # (b + a,) ascending
-    # a shard's range [lo, hi) (index/shard.py): the last one's is open-ended, so it takes the adds
-    own = None if (lo, state.hi) == (0, None) else [lo, ids_end if hi == state.base_ntotal else hi]
+    # a shard's range [lo, hi) (a shard compacted, or one being cut: index/shard.py); the last one's
+    # is open-ended, so it takes the adds
+    shard = manifest.id_range is not None or "shard" in (extra or {})
+    own = [lo, ids_end if hi == state.base_ntotal else hi] if shard else None
     start, end = own or (0, ids_end)
     holes = np.setdiff1d(np.arange(start, end, dtype=np.int64), kept, assume_unique=True)
     source = live.index

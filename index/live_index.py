@@ -58,12 +58,15 @@ class BaseIds:
     lo: int = 0
     hi: int | None = None
 
+    @property
+    def own(self) -> tuple[int, int]:
+        """[lo, hi): the base ids this index may hold."""
+        return self.lo, self.ids_end if self.hi is None else self.hi
+
 
 def base_ids(directory: str | os.PathLike[str], manifest: Manifest) -> BaseIds:
     """The id space of the index folder ``directory`` (its compaction's, if it was compacted)."""
-    lo, hi = manifest.own_ids
-    holes = read_holes(directory, manifest)
-    return BaseIds(manifest.ntotal, manifest.base_seq, holes, lo, None if hi == manifest.ntotal else hi)
+    return BaseIds(manifest.ntotal, manifest.base_seq, read_holes(directory, manifest), *manifest.own_ids)
 
 
 class LiveIndex:
@@ -96,7 +99,7 @@ class LiveIndex:
         self._log: WriteLog | None = None
         self.base = base or BaseIds(index.ntotal)
         base = self.base
-        self._state = LiveState.empty(base.ids_end, index.d, base.seq, base.holes, base.lo, base.hi)
+        self._state = LiveState.empty(base.ids_end, index.d, base.seq, base.holes, *base.own)
         self._apply_lock = threading.Lock()
         self.refresh()
         held = self._log.last_seq() if self._log is not None else 0
@@ -132,8 +135,9 @@ class LiveIndex:
     def _open_log(self) -> WriteLog:
         assert self.log_path is not None
         base = self.base
-        own = (base.lo, base.ids_end if base.hi is None else base.hi)
-        return WriteLog(self.log_path, self.key, self.metadata, base.ids_end, self.index.d, base.holes, own)
+        return WriteLog(
+            self.log_path, self.key, self.metadata, base.ids_end, self.index.d, base.holes, base.own
+        )
 
     def refresh(self) -> LiveState:
         """Apply what the log holds past the current state (this process's writes and others');

@@ -146,3 +146,28 @@ def test_the_cluster_bench_cuts_again_shards_of_another_build_or_format(tmp_path
     assert not _cut_already(folder, cut, 2)
     path.write_text(old.model_copy(update={"created": "2026-01-01T00:00:00+00:00"}).to_json())
     assert not _cut_already(folder, cut, 2)
+
+
+def test_a_compacted_shard_keeps_its_range_the_last_open_ended(tmp_path: Path) -> None:
+    """Compacting a shard folder keeps its id range: the first of one shard (the whole id space),
+    a first of two ([0, hi)), and the last, which took an added image, grown to hold it."""
+    from icr.index.live_compact import compact
+    from icr.index.live_index import LiveIndex, base_ids
+    from icr.index.live_writes import NewImage
+
+    folder, vectors = _folder(tmp_path, "Flat")
+    for shards in (1, 2):
+        for w, (lo, hi) in zip(
+            shard_index(folder, tmp_path / f"cut{shards}", shards), shard_ranges(N, shards), strict=True
+        ):
+            index, manifest, store = load_index_dir(w["folder"])
+            log = tmp_path / f"state-{shards}-{lo}" / "writes.sqlite"
+            live = LiveIndex(index, store, log, "k", base=base_ids(w["folder"], manifest))
+            last = hi == N
+            if last:
+                live.add([NewImage(vectors[0], {"source": "new", "captions": []})], "t")
+            out = tmp_path / f"compacted-{shards}-{lo}"
+            compact(live, Path(w["folder"]), out)
+            live.close()
+            store.close()
+            assert Manifest.read(out / "manifest.json").id_range == [lo, N + 1 if last else hi]
