@@ -148,7 +148,7 @@ def serve_shards(
     if not ray:
         from concurrent.futures import ThreadPoolExecutor
 
-        from icr.service.shard_replica import ShardReplica, shard_state_dir
+        from icr.service.shard_replica import ShardReplica, shard_writes
         from icr.service.sharded_index import LocalShard
 
         pool = ThreadPoolExecutor(4 * len(folders))
@@ -160,7 +160,7 @@ def serve_shards(
                         f,
                         gpu=settings.gpu,
                         faiss_threads=settings.faiss_threads,
-                        writes=shard_state_dir(settings.state_path, f) if settings.writes else None,
+                        writes=shard_writes(settings, f),
                     ),
                     pool,
                 )

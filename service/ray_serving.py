@@ -30,7 +30,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 
 from icr.service.config import Settings
-from icr.service.shard_replica import ShardReplica, shard_state_dir
+from icr.service.shard_replica import ShardReplica, shard_writes
 from icr.service.sharded_index import ShardBackend, ShardDown, Waiter
 
 log = logging.getLogger("icr.service")
@@ -59,7 +59,13 @@ class ShardDeploymentClass:
     directory, shared by its replicas (None: read-only)."""
 
     def __init__(
-        self, folder: str, gpu: str, faiss_threads: int, micro_batch: int, mmap: bool, writes: str | None
+        self,
+        folder: str,
+        gpu: str,
+        faiss_threads: int,
+        micro_batch: int,
+        mmap: bool,
+        writes: str | Path | None,
     ) -> None:
         self.replica = ShardReplica(
             folder,
@@ -193,7 +199,7 @@ def deploy_shards(settings: Settings, shards: list[Path], replicas: int = 1) -> 
             settings.faiss_threads,
             settings.micro_batch,
             settings.mmap,
-            str(shard_state_dir(settings.state_path, folder)) if settings.writes else None,
+            shard_writes(settings, folder),
         )
         serve.run(app, name=name, route_prefix=None)
         names.append(name)

@@ -29,6 +29,7 @@ from icr.index.calibration import CALIBRATION_FILE
 from icr.index.filters import Filter
 from icr.index.live_state import LiveState
 from icr.index.live_writes import Ack, NewImage
+from icr.service.config import Settings
 from icr.service.loaded_index import LoadedIndex, NotServable, load_index_folder
 
 SHARDS_STATE = "shards"  # a coordinator's state directory holds each shard's in shards/<folder name>/
@@ -38,6 +39,12 @@ def shard_state_dir(state_dir: Path, folder: str | Path) -> Path:
     """Where the replicas of the shard folder ``folder`` keep their write log: one directory per
     shard (every shard of a build has the same index key, so they cannot share one log)."""
     return state_dir / SHARDS_STATE / Path(folder).name
+
+
+def shard_writes(settings: Settings, folder: str | Path) -> Path | None:
+    """The state directory a replica of ``folder`` takes writes into under ``settings`` (None:
+    the server takes no writes, ICR_WRITES=false)."""
+    return shard_state_dir(settings.state_path, folder) if settings.writes else None
 
 
 @dataclass(frozen=True)
