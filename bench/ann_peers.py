@@ -1,6 +1,7 @@
 """ANN engines side by side on the same embeddings, queries, k, depth and threads: the index the
-build chose (FAISS IVF at a sweep of nprobe), FAISS HNSW32, hnswlib and usearch, and the candidates
-for a faster engine of our own: inverted files of compact codes re-ranked exactly (``REFINED``).
+build chose (FAISS IVF at a sweep of nprobe), our re-ranked engine as the service searches it
+(index/rerank.py), FAISS HNSW32, hnswlib and usearch, and FAISS's own re-ranking indices it was chosen
+from: inverted files of compact codes re-ranked exactly (``REFINED``).
 
 Two workloads, both one query per call on one thread (as the service searches):
 
@@ -36,12 +37,14 @@ import numpy as np
 
 from bench.floors import cores
 from bench.stats import latency
-from icr.index.vector_index import ExactTopK, build_index, exact_depth, nlist_of, recall_of_ids
+from icr.index.rerank import RerankedIndex
+from icr.index.vector_index import ExactTopK, build_index, exact_depth, nlist_of, recall_of_ids, search
 
 K = 10
 RECALL_TARGET = 0.98
 DEPTH_TARGET = 0.95
-NPROBES = (8, 16, 32, 64, 128, 256)
+# powers of two and the steps between the largest (as the build's tuning: index.vector_index.nprobe_grid)
+NPROBES = (8, 16, 32, 64, 96, 128, 160, 192, 256)
 EFS_K = (16, 32, 64, 128, 256)  # HNSW candidate-list sizes for k = 10
 EFS_DEPTH_MULTIPLES = (
     1,
@@ -130,6 +133,29 @@ class RefinedEngine(FaissEngine):
 
     def prepare(self, depth: int | None) -> None:
         faiss.downcast_index(self.index).k_factor = self.k_factors["depth" if depth else "k10"]
+
+
+class ServedRerankEngine(FaissEngine):
+    """Ours as the service searches it: fast-scan codes under global ids re-ranked exactly from the
+    raw vectors by the project's own re-ranking (index/rerank.py: ``max(4k, 1,280)`` candidates),
+    through the service's search function; nprobe swept."""
+
+    def __init__(self, name: str, index: RerankedIndex, build_seconds: float):
+        self.name, self.index, self.build_seconds, self.knob = name, index, build_seconds, "nprobe"
+        self.ivf, self.hnsw = faiss.extract_index_ivf(index.codes), None
+
+    @classmethod
+    def built(cls, vectors: np.ndarray, nlist: int) -> ServedRerankEngine:
+        factory = f"IVF{nlist},PQ{vectors.shape[1] // 2}x4fs,RFlat"
+        t0 = time.perf_counter()
+        codes = build_index(vectors, vectors.shape[1], factory, gpu="off")
+        return cls(f"ours: {factory} (served)", RerankedIndex(codes, vectors), time.perf_counter() - t0)
+
+    def search(self, query: np.ndarray, k: int) -> np.ndarray:
+        return search(self.index, query[None], k)[1][0]
+
+    def bytes(self) -> int:
+        return int(faiss.serialize_index(self.index.codes).size) + self.index.raw.nbytes
 
 
 class HnswlibEngine(Engine):
@@ -236,15 +262,20 @@ def fastest(rows: list[dict[str, Any]], depth: int | None) -> dict[str, Any] | N
 
 
 def _engines(
-    ann: faiss.Index, factory: str, vectors: np.ndarray, log: Callable[[str], None]
+    ann: faiss.Index | RerankedIndex, factory: str, vectors: np.ndarray, log: Callable[[str], None]
 ) -> tuple[list[Engine], dict[str, str]]:
     """Ours (the built index; its build time is that of the same factory rebuilt here from the
-    embeddings, as every engine's is), FAISS HNSW32, and the peers that are installed;
-    ``missing``: why a peer is absent."""
+    embeddings, as every engine's is), our re-ranked engine (unless the build chose it), FAISS
+    HNSW32, and the peers that are installed; ``missing``: why a peer is absent."""
     faiss.omp_set_num_threads(cores())
     t0 = time.perf_counter()
     build_index(vectors, vectors.shape[1], factory, gpu="off")  # timed only: the built one is searched
-    engines: list[Engine] = [FaissEngine(f"ours: {factory}", ann, time.perf_counter() - t0)]
+    built_s = time.perf_counter() - t0
+    engines: list[Engine] = [
+        ServedRerankEngine(f"ours: {factory}", ann, built_s)
+        if isinstance(ann, RerankedIndex)
+        else FaissEngine(f"ours: {factory}", ann, built_s)
+    ]
     log(f"peers: ours ({factory}) rebuilt from the embeddings in {engines[0].build_seconds:.1f} s")
     t0 = time.perf_counter()
     hnsw = faiss.IndexHNSWFlat(vectors.shape[1], HNSW_M, faiss.METRIC_INNER_PRODUCT)
@@ -252,6 +283,9 @@ def _engines(
     engines.append(FaissEngine(f"faiss HNSW{HNSW_M}", hnsw, time.perf_counter() - t0))
     log(f"peers: faiss HNSW{HNSW_M} built in {engines[-1].build_seconds:.1f} s")
     nlist = nlist_of(ann) or max(1, int(4 * np.sqrt(len(vectors))))
+    if not isinstance(ann, RerankedIndex):
+        engines.append(ServedRerankEngine.built(vectors, nlist))
+        log(f"peers: {engines[-1].name} built in {engines[-1].build_seconds:.1f} s")
     for candidate, k_factors in REFINED:
         engines.append(RefinedEngine(candidate, vectors, nlist, k_factors))
         log(f"peers: {engines[-1].name} built in {engines[-1].build_seconds:.1f} s")
@@ -267,7 +301,7 @@ def _engines(
 
 
 def run(
-    ann: faiss.Index,
+    ann: faiss.Index | RerankedIndex,
     factory: str,
     vectors: np.ndarray,
     queries: np.ndarray,

@@ -111,19 +111,19 @@ def build_largest(model: Model, distractors: int, out: Path, log, quiet: bool = 
 
 def distractor_embeddings(index_dir: Path, out: Path) -> Path:
     """The distractor vectors of a built index (ids after the gallery), as an (N, D) float32 .npy."""
-    import faiss
-
     from icr.index.index_folder import load_index_dir
+    from icr.index.vector_index import stored_vectors
 
     manifest = Manifest.read(index_dir / MANIFEST_FILE)
     if out.is_file() and np.load(out, mmap_mode="r").shape[0] == manifest.distractor_count:
         return out
     index, manifest, metadata = load_index_dir(index_dir)
     metadata.close()
-    ivf = faiss.try_extract_index_ivf(index)
-    if ivf is not None:
-        ivf.make_direct_map()
-    vectors = index.reconstruct_n(manifest.gallery_count, manifest.distractor_count)  # (N, D)
+    read = stored_vectors(index)  # an inverted file's direct map; a re-ranked index's raw vectors
+    if read is None:
+        raise ValueError(f"{index_dir}: its index cannot give its vectors back")
+    first = manifest.gallery_count
+    vectors = read(np.arange(first, first + manifest.distractor_count))  # (N, D) the distractors
     tmp = out.with_suffix(".tmp.npy")
     np.save(tmp, vectors.astype(np.float32, copy=False))
     tmp.replace(out)

@@ -43,6 +43,7 @@ from icr.index.index_folder import INDEX_FILE
 from icr.index.manifest import MANIFEST_FILE, Manifest, Modality
 from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.on_disk import ONDISK_DATA, OnDiskBuild, build_on_disk, choose_on_disk_factory, load_on_disk
+from icr.index.rerank import RAW_FILE, Rerank, RerankedIndex, is_reranked, load_raw, write_raw
 from icr.index.vector_index import (
     ExactTopK,
     build_index,
@@ -327,10 +328,11 @@ def _write_index(
         measure = not on_disk and parse_factory(factory)["kind"] == "IVF"
     else:
         reason = "chosen by the caller (--factory)"
-    if on_disk and not any(part.startswith("IVF") for part in factory.split(",")):
+    if on_disk and (is_reranked(factory) or not any(part.startswith("IVF") for part in factory.split(","))):
         raise ValueError(
             f"--on-disk needs an inverted-file factory (IVF<k>,Flat or IVF<k>,PQ<m>), not {factory}"
         )
+    reranked = is_reranked(factory)
 
     _remove_stale_builds(out)
     with staged_dir(out, _BUILDING) as tmp:
@@ -351,7 +353,13 @@ def _write_index(
                 index = load_on_disk(tmp / INDEX_FILE)
                 built["built_on"] = "cpu"
             else:
-                index = build_index(feed(streams, store, exact), dim, factory, gpu=gpu, report=built)
+                vectors = feed(streams, store, exact)
+                if reranked:  # the raw vectors kept beside the codes, written as they stream past
+                    vectors = write_raw(tmp / RAW_FILE, vectors)
+                index = build_index(vectors, dim, factory, gpu=gpu, report=built)
+                if reranked:
+                    raw = load_raw(tmp / RAW_FILE, index.ntotal, dim)
+                    index = RerankedIndex(index, raw, 0, Rerank())
             # what each field holds, recorded so the server can refuse a filter of the wrong kind
             # without reading every row at load
             stored = store.field_types()
@@ -392,8 +400,12 @@ def _write_index(
             nprobe, recall, deep = None, recall_at_k(index, exact, queries, RECALL_K), None
         recall_seconds = time.perf_counter() - t0
         written = [INDEX_FILE, METADATA_FILE, *([ONDISK_DATA] if on_disk else [])]
+        if isinstance(index, RerankedIndex):
+            if not reranked:  # chosen by --factory auto: its raw vectors were the inverted file's
+                index.raw.tofile(tmp / RAW_FILE)
+            written.append(RAW_FILE)
         if not on_disk:  # an on-disk index was written by its build (index.faiss names index.ivfdata)
-            save_index(index, tmp / INDEX_FILE)
+            save_index(index.codes if isinstance(index, RerankedIndex) else index, tmp / INDEX_FILE)
         for name in written:
             fsync_file(tmp / name)
         timings = {**gallery.timings, **(extra.timings if extra is not None else {})}
@@ -429,6 +441,7 @@ def _write_index(
             files={name: sha256_file(tmp / name) for name in written},
             metadata_fields=metadata_fields or [],
             metadata_field_types=field_types,
+            rerank=index.rerank.to_dict() if isinstance(index, RerankedIndex) else None,
             extra={
                 "embed_device": built_by.device,
                 **throughput,

@@ -119,6 +119,8 @@ class ExactKernel:
 def kernel_for(index: Any, precision: Precision | Literal["auto"] = "auto") -> ExactKernel | None:
     """The kernel over a CPU inner-product flat index's own vectors (no fp32 copy), else None;
     ``auto``: the bf16 scan where the CPU multiplies bf16 natively (:func:`bf16_is_native`)."""
+    if not isinstance(index, faiss.Index):  # e.g. codes re-ranked from raw vectors (index/rerank.py)
+        return None
     flat: Any = faiss.downcast_index(index)  # the stubs know only the base class
     if (
         type(flat) not in (faiss.IndexFlat, faiss.IndexFlatIP)

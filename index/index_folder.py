@@ -16,6 +16,7 @@ from icr.core.atomic import sha256_file
 from icr.index.manifest import MANIFEST_FILE, Manifest
 from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.on_disk import ONDISK_DATA, load_on_disk
+from icr.index.rerank import RAW_FILE, Rerank, RerankedIndex, is_reranked, load_raw
 from icr.index.vector_index import load_index
 
 INDEX_FILE = "index.faiss"
@@ -24,8 +25,9 @@ HOLES_FILE = "holes.npy"  # a compacted folder's ids with no vector
 
 def load_index_dir(
     directory: str | os.PathLike[str], *, mmap: bool = False
-) -> tuple[faiss.Index, Manifest, MetadataStore]:
-    """(index, manifest, read-only metadata) of an index directory, checked against each other.
+) -> tuple[faiss.Index | RerankedIndex, Manifest, MetadataStore]:
+    """(index, manifest, read-only metadata) of an index directory, checked against each other. A
+    re-ranked index comes with its raw vectors (``mmap``: mapped, like the index).
 
     Errors name the missing or corrupt file and the command that rebuilds the index.
     """
@@ -54,6 +56,13 @@ def load_index_dir(
             f"{path}: holds {index.ntotal} vectors of dim {index.d}, {MANIFEST_FILE} says "
             f"{manifest.vectors} of dim {manifest.dim}; the folder mixes files of two builds, {rebuild}"
         )
+    if is_reranked(manifest.factory):
+        lo, hi = manifest.own_ids  # one row per id of the range, holes included
+        try:
+            raw = load_raw(directory / RAW_FILE, hi - lo, manifest.dim, mmap=mmap)
+        except (FileNotFoundError, ValueError) as err:
+            raise type(err)(f"{err}; {rebuild}") from None
+        index = RerankedIndex(index, raw, lo, Rerank.from_dict(manifest.rerank))
     try:
         metadata = MetadataStore.open(directory / METADATA_FILE)
     except (FileNotFoundError, ValueError) as err:

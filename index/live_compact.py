@@ -35,7 +35,8 @@ from icr.index.live_snapshot import SNAPSHOT_FILE, link_folder
 from icr.index.live_writes import UPLOADS_FOLDER, WRITES_FILE
 from icr.index.manifest import MANIFEST_FILE, Manifest
 from icr.index.metadata import METADATA_FILE, MetadataStore
-from icr.index.vector_index import empty_index, nlist_of, save_index, stored_vectors
+from icr.index.rerank import RAW_FILE, RerankedIndex, save_raw
+from icr.index.vector_index import VectorReader, empty_index, nlist_of, save_index, stored_vectors
 
 RETRAIN_IMBALANCE = 1.5  # list imbalance grown by this factor over the old index's: train again
 CHUNK = 50_000  # vectors / metadata rows per step
@@ -44,6 +45,7 @@ _REWRITTEN = (
     METADATA_FILE,
     MANIFEST_FILE,
     HOLES_FILE,
+    RAW_FILE,
     WRITES_FILE,
     SNAPSHOT_FILE,
     UPLOADS_FOLDER,
@@ -93,6 +95,10 @@ def compact(
     source = live.index
     if hasattr(faiss, "GpuIndex") and isinstance(source, faiss.GpuIndex):
         source = faiss.index_gpu_to_cpu(source)
+    read = stored_vectors(source)  # a re-ranked index's raw vectors: rewritten for the kept ids
+    reranked = isinstance(source, RerankedIndex)
+    if reranked:
+        source = source.codes
     say(f"compaction: {len(kept):,} live images at write {state.seq}, {len(holes):,} ids with no vector")
     before = imbalance(source)
     index, drifted, retrained = _faiss_index(
@@ -103,6 +109,7 @@ def compact(
         base_live,
         added_ids,
         added_vectors,
+        read,
     )
     report: dict[str, Any] = {
         "seq": state.seq,
@@ -121,7 +128,10 @@ def compact(
             metadata.add(_rows(live, kept, state))
         if len(holes):
             np.save(tmp / HOLES_FILE, holes, allow_pickle=False)
-        for name in (INDEX_FILE, METADATA_FILE, HOLES_FILE):
+        if reranked:
+            assert read is not None  # a re-ranked index always reads its raw vectors
+            save_raw(tmp / RAW_FILE, _raw_rows(start, end, base_live, read, added_ids, added_vectors))
+        for name in (INDEX_FILE, METADATA_FILE, HOLES_FILE, RAW_FILE):
             if (tmp / name).is_file():
                 fsync_file(tmp / name)
         link_folder(directory, tmp, _REWRITTEN)  # calibration, plots: never rewritten in place
@@ -135,7 +145,7 @@ def compact(
             base_seq=state.seq,
             files={
                 n: sha256_file(tmp / n)
-                for n in (INDEX_FILE, METADATA_FILE, HOLES_FILE)
+                for n in (INDEX_FILE, METADATA_FILE, HOLES_FILE, RAW_FILE)
                 if (tmp / n).is_file()
             },
             extra={
@@ -172,10 +182,12 @@ def _faiss_index(
     base_live: np.ndarray,
     added_ids: np.ndarray,
     added_vectors: np.ndarray,
+    read: VectorReader | None,
 ) -> tuple[faiss.Index, float | None, bool]:
     """(the new FAISS index of the live vectors under their ids, the imbalance of the old lists with
     the writes applied (None: an index with no lists), whether it was trained anew). ``before``: the
-    old lists' imbalance; ``removed``: a selector of the base ids to drop (:func:`_removed`)."""
+    old lists' imbalance; ``removed``: a selector of the base ids to drop (:func:`_removed`);
+    ``read``: the source's stored vectors by id."""
     if nlist_of(source) is not None:
         index = faiss.clone_index(source)
         faiss.extract_index_ivf(index).set_direct_map_type(faiss.DirectMap.NoMap)  # type: ignore[attr-defined]
@@ -186,14 +198,14 @@ def _faiss_index(
         if before is None or after is None or after <= RETRAIN_IMBALANCE * before:
             return index, after, False
         fresh = empty_index(source.d, factory)
-        vectors = np.concatenate(list(_vectors(index, np.concatenate([base_live, added_ids]))))  # (n, D)
+        vectors = np.concatenate([*_vectors(read, base_live), added_vectors])  # (n, D)
         nlist = nlist_of(fresh) or 1
         sample = vectors[np.random.default_rng(0).permutation(len(vectors))[: 50 * nlist]]
         fresh.train(sample)
         fresh.add_with_ids(vectors, np.concatenate([base_live, added_ids]))
         return fresh, after, True
     index = faiss.IndexIDMap2(empty_index(source.d, factory))
-    for ids, vectors in zip(_id_chunks(base_live), _vectors(source, base_live), strict=True):
+    for ids, vectors in zip(_id_chunks(base_live), _vectors(read, base_live), strict=True):
         index.add_with_ids(vectors, ids)
     if len(added_ids):
         index.add_with_ids(added_vectors, added_ids)
@@ -205,13 +217,33 @@ def _id_chunks(ids: np.ndarray) -> Iterator[np.ndarray]:
         yield ids[start : start + CHUNK]
 
 
-def _vectors(index: faiss.Index, ids: np.ndarray) -> Iterator[np.ndarray]:
+def _vectors(read: VectorReader | None, ids: np.ndarray) -> Iterator[np.ndarray]:
     """The stored vectors of ``ids``, chunk by chunk ((c, D) each)."""
-    read = stored_vectors(index)
     if read is None:
         raise ValueError("this index cannot give its vectors back (a GPU inverted file); compact on the CPU")
     for chunk in _id_chunks(ids):
         yield read(chunk)
+
+
+def _raw_rows(
+    start: int,
+    end: int,
+    base_live: np.ndarray,
+    read: VectorReader,
+    added_ids: np.ndarray,
+    added_vectors: np.ndarray,
+) -> Iterator[np.ndarray]:
+    """A re-ranked folder's raw vectors: the rows of ids ``start .. end - 1`` in order, chunk by chunk,
+    zeros for the ids with no vector (never read: its codes do not hold them)."""
+    for lo in range(start, end, CHUNK):
+        hi = min(lo + CHUNK, end)
+        block = np.zeros((hi - lo, added_vectors.shape[1]), np.float32)  # (c, D)
+        base = base_live[(base_live >= lo) & (base_live < hi)]
+        if len(base):
+            block[base - lo] = read(base)
+        added = (added_ids >= lo) & (added_ids < hi)
+        block[added_ids[added] - lo] = added_vectors[added]
+        yield block
 
 
 def _rows(live: LiveIndex, ids: np.ndarray, state: Any) -> Iterator[dict[str, Any]]:

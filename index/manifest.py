@@ -107,6 +107,9 @@ class Manifest(BaseModel):
     # A shard (index/shard.py) holds the ids [lo, hi) of the id space: the others are not its images
     # and are not listed as holes (a list of them would cost 8 bytes per id of the whole index).
     id_range: list[int] | None = None
+    # A re-ranked index (``...,RFlat``, index/rerank.py): its raw vectors' file and how many candidates
+    # a search re-ranks ({file, k_factor, min_candidates}); None for every other factory.
+    rerank: dict[str, Any] | None = None
 
     @field_validator("recall_check")
     @classmethod

@@ -18,13 +18,14 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import faiss
 import numpy as np
 import torch
 
 from icr.core.top_k import RunningTopK, padded_queries
+from icr.index.rerank import RerankedIndex, codes_factory
 
 # Exact search below this many vectors: a flat scan of 100k x 256 is a few ms per query.
 FLAT_LIMIT = 100_000
@@ -43,22 +44,27 @@ ADD_ROWS = 16_384  # vectors per add call (see _coalesced)
 # queries) left other queries below it (0.947 on the bench's search-section queries, 2026-11-24).
 CONFIDENCE_Z = 1.645
 GPU_CHOICES = ("auto", "on", "off")
+# What searches like a FAISS index here: one, or fast-scan codes re-ranked from raw vectors
+Searchable: TypeAlias = faiss.Index | RerankedIndex
 
 _FACTORY = re.compile(
-    r"^(Flat|HNSW(?P<hnsw>\d+)|IVF(?P<nlist>\d+)(_HNSW(?P<coarse>\d+))?,(Flat|PQ(?P<pq>\d+)))$"
+    r"^(Flat|HNSW(?P<hnsw>\d+)|IVF(?P<nlist>\d+)(_HNSW(?P<coarse>\d+))?,(Flat|PQ(?P<pq>\d+)(?P<fs>x4fs,RFlat)?))$"
 )
 
 
 # --- choosing and checking factories --------------------------------------------------------------
 def parse_factory(factory: str) -> dict[str, int | str]:
-    """{"kind": Flat|HNSW|IVF, "nlist", "m", "pq", "coarse_hnsw"} of a supported factory string;
-    ValueError otherwise. ``IVF<k>_HNSW<m>,...`` is an inverted file whose coarse quantizer (the
-    search for the nprobe nearest lists) is an HNSW graph over the k centroids instead of a scan."""
+    """{"kind": Flat|HNSW|IVF, "nlist", "m", "pq", "coarse_hnsw", "rerank"} of a supported factory
+    string; ValueError otherwise. ``IVF<k>_HNSW<m>,...`` is an inverted file whose coarse quantizer
+    (the search for the nprobe nearest lists) is an HNSW graph over the k centroids instead of a scan.
+    ``IVF<k>,PQ<m>x4fs,RFlat``: 4-bit PQ codes scanned with SIMD, re-ranked exactly from the raw
+    vectors (:mod:`index.rerank`)."""
     match = _FACTORY.match(factory)
     if not match:
         raise ValueError(
-            f"unsupported index factory {factory!r}; use auto, Flat, HNSW32, IVF<k>,Flat, IVF<k>,PQ<m> "
-            "or IVF<k>_HNSW32,Flat (e.g. IVF4000,Flat or IVF4000,PQ32)"
+            f"unsupported index factory {factory!r}; use auto, Flat, HNSW32, IVF<k>,Flat, IVF<k>,PQ<m>, "
+            "IVF<k>,PQ<m>x4fs,RFlat or IVF<k>_HNSW32,Flat (e.g. IVF4000,Flat, IVF4000,PQ32 or "
+            "IVF4000,PQ64x4fs,RFlat)"
         )
     if factory == "Flat":
         return {"kind": "Flat"}
@@ -69,13 +75,15 @@ def parse_factory(factory: str) -> dict[str, int | str]:
         parsed["pq"] = int(match["pq"])
     if match["coarse"]:
         parsed["coarse_hnsw"] = int(match["coarse"])
+    if match["fs"]:
+        parsed["rerank"] = 1
     return parsed
 
 
 def has_gpu_form(factory: str) -> bool:
     """Whether faiss can hold ``factory`` (any factory string) on a GPU: not an HNSW graph, nor an
-    inverted file whose lists are found through one."""
-    return "HNSW" not in factory
+    inverted file whose lists are found through one, nor fast-scan codes (CPU SIMD kernels)."""
+    return "HNSW" not in factory and "x4fs" not in factory
 
 
 def choose_factory(n: int, dim: int, memory_budget_bytes: int) -> tuple[str, str]:
@@ -175,7 +183,8 @@ def _train_needed(spec: dict[str, int | str]) -> int:
     """The fewest training vectors FAISS accepts for this factory."""
     if spec["kind"] != "IVF":
         return 0
-    return max(int(spec["nlist"]), 256 if "pq" in spec else 1)  # PQ codebooks have 256 centroids
+    centroids = 16 if "rerank" in spec else 256 if "pq" in spec else 1  # per PQ codebook: 4 or 8 bits
+    return max(int(spec["nlist"]), centroids)
 
 
 def build_index(
@@ -220,12 +229,13 @@ def build_index(
 
 
 def empty_index(dim: int, factory: str) -> faiss.Index:
-    """An untrained inner-product index of ``factory`` (any string FAISS parses).
+    """An untrained inner-product index of ``factory`` (any string FAISS parses; of a re-ranked
+    factory, its codes: the raw vectors are kept beside the index, :mod:`index.rerank`).
 
     PQ codes skip polysemous training (on by default): ~12 s of annealing for codes that only a
     Hamming-filtered search uses, which this project never does.
     """
-    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    index = faiss.index_factory(dim, codes_factory(factory), faiss.METRIC_INNER_PRODUCT)
     ivf = _ivf(index)
     if ivf is not None:
         ivfpq: Any = faiss.downcast_index(ivf)  # the stubs declare the base class
@@ -300,7 +310,7 @@ def omp_threads(n: int) -> Iterator[None]:
         faiss.omp_set_num_threads(before)
 
 
-def set_nprobe(index: faiss.Index, nprobe: int) -> None:
+def set_nprobe(index: Searchable, nprobe: int) -> None:
     """Number of inverted lists an IVF index scans per query (stored with the index on save)."""
     ivf = _ivf(index)
     if ivf is None:
@@ -308,26 +318,26 @@ def set_nprobe(index: faiss.Index, nprobe: int) -> None:
     ivf.nprobe = max(1, min(int(nprobe), ivf.nlist))
 
 
-def _ivf(index: faiss.Index) -> faiss.IndexIVF | None:
+def _ivf(index: Searchable) -> faiss.IndexIVF | None:
     try:
-        return faiss.extract_index_ivf(index)
+        return faiss.extract_index_ivf(index.codes if isinstance(index, RerankedIndex) else index)
     except RuntimeError:
         return None
 
 
-def nlist_of(index: faiss.Index) -> int | None:
+def nlist_of(index: Searchable) -> int | None:
     ivf = _ivf(index)
     return None if ivf is None else int(ivf.nlist)
 
 
-def nprobe_of(index: faiss.Index) -> int | None:
+def nprobe_of(index: Searchable) -> int | None:
     ivf = _ivf(index)
     return None if ivf is None else int(ivf.nprobe)
 
 
 # --- searching ------------------------------------------------------------------------------------
 def search(
-    index: faiss.Index, queries: np.ndarray, k: int, *, nprobe: int | None = None, selector: Any = None
+    index: Searchable, queries: np.ndarray, k: int, *, nprobe: int | None = None, selector: Any = None
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Top-``k`` (scores, ids) per query as ragged lists, best first, FAISS's -1 padding dropped.
 
@@ -353,7 +363,7 @@ def search(
     )
 
 
-def _search_parameters(index: faiss.Index, nprobe: int | None, selector: Any) -> Any:
+def _search_parameters(index: Searchable, nprobe: int | None, selector: Any) -> Any:
     """Per-call parameters, or None for the index's own settings. Parameters replace all of the
     index's settings for the call, so the index's current nprobe / efSearch are carried over."""
     if nprobe is None and selector is None:
@@ -379,13 +389,16 @@ Rescorer = Callable[[np.ndarray, np.ndarray], np.ndarray]
 VectorReader = Callable[[np.ndarray], np.ndarray]
 
 
-def stored_vectors(index: faiss.Index) -> VectorReader | None:
+def stored_vectors(index: Searchable) -> VectorReader | None:
     """``read(ids (n,)) -> (n, D) float32``: the vectors stored under ``ids``, as the index holds
     them (decoded from its codes for PQ or SQ: an approximation of what was added). An inverted
     file gets its direct map (id -> list position, 8 bytes per vector). None when this index cannot
-    give its vectors back (FAISS GPU inverted files, an empty index)."""
+    give its vectors back (FAISS GPU inverted files, an empty index). A re-ranked index gives the
+    raw vectors it re-ranks with: exactly what was added."""
     if index.ntotal == 0:
         return None
+    if isinstance(index, RerankedIndex):
+        return index.read
     try:
         ivf = _ivf(index)
         if ivf is not None and ivf.direct_map.no():  # made once: the rescorer asks too
@@ -417,12 +430,15 @@ def _some_id(index: faiss.Index) -> int:
     return 0
 
 
-def batch_independent_rescorer(index: faiss.Index) -> Rescorer | None:
+def batch_independent_rescorer(index: Searchable) -> Rescorer | None:
     """``rescore(query (D,), ids (n,)) -> (n,) float32``: the hits' scores recomputed from the stored
     vectors in float64 and rounded once, so a query gets the same scores whichever batch it was
     searched in (FAISS picks a BLAS kernel by batch size, and its float32 sums then differ by ~1e-7,
     enough to move a hit across a threshold). None when this index cannot reconstruct its vectors
-    (e.g. an IVF index on a GPU): FAISS's scores are used as they are."""
+    (e.g. an IVF index on a GPU): FAISS's scores are used as they are; and for a re-ranked index,
+    whose search scores every hit exactly, pair by pair, already."""
+    if isinstance(index, RerankedIndex):
+        return None
     read = stored_vectors(index)
     if read is None:
         return None
@@ -519,7 +535,7 @@ def exact_depth(k: int) -> int:
 
 
 def recall_at_k(
-    index: faiss.Index,
+    index: Searchable,
     exact: np.ndarray | faiss.Index | ExactTopK,
     queries: np.ndarray,
     k: int = 10,
@@ -536,7 +552,7 @@ def recall_at_k(
 
 
 def recall_per_query(
-    index: faiss.Index,
+    index: Searchable,
     exact: np.ndarray | faiss.Index | ExactTopK,
     queries: np.ndarray,
     k: int = 10,
@@ -586,7 +602,7 @@ def recall_lower_bound(recalls: np.ndarray) -> float:
 
 
 def tune_nprobe(
-    index: faiss.Index,
+    index: Searchable,
     exact: np.ndarray | faiss.Index | ExactTopK,
     queries: np.ndarray,
     k: int = 10,
@@ -595,10 +611,11 @@ def tune_nprobe(
     depth: int | None = None,
     depth_target: float = 0.95,
 ) -> tuple[int, float, float | None]:
-    """(smallest power-of-two nprobe reaching ``target`` recall@k and, with ``depth``, also
+    """(smallest nprobe of :func:`nprobe_grid` reaching ``target`` recall@k and, with ``depth``, also
     ``depth_target`` recall@depth (else nlist); its mean recall@k; its mean recall@depth or None);
     sets it. "Reaching" means the lower confidence bound of the mean over ``queries``
-    (:func:`recall_lower_bound`), so that queries not in the sample reach the targets too.
+    (:func:`recall_lower_bound`), so that queries not in the sample reach the targets too. Powers of
+    two are tried first, then the steps between the first reaching and the one before it.
 
     ``depth`` is the service's search depth: thresholds count the hits passing them among the top
     ``depth``, so an nprobe tuned for recall@10 alone undercounts them. Tuned on the model's own
@@ -608,21 +625,45 @@ def tune_nprobe(
     if nlist is None:
         raise ValueError(f"nprobe applies to IVF indices only, not {type(index).__name__}")
     depth = None if depth is None else min(depth, index.ntotal)
-    nprobe = 1
-    while True:
+
+    def measured(nprobe: int) -> tuple[bool, np.ndarray, np.ndarray | None]:
         recalls = recall_per_query(index, exact, queries, k, nprobe=nprobe)  # (Q,)
         reached = recall_lower_bound(recalls) >= target
-        deep_recalls = None
-        if depth and reached:
-            deep_recalls = recall_per_query(index, exact, queries, depth, nprobe=nprobe)  # (Q,)
-            reached = recall_lower_bound(deep_recalls) >= depth_target
-        if reached or nprobe >= nlist:
+        deep = None
+        if depth and (reached or nprobe >= nlist):
+            deep = recall_per_query(index, exact, queries, depth, nprobe=nprobe)  # (Q,)
+            reached = reached and recall_lower_bound(deep) >= depth_target
+        return reached, recalls, deep
+
+    grid = nprobe_grid(nlist)
+    powers = [p for p in grid if p & (p - 1) == 0 or p == nlist]
+    below = 0  # the largest nprobe known to miss
+    for nprobe in powers:
+        reached, recalls, deep = measured(nprobe)
+        if reached:
             break
-        nprobe = min(2 * nprobe, nlist)
-    if depth and deep_recalls is None:  # nlist reached before recall@k did
-        deep_recalls = recall_per_query(index, exact, queries, depth, nprobe=nprobe)
+        below = nprobe
+    for step in (p for p in grid if below < p < nprobe):  # finer: between the last miss and the hit
+        step_reached, step_recalls, step_deep = measured(step)
+        if step_reached:
+            nprobe, recalls, deep = step, step_recalls, step_deep
+            break
     set_nprobe(index, nprobe)
-    return nprobe, float(recalls.mean()), None if deep_recalls is None else float(deep_recalls.mean())
+    return nprobe, float(recalls.mean()), None if deep is None else float(deep.mean())
+
+
+def nprobe_grid(nlist: int) -> list[int]:
+    """The nprobe values tuning tries, up to ``nlist``: powers of two and three steps between each
+    and the next (x 1.25, 1.5, 1.75). Doubling alone overshoots by up to 2x: on the 1M demo
+    embeddings re-ranked (index/rerank.py) nprobe 128 missed recall@1000 0.95 by 0.0001, and 256
+    searched 1.1x slower than the 160 that reached it (1.78 against 1.59 ms,
+    docs/results/2026-11-27-rerank-served-1m.md)."""
+    values = {nlist}
+    p = 1
+    while p < nlist:
+        values.update((p, round(1.25 * p), round(1.5 * p), round(1.75 * p)))
+        p *= 2
+    return sorted(v for v in values if v <= nlist)
 
 
 # --- saving ---------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from icr.index.live_snapshot import snapshot_log
 from icr.index.live_writes import WRITES_FILE, Ack, NewImage
 from icr.index.manifest import MANIFEST_FILE, Manifest, check_compatible
 from icr.index.metadata import MetadataStore
+from icr.index.rerank import RAW_FILE, is_reranked
 from icr.index.vector_index import (
     Rescorer,
     VectorReader,
@@ -55,7 +56,7 @@ class NotServable(ValueError):
 
 # Files whose bytes are read while serving (SQLite pages, on-disk inverted lists, a memory-mapped
 # index), not only at load: rewritten in place, what is served changes under the server.
-READ_WHILE_SERVING = ("metadata.sqlite", "index.ivfdata", "index.faiss")
+READ_WHILE_SERVING = ("metadata.sqlite", "index.ivfdata", "index.faiss", RAW_FILE)
 
 
 class StateView(Protocol):
@@ -133,8 +134,9 @@ class LoadedIndex:
     @property
     def approximate_vectors(self) -> bool:
         """Whether the stored vectors are compressed codes (PQ, SQ): read back, they approximate
-        the embeddings that were added."""
-        return any(code in self.manifest.factory for code in ("PQ", "SQ"))
+        the embeddings that were added (a re-ranked index reads its raw vectors back)."""
+        factory = self.manifest.factory
+        return any(code in factory for code in ("PQ", "SQ")) and not is_reranked(factory)
 
     def why_no_vectors(self) -> str:
         """Why :attr:`vectors` is None, and what to do instead."""
@@ -311,7 +313,8 @@ def load_index_folder(
     if nprobe and nprobe_of(index) is not None:
         set_nprobe(index, int(nprobe))  # the value the build tuned to reach its recall target
     resources = None
-    if use_gpu(gpu) and has_gpu_form(manifest.factory):  # an HNSW graph stays on the CPU
+    # an HNSW graph and fast-scan codes (CPU SIMD kernels) stay on the CPU
+    if use_gpu(gpu) and has_gpu_form(manifest.factory) and isinstance(index, faiss.Index):
         resources = faiss.StandardGpuResources()
         index = faiss.index_cpu_to_gpu(resources, 0, index)
     served = snapshot([directory / name for name in READ_WHILE_SERVING if (directory / name).is_file()])

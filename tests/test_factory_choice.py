@@ -18,6 +18,7 @@ from icr.index.factory_choice import (
     swap_quantizer,
     tune_ef_search,
 )
+from icr.index.rerank import RerankedIndex
 from icr.index.vector_index import ExactTopK, build_index, load_index, parse_factory, save_index
 
 DIM = 16
@@ -57,6 +58,9 @@ def naive_recall(found: np.ndarray, base: np.ndarray, queries: np.ndarray, k: in
 
 def test_factory_strings():
     assert parse_factory("IVF64_HNSW32,Flat") == {"kind": "IVF", "nlist": 64, "coarse_hnsw": 32}
+    assert parse_factory("IVF64,PQ8x4fs,RFlat") == {"kind": "IVF", "nlist": 64, "pq": 8, "rerank": 1}
+    with pytest.raises(ValueError, match="IVF<k>,PQ<m>x4fs,RFlat"):
+        parse_factory("IVF64,PQ8x4fs")  # fast-scan codes alone: never served without re-ranking
     assert coarse_hnsw_factory("IVF4000,PQ16") == "IVF4000_HNSW32,PQ16"
     assert coarse_hnsw_factory("IVF64_HNSW32,Flat") == "IVF64_HNSW32,Flat"
 
@@ -118,14 +122,18 @@ def test_the_choice_keeps_the_fastest_trial_meeting_the_targets(base, queries, s
     )
 
     names = [t.factory for t in choice.trials]
-    assert names == [factory, f"IVF{NLIST}_HNSW32,Flat", "HNSW32"]
+    reranked = f"IVF{NLIST},PQ{DIM // 2}x4fs,RFlat"
+    assert names == [factory, f"IVF{NLIST}_HNSW32,Flat", "HNSW32", reranked]
     assert choice.trials[0].meets_targets  # the scan always gets there (nprobe up to nlist)
     # a later candidate replaces an earlier one only when it meets the targets and is faster beyond the noise
-    scan, coarse, hnsw = choice.trials
+    scan, coarse, hnsw, rerank = choice.trials
     margin = 1 - factory_choice.NOISE_MARGIN
     ivf_winner = coarse if coarse.meets_targets and coarse.p50_ms < margin * scan.p50_ms else scan
     built = hnsw.recall_at_k is not None
     winner = hnsw if built and hnsw.meets_targets and hnsw.p50_ms < margin * ivf_winner.p50_ms else ivf_winner
+    if rerank.meets_targets and rerank.p50_ms < margin * winner.p50_ms:
+        winner = rerank
+    assert rerank.vectors == N and rerank.recall_at_k is not None  # built (the budget allows it)
     assert choice.factory == winner.factory
     for t in choice.trials:  # a trial's verdict is its own numbers
         if t.recall_at_k is not None:
@@ -140,7 +148,10 @@ def test_the_choice_keeps_the_fastest_trial_meeting_the_targets(base, queries, s
     # the kept index is what the winning trial measured, and it meets the targets when re-checked
     kept = choice.index
     assert kept.ntotal == N
-    if winner.factory == "HNSW32":
+    if winner.factory == reranked:
+        assert isinstance(kept, RerankedIndex) and choice.nprobe == winner.setting["nprobe"]
+        np.testing.assert_array_equal(kept.raw, base)  # the inverted file's vectors, in id order
+    elif winner.factory == "HNSW32":
         assert isinstance(faiss.downcast_index(kept), faiss.IndexHNSWFlat)
         assert faiss.downcast_index(kept).hnsw.efSearch == choice.ef_search
     else:
@@ -162,6 +173,7 @@ def test_no_hnsw_graph_where_the_raw_vectors_do_not_fit(base, queries):
         index, factory, "rule", exact, queries, Targets(10, 0.98, 300, 0.95), memory_budget_bytes=N * DIM * 4
     )
     assert "exceed the memory budget" in choice.trials[2].note and choice.factory != "HNSW32"
+    assert "exceed the memory budget" in choice.trials[3].note and not choice.factory.endswith("RFlat")
 
 
 def test_the_full_graph_p50_is_extrapolated_by_compounding_the_samples_ratio() -> None:

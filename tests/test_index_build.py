@@ -213,7 +213,12 @@ def test_auto_measures_the_ann_candidates_at_the_service_depth(data, checkpoint,
     )
     nlist = round(4 * np.sqrt(1512))
     trials = manifest.extra["factory_trials"]
-    assert [t["factory"] for t in trials] == [f"IVF{nlist},Flat", f"IVF{nlist}_HNSW32,Flat", "HNSW32"]
+    assert [t["factory"] for t in trials] == [
+        f"IVF{nlist},Flat",
+        f"IVF{nlist}_HNSW32,Flat",
+        "HNSW32",
+        f"IVF{nlist},PQ16x4fs,RFlat",
+    ]
     winner = trials[0]  # replaced only by a candidate meeting the targets and faster beyond the noise
     for t in trials[1:]:
         if t["meets_targets"] and t["recall_at_k"] is not None and t["p50_ms"] < 0.95 * winner["p50_ms"]:
@@ -234,7 +239,8 @@ def test_auto_measures_the_ann_candidates_at_the_service_depth(data, checkpoint,
     if manifest.factory == "HNSW32":
         assert faiss.downcast_index(index).hnsw.efSearch == check["ef_search"]
     else:
-        assert faiss.extract_index_ivf(index).nprobe == check["nprobe"]
+        assert faiss.extract_index_ivf(getattr(index, "codes", index)).nprobe == check["nprobe"]
+        assert ("vectors.f32" in manifest.files) == manifest.factory.endswith("RFlat")
 
 
 def test_manifest_round_trip_and_validation(built, tmp_path):

@@ -16,6 +16,7 @@ from icr.index.vector_index import (
     build_index,
     choose_factory,
     load_index,
+    nprobe_grid,
     nprobe_of,
     omp_threads,
     parse_factory,
@@ -285,24 +286,29 @@ def test_tune_nprobe_reaches_the_target_with_a_margin_for_unseen_queries(base, q
     assert recall_lower_bound(np.array([0.5, 1.0, 1.0, 0.75])) == pytest.approx(bound([0.5, 1.0, 1.0, 0.75]))
     assert recall_lower_bound(np.array([0.9])) == 0.9
     index = build_index(base, DIM, "IVF32,Flat", gpu="off")
+    grid = nprobe_grid(32)
+    assert grid == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32]
+
+    def before(n: int) -> int:  # the grid value below n (0 for the first)
+        return max([g for g in grid if g < n], default=0)
+
     nprobe, recall, deep = tune_nprobe(index, base, queries, 10, target=0.99)
-    assert nprobe_of(index) == nprobe and deep is None
+    assert nprobe_of(index) == nprobe and deep is None and nprobe in grid
     assert recall == pytest.approx(statistics.mean(per_query(index, 10, nprobe)))
-    # the smallest power of two whose bound (not only whose mean) reaches the target
+    # the smallest grid value whose bound (not only whose mean) reaches the target
     assert bound(per_query(index, 10, nprobe)) >= 0.99
-    assert nprobe == 1 or bound(per_query(index, 10, nprobe // 2)) < 0.99
-    # where the mean of the sample clears the target at half the nprobe, the bound does not: the
+    assert nprobe == 1 or bound(per_query(index, 10, before(nprobe))) < 0.99
+    # where the mean of the sample clears the target at the value below, the bound does not: the
     # margin is what keeps queries outside the sample above it
     margin, _, _ = tune_nprobe(index, base, queries, 10, target=0.96)
-    assert margin > 1 and statistics.mean(per_query(index, 10, margin // 2)) >= 0.96
-    assert bound(per_query(index, 10, margin // 2)) < 0.96 <= bound(per_query(index, 10, margin))
-    # at the service's depth too: the smallest power of two reaching both targets
+    assert margin > 1 and statistics.mean(per_query(index, 10, before(margin))) >= 0.96
+    assert bound(per_query(index, 10, before(margin))) < 0.96 <= bound(per_query(index, 10, margin))
+    # at the service's depth too: the smallest grid value reaching both targets
     depth = len(base) // 4
     nprobe_deep, recall, deep = tune_nprobe(index, base, queries, 10, 0.99, depth=depth, depth_target=0.97)
     assert nprobe_deep >= nprobe and bound(per_query(index, depth, nprobe_deep)) >= 0.97
     assert deep == pytest.approx(statistics.mean(per_query(index, depth, nprobe_deep)))
-    half = nprobe_deep // 2
-    assert nprobe_deep == nprobe or bound(per_query(index, depth, half)) < 0.97
+    assert nprobe_deep == nprobe or bound(per_query(index, depth, before(nprobe_deep))) < 0.97
     with pytest.raises(ValueError, match="IVF"):
         tune_nprobe(build_index(base[:10], DIM, "Flat", gpu="off"), base[:10], queries)
 

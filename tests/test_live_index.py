@@ -133,12 +133,26 @@ def _check(live: LiveIndex, oracle: Oracle, rng: np.random.Generator, state: Liv
         assert row["source"] == oracle.items[i][1]["source"] and row["fields"] == oracle.items[i][1]["fields"]
 
 
+def _reranked(oracle: Oracle) -> Any:
+    """The base as fast-scan codes re-ranked from the raw vectors (index/rerank.py), probing every
+    list and re-ranking every vector (1,280 candidates > 300): exact, so the oracle's order holds."""
+    from icr.index.rerank import RerankedIndex
+
+    vectors = np.stack([oracle.items[i][0] for i in range(BASE)])  # (N, D)
+    codes = build_index(vectors, DIM, "IVF8,PQ8x4fs,RFlat", gpu="off")
+    codes.nprobe = 8
+    return RerankedIndex(codes, vectors)
+
+
+@pytest.mark.parametrize("reranked", [False, True])
 @pytest.mark.parametrize("overfetch", [live_index_mod.OVERFETCH_LIMIT, 0])  # deeper search; a selector
 def test_search_filters_and_rows_equal_the_oracle_through_random_writes(
-    tmp_path, base, overfetch, monkeypatch
+    tmp_path, base, overfetch, reranked, monkeypatch
 ):
     monkeypatch.setattr(live_index_mod, "OVERFETCH_LIMIT", overfetch)
     index, metadata, oracle, rng = base
+    if reranked:
+        index = _reranked(oracle)
     live = _open(tmp_path, index, metadata)
     _check(live, oracle, rng)  # nothing written yet: the base alone
     for _ in range(6):
@@ -286,7 +300,10 @@ def _folder(tmp_path: Path, index: Any, factory: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("factory", ["Flat", "IVF8,Flat", "IVF8,Flat retrained"])
+@pytest.mark.parametrize(
+    "factory",
+    ["Flat", "IVF8,Flat", "IVF8,Flat retrained", "IVF8,PQ8x4fs,RFlat", "IVF8,PQ8x4fs,RFlat retrained"],
+)
 def test_a_compacted_folder_serves_the_same_images_under_the_same_ids(tmp_path, base, factory, monkeypatch):
     """index/live_compact.py: the folder written from a living index, loaded with the same log, is
     the oracle's state (search, filters, rows); later writes apply over it and ids keep growing."""
@@ -296,7 +313,9 @@ def test_a_compacted_folder_serves_the_same_images_under_the_same_ids(tmp_path, 
     from icr.index.vector_index import stored_vectors
 
     index, metadata, oracle, rng = base
-    if factory != "Flat":
+    if factory.startswith("IVF8,PQ"):
+        index = _reranked(oracle)
+    elif factory != "Flat":
         vectors = np.stack([oracle.items[i][0] for i in range(BASE)])
         index = build_index(vectors, DIM, "IVF8,Flat", gpu="off")
         index.nprobe = 8  # every list: exact, so the oracle's order holds
@@ -318,7 +337,7 @@ def test_a_compacted_folder_serves_the_same_images_under_the_same_ids(tmp_path, 
     )
     assert (folder / "calibration.json").read_text() == "{}"
     if factory != "Flat":
-        faiss_ivf = __import__("faiss").extract_index_ivf(compacted)
+        faiss_ivf = __import__("faiss").extract_index_ivf(getattr(compacted, "codes", compacted))
         faiss_ivf.nprobe = faiss_ivf.nlist
     again = LiveIndex(
         compacted, store, tmp_path / "state" / "writes.sqlite", "key-1", base=base_ids(folder, manifest)
