@@ -5,7 +5,7 @@ finds each query's best :meth:`Rerank.candidates` under the index's global ids, 
 again exactly against the raw float32 vectors kept beside it (``vectors.f32``, the row of id ``i`` at
 ``i - first``); the best ``k`` are kept. The codes scan far faster than raw vectors and the re-ranking
 makes the scores and order exact among the candidates. On 1M demo-model embeddings, at the service's
-depth of 1,000, it searched in 0.85x hnswlib's time, and the service's search stage took 0.61x that
+depth of 1,000, it searched in 0.79x hnswlib's time, and the service's search stage took 0.61x that
 of the inverted file of raw vectors (docs/results/2026-11-27-rerank-served-1m.md).
 
 FAISS's own re-ranking index (``IndexRefineFlat``) cannot serve here: it numbers its vectors 0..N-1,
@@ -141,9 +141,11 @@ def best_first(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray,
     One partition, then one sort of the kept as 64-bit keys (score's order-preserving bits above,
     id below): a single sort orders by score and breaks ties by id. Equal float32 scores are common
     among thousands of candidates (a query in four at 1M); where they straddle the cut, every
-    candidate tied with the k-th competes. 0.04 ms for 1,000 of 4,000 candidates, against 0.39 for
-    a lexsort of all of them."""
+    candidate tied with the k-th competes. 0.06 ms for 1,000 of 4,000 candidates at 1M, against 0.39
+    for a lexsort of all of them."""
     n = len(ids)
+    if n and ids.max() >= 1 << 32:
+        raise ValueError(f"ids from 2^32 up do not fit the sort keys (got {int(ids.max())})")
     top = np.arange(n)
     if n > k:
         part = np.argpartition(scores, n - k)  # (n,) the best k last
@@ -188,8 +190,9 @@ def save_raw(path: Path, blocks: Iterable[np.ndarray]) -> None:
 
 def load_raw(path: Path, rows: int, dim: int, *, mmap: bool = False) -> np.ndarray:
     """(rows, dim) float32 of ``path``; ``mmap``: mapped from the page cache instead of read whole
-    (read whole, the re-ranking's random rows cost fewer page-table misses). ValueError naming the
-    file when its size is not ``rows x dim`` floats."""
+    (read whole, the re-ranking's random rows came faster in a scratch run at 1M: 1.67 against
+    1.85 ms per search of 1,000). ValueError naming the file when its size is not ``rows x dim``
+    floats."""
     try:
         size = os.path.getsize(path)
     except OSError as err:

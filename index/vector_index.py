@@ -656,7 +656,7 @@ def nprobe_grid(nlist: int) -> list[int]:
     """The nprobe values tuning tries, up to ``nlist``: powers of two and three steps between each
     and the next (x 1.25, 1.5, 1.75). Doubling alone overshoots by up to 2x: on the 1M demo
     embeddings re-ranked (index/rerank.py) nprobe 128 missed recall@1000 0.95 by 0.0001, and 256
-    searched 1.1x slower than the 160 that reached it (1.78 against 1.59 ms,
+    searched 1.16x slower than the 160 that reached it (1.73 against 1.49 ms,
     docs/results/2026-11-27-rerank-served-1m.md)."""
     values = {nlist}
     p = 1

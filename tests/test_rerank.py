@@ -55,6 +55,8 @@ def test_best_first_keeps_the_best_k_ties_by_id() -> None:
         want = sorted(((float(a), int(b)) for a, b in zip(scores, ids, strict=True) if b >= 0),
                       key=lambda t: (-t[0], t[1]))[:k]  # fmt: skip
         assert list(zip(s.tolist(), i.tolist(), strict=True)) == want
+    with pytest.raises(ValueError, match="2\\^32"):  # ids share 64-bit sort keys with the scores
+        best_first(np.zeros(2, np.float32), np.array([1, 2**32]), 1)
 
 
 @pytest.mark.parametrize("k", [1, 10, 60])
