@@ -328,6 +328,13 @@ def _write_index(
         measure = not on_disk and parse_factory(factory)["kind"] == "IVF"
     else:
         reason = "chosen by the caller (--factory)"
+        pq = int(parse_factory(factory).get("pq", 0))
+        if pq and dim % pq:
+            raise ValueError(
+                f"--factory {factory}: PQ{pq} cuts each vector into {pq} parts, so the embedding dim "
+                f"({dim}) must be a multiple of {pq}; use a divisor of {dim}"
+                + (f" (e.g. PQ{dim // 2}x4fs,RFlat)" if dim % 2 == 0 else "")
+            )
     if on_disk and (is_reranked(factory) or not any(part.startswith("IVF") for part in factory.split(","))):
         raise ValueError(
             f"--on-disk needs an inverted-file factory (IVF<k>,Flat or IVF<k>,PQ<m>), not {factory}"

@@ -447,6 +447,8 @@ def test_bad_arguments_fail_before_embedding(data, checkpoint, tmp_path):
         )
     with pytest.raises(ValueError, match="unsupported index factory"):
         build_image_index(checkpoint, data, factory="IVF,Flat", out=tmp_path / "i")
+    with pytest.raises(ValueError, match=r"dim \(32\) must be a multiple of 12.*PQ16x4fs,RFlat"):
+        build_image_index(checkpoint, data, factory="IVF4,PQ12x4fs,RFlat", out=tmp_path / "i", progress=False)
     with pytest.raises(ValueError, match="needs at least 64 training vectors"):
         build_image_index(
             checkpoint, data, factory="IVF64,Flat", out=tmp_path / "i", progress=False, gpu="off"
