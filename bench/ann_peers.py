@@ -38,7 +38,15 @@ import numpy as np
 from bench.floors import cores
 from bench.stats import latency
 from icr.index.rerank import RerankedIndex
-from icr.index.vector_index import ExactTopK, build_index, exact_depth, nlist_of, recall_of_ids, search
+from icr.index.vector_index import (
+    ExactTopK,
+    build_index,
+    exact_depth,
+    nlist_of,
+    omp_threads,
+    recall_of_ids,
+    search,
+)
 
 K = 10
 RECALL_TARGET = 0.98
@@ -236,8 +244,7 @@ def sweep(
     """One row per setting: recall@k (and @depth when searching ``depth``), latency, QPS."""
     rows = []
     engine.prepare(depth)
-    faiss.omp_set_num_threads(1)
-    try:
+    with omp_threads(1):
         for value in settings:
             engine.set(value)
             times, found = _timed_search(engine, queries, depth or k)
@@ -247,8 +254,6 @@ def sweep(
             lat = latency(times)
             row.update(p50_ms=lat["p50_ms"], p99_ms=lat["p99_ms"], qps=1e3 / lat["mean_ms"])
             rows.append(row)
-    finally:
-        faiss.omp_set_num_threads(cores())
     return rows
 
 
@@ -367,16 +372,13 @@ def paired_p50(
     run one engine after another over minutes, and this machine's speed drifts by 7-15 % between
     runs (docs/results/2026-11-27-rerank-served-1m.md), so the winner is decided here."""
     times: list[list[float]] = [[] for _ in chosen]
-    faiss.omp_set_num_threads(1)
-    try:
+    with omp_threads(1):
         for r in range(PAIRED_ROUNDS):
             for j in np.roll(np.arange(len(chosen)), -r):
                 engine, e = chosen[j]
                 engine.prepare(None if workload == "k10" else k)
                 engine.set(e[f"best_{workload}"][engine.knob])
                 times[j] += _timed_search(engine, queries, k)[0]
-    finally:
-        faiss.omp_set_num_threads(cores())
     return [latency(t)["p50_ms"] for t in times]
 
 

@@ -335,11 +335,11 @@ def _write_index(
                 f"({dim}) must be a multiple of {pq}; use a divisor of {dim}"
                 + (f" (e.g. PQ{dim // 2}x4fs,RFlat)" if dim % 2 == 0 else "")
             )
-    if on_disk and (is_reranked(factory) or not any(part.startswith("IVF") for part in factory.split(","))):
+    reranked = is_reranked(factory)
+    if on_disk and (reranked or not any(part.startswith("IVF") for part in factory.split(","))):
         raise ValueError(
             f"--on-disk needs an inverted-file factory (IVF<k>,Flat or IVF<k>,PQ<m>), not {factory}"
         )
-    reranked = is_reranked(factory)
 
     _remove_stale_builds(out)
     with staged_dir(out, _BUILDING) as tmp:
