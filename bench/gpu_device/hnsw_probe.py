@@ -4,6 +4,12 @@ what the HNSW trial reads (``reconstruct_batch`` through a direct map) with the 
 lists' ids, and the recall of graphs built from each. Prints one JSON object per line.
 
     python3 bench/gpu_device/hnsw_probe.py [N]
+    python3 bench/gpu_device/hnsw_probe.py trial [N]   # the trial itself, as `icr index build` runs it
+
+The first probe (2026-11-27) ruled out the reconstructed vectors. ``trial`` runs the build's own
+``choose_by_measurement`` (an ExactTopK fed in id order, 200 held-out queries, depth 1,000) on the
+GPU-built and the CPU-built inverted file, then searches each trial graph at efSearch 1,000 / 2,000 /
+4,000 for k = 10 and k = 1,000 directly, with and without per-call parameters, against brute force.
 """
 
 from __future__ import annotations
@@ -14,8 +20,8 @@ import sys
 import faiss
 import numpy as np
 
-from icr.index.factory_choice import _graph
-from icr.index.vector_index import build_index
+from icr.index.factory_choice import Targets, _graph, choose_by_measurement
+from icr.index.vector_index import ExactTopK, build_index, exact_depth, search
 
 
 def clustered(n: int, dim: int, seed: int = 0) -> np.ndarray:
@@ -76,5 +82,54 @@ def main() -> None:
         print(json.dumps(row), flush=True)
 
 
+def trial(n: int) -> None:
+    x = clustered(n + 200, 128)
+    x, queries = x[:n], x[n:]  # held out, as the build's queries are
+    brute = faiss.IndexFlatIP(128)
+    brute.add(x)
+    _, truth10 = brute.search(queries, 10)
+    _, truth1000 = brute.search(queries, 1000)
+    wheres = ("gpu", "cpu") if faiss.get_num_gpus() > 0 else ("cpu",)
+    for where in wheres:
+        exact = ExactTopK(queries, exact_depth(1000))  # as the build keeps it
+        for start in range(0, n, 65_536):
+            exact.add(x[start : start + 65_536])
+        index = build_index(x, 128, "IVF1266,Flat", gpu="on" if where == "gpu" else "off")
+        choice = choose_by_measurement(
+            index,
+            "IVF1266,Flat",
+            "probe",
+            exact,
+            queries,
+            Targets(10, 0.98, 1000, 0.95),
+            memory_budget_bytes=8 << 30,
+            log=lambda m, w=where: print(f"[{w}] {m}", flush=True),
+        )
+        print(
+            json.dumps({"built": where, "kept": choice.factory, "trials": choice.trials_json()}), flush=True
+        )
+        ivf = faiss.extract_index_ivf(index)
+        ivf.make_direct_map()
+        graph = _graph(ivf, np.arange(n))
+        ivf.set_direct_map_type(faiss.DirectMap.NoMap)
+        for ef in (1000, 2000, 4000):
+            graph.hnsw.efSearch = ef
+            _, f10 = graph.search(queries, 10)
+            _, f1000 = graph.search(queries, 1000)
+            _, p10 = search(graph, queries, 10)  # the project's search(), as recall_per_query calls it
+            row = {
+                "built": where,
+                "efSearch": ef,
+                "recall10": recall(f10, truth10),
+                "recall1000": recall(f1000, truth1000),
+                "recall10_via_search": recall(p10, truth10),
+                "minus_one_ids_k1000": int((f1000 < 0).sum()),
+            }
+            print(json.dumps(row), flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "trial":
+        trial(int(sys.argv[2]) if len(sys.argv) > 2 else 100_200)
+    else:
+        main()

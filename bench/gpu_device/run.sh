@@ -2,7 +2,7 @@
 # The GPU paths on a lent GPU machine (the device tool's `run`, carry [".whl", ".gpu"]), from the
 # repository root:
 #
-#   bash bench/gpu_device/run.sh [tests|suite|probe|scale|bench-quick|bench] ...   (default: tests suite bench-quick)
+#   bash bench/gpu_device/run.sh [tests|suite|probe|trial|scale|bench-quick|bench] ...   (default: tests suite bench-quick)
 #
 # That machine has CUDA 13 PyTorch but none of our other dependencies and no network: their Python
 # 3.12 wheels travel in .whl/ and FAISS with CUDA 13 kernels cut to sm_90 as .gpu/faiss90.tar.xz, both
@@ -55,6 +55,8 @@ for stage in "${stages[@]}"; do
             timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -p no:cacheprovider -q -n 12 -rfEs tests 2>&1 | tee "$OUT/suite.log" | tail -40 ;;
         probe)  # the HNSW trial's recall 0.000 on a GPU-built IVF index (notes of 2026-11-27)
             timeout 120 python3 bench/gpu_device/hnsw_probe.py 2>&1 | tee "$OUT/hnsw-probe.log" ;;
+        trial)  # the same, through the build's own choose_by_measurement and efSearch 1,000-4,000
+            timeout ${TRIAL_TIMEOUT:-200} python3 bench/gpu_device/hnsw_probe.py trial 2>&1 | tee "$OUT/hnsw-trial.log" ;;
         scale)  # IVF at 10M / 100M built and searched on the GPU (issue 43, item 5)
             timeout ${SCALE_TIMEOUT:-300} python3 bench/gpu_device/scale.py "$OUT/scale.jsonl" \
                 --budget-s ${SCALE_BUDGET:-240} 2>&1 | grep -v "^WARNING clustering" | tee "$OUT/scale.log" ;;
