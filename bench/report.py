@@ -84,6 +84,16 @@ def _search_section(r: dict[str, Any]) -> list[str]:
                 for t in (1, 2, 4, 8, 16)
                 if f"single_{t}t" in x
             ],
+            *[
+                [
+                    f"exact kernel (matrix-vector scan), {t} thread(s)",
+                    1.0,
+                    x[f"kernel_single_{t}t"]["p50_ms"],
+                    x[f"kernel_single_{t}t"]["p99_ms"],
+                ]
+                for t in (1, 2, 4, 8, 16)
+                if f"kernel_single_{t}t" in x
+            ],
         ],
     )
     if "depth" in a:

@@ -7,8 +7,9 @@ the ANN index against exact search, and exact search against the hardware floors
 * **ANN vs exact**: recall@10 of the index the build chose against exact search on the same
   vectors, and single-query latency (k = 10) of each; and at the service's depth, recall@10 and
   recall@depth of a depth search (tie-aware), whose latency is the end-to-end search stage.
-* **exact (Flat, fp32) vs floors**: a single query (FAISS) on one thread and on every core against
-  ``gallery bytes / read bandwidth``; batches of 16 and 64 queries through the service's batch
+* **exact (Flat, fp32) vs floors**: a single query (FAISS, and the kernel's matrix-vector scan that
+  the service runs a lone query with when ``ICR_FAISS_THREADS`` > 1) on one thread and on every core
+  against ``gallery bytes / read bandwidth``; batches of 16 and 64 queries through the service's batch
   kernel (:mod:`index.exact_kernel`) at k = 10 and at the depth, against ``2 N d Q / matmul rate``,
   with FAISS's own batch search beside it, and the kernel's block matmuls timed alone (what the
   search costs before it selects anything).
@@ -34,15 +35,20 @@ from icr.index.vector_index import exact_depth, recall_of_ids
 K = 10
 
 
-def _single(index: faiss.Index, queries: np.ndarray, k: int, threads: int) -> tuple[list[float], np.ndarray]:
+def _single(
+    index: faiss.Index | ExactKernel, queries: np.ndarray, k: int, threads: int
+) -> tuple[list[float], np.ndarray]:
+    from threadpoolctl import threadpool_limits
+
     faiss.omp_set_num_threads(threads)  # per calling thread (OpenMP); this thread does the searching
-    index.search(queries[:1], k)  # warm-up
-    times, ids = [], []
-    for q in queries:
-        t0 = time.perf_counter()
-        _, i = index.search(q[None], k)
-        times.append(time.perf_counter() - t0)
-        ids.append(i[0])
+    with threadpool_limits(threads, user_api="blas"):  # the kernel's scan: numpy's BLAS
+        index.search(queries[:1], k)  # warm-up
+        times, ids = [], []
+        for q in queries:
+            t0 = time.perf_counter()
+            _, i = index.search(q[None], k)
+            times.append(time.perf_counter() - t0)
+            ids.append(i[0])
     return times, np.stack(ids)
 
 
@@ -126,17 +132,18 @@ def run(
     gbps, gflops = floors["bandwidth"]["best_gbps"], floors["matmul"]["best_gflops"]
     sub = queries[:exact_queries]
     exact: dict[str, Any] = {"queries": len(sub), "bytes": n * dim * 4}
+    kernel = kernel_for(exact_index)  # what the service's micro-batcher runs a batch of queries with
+    assert kernel is not None
     for threads in sorted({1, cores()}):
-        times, ids = _single(exact_index, sub, K, threads)
-        exact[f"single_{threads}t"] = latency(times)
-        assert recall(ids, truth[: len(sub)]) == 1.0
+        for name, engine in ((f"single_{threads}t", exact_index), (f"kernel_single_{threads}t", kernel)):
+            times, ids = _single(engine, sub, K, threads)
+            exact[name] = latency(times)
+            assert recall(ids, truth[: len(sub)]) == 1.0
     floor1 = search_floor_ms(n, dim, 1, gbps, gflops)
-    best1 = min(exact[f"single_{t}t"]["p50_ms"] for t in sorted({1, cores()}))
+    best1 = min(v["p50_ms"] for name, v in exact.items() if name.startswith(("single_", "kernel_single_")))
     exact["single_floor_ms"] = floor1
     exact["single_best_p50_vs_floor"] = ratio(best1, floor1)
     faiss.omp_set_num_threads(cores())
-    kernel = kernel_for(exact_index)  # what the service's micro-batcher runs a batch of queries with
-    assert kernel is not None
     exact["kernel_precision"] = kernel.precision
     batches = {}
     for size in (16, 64):

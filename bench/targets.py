@@ -78,9 +78,12 @@ def _why_exact_single(exact: Any, floors: Any) -> str | None:
     threads = max((int(t) for t in timed if t.isdigit()), default=1)
     many = _get(exact, f"single_{threads}t", "p50_ms") if threads > 1 else None
     two_note = f"; on {threads} threads FAISS takes {many:.1f} ms" if many is not None else ""
+    scan = _get(exact, f"kernel_single_{threads}t", "p50_ms")
+    scan_note = f", the kernel's matrix-vector scan {scan:.1f} ms" if scan is not None else ""
     return (
         f"one core reads {gbps1:.1f} GB/s, all cores {gbps:.1f} GB/s (the floor's figure); one-thread "
-        f"FAISS takes {one:.1f} ms, {one / floor1:.2f}x the one-core floor of {floor1:.1f} ms{two_note}"
+        f"FAISS takes {one:.1f} ms, {one / floor1:.2f}x the one-core floor of {floor1:.1f} ms"
+        f"{two_note}{scan_note}"
     )
 
 

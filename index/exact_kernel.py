@@ -18,6 +18,11 @@ Two precisions of that scan, the same answer:
   then among the kept ones, which are rescored from the fp32 vectors: exact, at the price of the
   bf16 copy (half the fp32 gallery's memory) and the rescoring of a few candidates per hit.
 
+One query is scored by a matrix-vector product over the fp32 vectors, whatever the precision:
+numpy's BLAS, whose product of the gallery with one vector is what ``icr bench`` measures the
+bandwidth floor with (a bf16 scan of one column was never measured to beat it); it is selected in
+numpy (:meth:`ExactKernel._search_one`).
+
 Order: best first, ties by lower id (as :func:`index.vector_index.rescored` orders hits). Blocks are
 visited in id order, so in ``fp32`` a later score equal to the current k-th can never displace it:
 only strictly greater scores are candidates.
@@ -72,6 +77,8 @@ class ExactKernel:
         if k == 0:
             empty = np.zeros((len(queries), 0))
             return empty.astype(np.float32), empty.astype(np.int64)
+        if len(queries) == 1:  # either precision: the fp32 scan of one query is bound by the read
+            return self._search_one(queries[0], k)
         window = None if self.precision == "fp32" else 2 * self.error_bound(queries)
         top = RunningTopK(len(queries), k, window)
         with torch.inference_mode():
@@ -83,10 +90,15 @@ class ExactKernel:
 
     def score_blocks(self, queries: np.ndarray) -> Iterator[tuple[int, torch.Tensor]]:
         """(first row, (b, Q8) scores) of each gallery block against (Q, D) float32 ``queries``, in
-        the scan's precision: what :meth:`search` selects from (and what ``icr bench`` times alone).
+        the scan's precision (one query: fp32, :meth:`_gemv_blocks`): what :meth:`search` selects
+        from (and what ``icr bench`` times alone).
         Zero queries pad Q to a multiple of 8 (one query stays one). Every block's scores share one
         buffer: use them before asking for the next block."""
         padded = padded_queries(queries)
+        if len(padded) == 1:
+            for start, scores in self._gemv_blocks(padded[0]):
+                yield start, torch.from_numpy(scores)[:, None]  # (b, 1) the same memory
+            return
         q = torch.from_numpy(padded).to(self._scan.dtype)  # (Q8, D)
         # one output buffer for every block: a fresh 8 MiB tensor per block costs its page faults
         out = torch.empty((min(self.block, self.ntotal), len(padded)), dtype=self._scan.dtype)  # (b, Q8)
@@ -94,6 +106,37 @@ class ExactKernel:
             rows = self._scan[start : start + self.block]  # (b, D)
             # gallery-major (b, D) @ (D, Q) runs faster than (Q, D) @ (D, b) in MKL and oneDNN
             yield start, torch.mm(rows, q.T, out=out[: len(rows)])  # (b, Q8)
+
+    def _gemv_blocks(self, query: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, (b,) scores) of each block against one fp32 ``query`` (D,): a matrix-vector
+        product in numpy's BLAS, the product the all-core bandwidth floor is measured with; torch's
+        mm / mv of one column took 2.5x as long (1M x 128, 2-core AMD EPYC, 2026-11-27: 58-62 ms
+        against 23.7). One buffer for every block, as in :meth:`score_blocks`."""
+        out = np.empty(min(self.block, self.ntotal), np.float32)  # (b,)
+        for start in range(0, self.ntotal, self.block):
+            rows = self.matrix[start : start + self.block]  # (b, D)
+            yield start, np.matmul(rows, query, out=out[: len(rows)])  # (b,)
+
+    def _search_one(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` of one query (scored in fp32), selected in numpy: a torch operation
+        between two BLAS calls wakes torch's thread pool while BLAS's threads still spin, and on two
+        cores the pair took 5-7x the scan alone. The running top k is merged whenever a block passes
+        anything; after the first blocks almost nothing does. A later score equal to the k-th best
+        never displaces it (blocks come in id order), so ties stay with the lower id."""
+        best_s, best_i = np.empty(0, np.float32), np.empty(0, np.int64)
+        cut = -np.inf  # the k-th best so far, once there are k
+        for start, scores in self._gemv_blocks(query):
+            hits = np.flatnonzero(scores > cut)  # (h,) rows of this block
+            if len(hits) == 0:
+                continue
+            s = np.concatenate([best_s, scores[hits]])
+            i = np.concatenate([best_i, hits + start])
+            keep = best_columns(s[None], i[None], k)[0]
+            best_s, best_i = s[keep], i[keep]
+            if len(best_s) == k:
+                cut = float(best_s.min())
+        order = np.lexsort((best_i, -best_s))
+        return best_s[order][None], best_i[order][None]
 
     def error_bound(self, queries: np.ndarray) -> np.ndarray:
         """(Q,) bound on |bf16 score - fp32 score| of each query against any gallery vector."""

@@ -38,8 +38,10 @@ class Settings(BaseSettings):
     faiss_threads: int = Field(
         1,
         ge=1,
-        description="OpenMP threads for a FAISS search of one query. A lone flat query on a small "
-        "machine is fastest on one thread (measured by icr bench); batches use every core.",
+        description="Threads for the search of one query. On one, a lone exact query is FAISS's "
+        "scan; on more, the exact kernel's matrix-vector scan, which uses them (FAISS's parallel scan "
+        "of one query is slower than its one-thread one; icr bench measures both). Batches use "
+        "every core.",
     )
     micro_batch: int = Field(
         64,

@@ -42,6 +42,28 @@ def test_every_hit_matches_a_brute_force_loop(n, q, k, block, seed, precision):
     np.testing.assert_array_equal(scores, want_scores)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    k=st.integers(1, 60),
+    block=st.integers(1, 130),
+    seed=st.integers(0, 2**16),
+    precision=st.sampled_from(["fp32", "bf16"]),
+)
+def test_one_query_matches_a_brute_force_loop(n, k, block, seed, precision):
+    """One query takes its own path (a matrix-vector scan selected in numpy), in either precision."""
+    rng = np.random.default_rng(seed)
+    matrix = rng.integers(-2, 3, size=(n, 4)).astype(np.float32)  # few values: ties across blocks
+    query = rng.integers(-2, 3, size=(1, 4)).astype(np.float32)
+    scores, ids = ExactKernel(matrix, precision, block=block).search(query, k)
+    want_scores, want_ids = brute_force(matrix, query, k)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(scores, want_scores)
+    kernel = ExactKernel(matrix, precision, block=block)
+    scanned = [b.numpy()[:, 0].copy() for _, b in kernel.score_blocks(query)]  # one buffer: copied
+    np.testing.assert_array_equal(np.concatenate(scanned), matrix @ query[0])  # what bench times
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     n=st.integers(1, 600),
@@ -120,9 +142,11 @@ def test_bad_arguments_are_refused():
         ExactKernel(np.zeros((3, 4), np.float64))
 
 
-def test_the_service_gives_a_query_the_same_hits_alone_and_in_a_batch():
-    """A lone query goes to FAISS, a batch to the kernel (service.loaded_index._batcher); rescored,
-    a query's hits and scores must not depend on which."""
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_service_gives_a_query_the_same_hits_alone_and_in_a_batch(threads):
+    """A lone query goes to FAISS on one thread and to the kernel's one-query scan on more, a batch
+    to the kernel (service.loaded_index._batcher); rescored, a query's hits and scores must not
+    depend on which."""
     from icr.index.vector_index import batch_independent_rescorer, build_index
     from icr.service.loaded_index import _batcher
 
@@ -130,7 +154,7 @@ def test_the_service_gives_a_query_the_same_hits_alone_and_in_a_batch():
     base = rng.standard_normal((20_000, 64)).astype(np.float32)
     base /= np.linalg.norm(base, axis=1, keepdims=True)
     index = build_index(base, 64, "Flat", gpu="off")
-    batcher = _batcher(index, batch_independent_rescorer(index), max_batch=64, faiss_threads=1)
+    batcher = _batcher(index, batch_independent_rescorer(index), max_batch=64, faiss_threads=threads)
     queries = base[:8] + 0.1 * rng.standard_normal((8, 64)).astype(np.float32)  # (8, D)
     together = batcher._search_fn(queries, 100)
     for q in range(8):
