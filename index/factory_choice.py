@@ -41,12 +41,11 @@ import numpy as np
 
 from icr.index.rerank import RerankedIndex
 from icr.index.vector_index import (
-    PQ_TRAIN_POINTS,
-    TRAIN_POINTS_PER_LIST,
     ExactTopK,
     build_index,
     omp_threads,
     parse_factory,
+    random_training_sample,
     recall_lower_bound,
     recall_per_query,
     set_nprobe,
@@ -373,9 +372,7 @@ def _rerank_trial(
     try:
         t0 = time.perf_counter()
         raw = np.ascontiguousarray(ivf.reconstruct_n(0, n), dtype=np.float32)  # (n, D) in id order
-        # trained on a random sample of the vectors (all here), not the first ones a stream brings
-        wanted = max(TRAIN_POINTS_PER_LIST * int(spec["nlist"]), PQ_TRAIN_POINTS)
-        sample = raw[np.sort(np.random.default_rng(SEED).permutation(n)[:wanted])]
+        sample = random_training_sample(raw, factory, SEED)  # as the build of this factory trains
         reranked = RerankedIndex(build_index(raw, dim, factory, train_sample=sample, gpu="off"), raw)
         built = time.perf_counter() - t0
     finally:

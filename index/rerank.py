@@ -21,7 +21,7 @@ searched in, without the float64 rescoring other indices need (:func:`index.vect
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,18 +174,11 @@ def _ascending_bits(ordered: np.ndarray) -> np.ndarray:
     )
 
 
-def write_raw(path: Path, blocks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-    """``blocks`` passed through, each written to ``path`` (created; float32 rows) on the way."""
+def save_raw(path: Path, blocks: Iterable[np.ndarray]) -> None:
+    """Write ``blocks`` (float32 rows, in id order) to ``path`` (created)."""
     with open(path, "wb") as out:
         for block in blocks:
             out.write(np.ascontiguousarray(block, dtype=np.float32).tobytes())
-            yield block
-
-
-def save_raw(path: Path, blocks: Iterable[np.ndarray]) -> None:
-    """Write ``blocks`` (float32 rows, in id order) to ``path``."""
-    for _ in write_raw(path, blocks):
-        pass
 
 
 def load_raw(path: Path, rows: int, dim: int, *, mmap: bool = False) -> np.ndarray:

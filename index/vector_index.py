@@ -261,6 +261,21 @@ def _to_gpu(index: faiss.Index, factory: str, gpu: str, report: dict[str, str]) 
         return index, None
 
 
+def training_size(spec: dict[str, Any]) -> int:
+    """How many vectors an IVF factory (:func:`parse_factory`) trains on."""
+    wanted = TRAIN_POINTS_PER_LIST * int(spec["nlist"])
+    return max(wanted, PQ_TRAIN_POINTS) if "pq" in spec else wanted
+
+
+def random_training_sample(vectors: np.ndarray, factory: str, seed: int = 0) -> np.ndarray:
+    """(T, D) float32: the rows ``factory`` trains on, drawn at random from all of ``vectors``
+    (N, D), in row order (a memory-mapped array is read front to back). A stream's first vectors
+    can be one corner of a collection: a photo folder streams in path order."""
+    wanted = min(training_size(parse_factory(factory)), len(vectors))
+    rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size=wanted, replace=False))
+    return np.ascontiguousarray(vectors[rows], dtype=np.float32)
+
+
 def _train(
     index: faiss.Index,
     stream: Iterator[np.ndarray],
@@ -271,9 +286,7 @@ def _train(
     """Train ``index`` on ``train_sample``, else on the first streamed vectors; returns the chunks it
     took from ``stream`` (still to be added)."""
     dim = index.d
-    wanted = TRAIN_POINTS_PER_LIST * int(spec["nlist"])
-    if "pq" in spec:
-        wanted = max(wanted, PQ_TRAIN_POINTS)
+    wanted = training_size(spec)
     pending: list[np.ndarray] = []  # streamed chunks held back until the index is trained
     if train_sample is None:
         held = 0

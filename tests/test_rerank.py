@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from icr.index.rerank import RAW_FILE, Rerank, RerankedIndex, best_first
-from icr.index.vector_index import build_index, search
+from icr.index.vector_index import build_index, search, set_nprobe
 
 pytestmark = pytest.mark.usefixtures("faiss_one_thread")
 N, DIM = 1500, 32
@@ -110,6 +110,39 @@ def test_ids_are_offset_by_the_first_row_and_raw_rows_are_read_back(codes, vecto
     np.testing.assert_array_equal(index.read(np.array([lo, N - 1])), vectors[[lo, N - 1]])
     with pytest.raises(KeyError, match="no raw vector"):
         index.read(np.array([lo - 1]))
+
+
+@pytest.mark.parametrize("factory", ["IVF4,PQ4x4fs,RFlat", "IVF4,Flat"])
+def test_a_stream_in_order_trains_on_all_of_it(tmp_path: Path, factory: str) -> None:
+    """A collection that streams one corner first (a photo folder in path order): the build's
+    inverted files train on a random sample of everything streamed, so a part that comes after the
+    training size (10,000 vectors for PQ, 200 here for IVF4,Flat) still gets lists of its own. The
+    spilled stream is the re-ranked index's raw file, and is deleted for any other."""
+    from icr.index.build import _trained_on_all
+
+    rng = np.random.default_rng(1)
+    dim = 8
+    corners = np.eye(dim, dtype=np.float32)[:2]  # (2, D) the two parts' centres
+    parts = []
+    for centre, n in zip(corners, (14_000, 6_000), strict=True):
+        part = centre + 0.1 * rng.standard_normal((n, dim)).astype(np.float32)  # (n, D)
+        parts.append(part / np.linalg.norm(part, axis=1, keepdims=True))
+    stream = np.concatenate(parts)  # (20000, D) the first part first
+    report: dict[str, str] = {}
+    spill = tmp_path / "spilled.f32"
+    index = _trained_on_all(iter(np.array_split(stream, 40)), dim, factory, spill, "off", report)
+    codes = index.codes if isinstance(index, RerankedIndex) else index
+    centroids = faiss.extract_index_ivf(codes).quantizer.reconstruct_n(0, 4)  # (4, D)
+    nearest_part = np.argmax(centroids @ corners.T, axis=1)  # (4,)
+    assert set(nearest_part.tolist()) == {0, 1}  # trained on the first vectors alone: all near part 0
+    assert index.ntotal == len(stream) and report["built_on"] == "cpu"
+    if isinstance(index, RerankedIndex):
+        np.testing.assert_array_equal(np.fromfile(spill, np.float32).reshape(-1, dim), stream)
+    else:
+        assert not spill.exists()
+    set_nprobe(index, 4)  # every list
+    _, found = index.search(stream[-5:], 1)  # (5, 1) the last vectors find themselves
+    np.testing.assert_array_equal(found[:, 0], np.arange(len(stream) - 5, len(stream)))
 
 
 def test_a_built_folder_keeps_the_raw_vectors_and_is_served_exactly(
