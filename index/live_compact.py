@@ -36,7 +36,14 @@ from icr.index.live_writes import UPLOADS_FOLDER, WRITES_FILE
 from icr.index.manifest import MANIFEST_FILE, Manifest
 from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.rerank import RAW_FILE, RerankedIndex, save_raw
-from icr.index.vector_index import VectorReader, empty_index, nlist_of, save_index, stored_vectors
+from icr.index.vector_index import (
+    VectorReader,
+    empty_index,
+    nlist_of,
+    random_training_sample,
+    save_index,
+    stored_vectors,
+)
 
 RETRAIN_IMBALANCE = 1.5  # list imbalance grown by this factor over the old index's: train again
 CHUNK = 50_000  # vectors / metadata rows per step
@@ -199,9 +206,7 @@ def _faiss_index(
             return index, after, False
         fresh = empty_index(source.d, factory)
         vectors = np.concatenate([*_vectors(read, base_live), added_vectors])  # (n, D)
-        nlist = nlist_of(fresh) or 1
-        sample = vectors[np.random.default_rng(0).permutation(len(vectors))[: 50 * nlist]]
-        fresh.train(sample)
+        fresh.train(random_training_sample(vectors, factory))
         fresh.add_with_ids(vectors, np.concatenate([base_live, added_ids]))
         return fresh, after, True
     index = faiss.IndexIDMap2(empty_index(source.d, factory))
