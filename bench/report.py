@@ -75,24 +75,13 @@ def _search_section(r: dict[str, Any]) -> list[str]:
                 a["k10_single"]["p99_ms"],
             ],
             *[
-                [
-                    f"exact Flat, {t} thread(s)",
-                    1.0,
-                    x[f"single_{t}t"]["p50_ms"],
-                    x[f"single_{t}t"]["p99_ms"],
-                ]
+                [f"{label}, {t} thread(s)", 1.0, x[f"{key}{t}t"]["p50_ms"], x[f"{key}{t}t"]["p99_ms"]]
+                for key, label in (
+                    ("single_", "exact Flat"),
+                    ("kernel_single_", "exact kernel (matrix-vector scan)"),
+                )
                 for t in (1, 2, 4, 8, 16)
-                if f"single_{t}t" in x
-            ],
-            *[
-                [
-                    f"exact kernel (matrix-vector scan), {t} thread(s)",
-                    1.0,
-                    x[f"kernel_single_{t}t"]["p50_ms"],
-                    x[f"kernel_single_{t}t"]["p99_ms"],
-                ]
-                for t in (1, 2, 4, 8, 16)
-                if f"kernel_single_{t}t" in x
+                if f"{key}{t}t" in x
             ],
         ],
     )
