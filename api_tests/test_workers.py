@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 from server_support import Server
 
 QUERY = {"text": "a red circle", "k": 10, "min_relevance": 0.05}
@@ -64,8 +65,11 @@ def test_two_workers_answer_as_one_server_and_share_writes(make_server, server: 
             assert response.status_code == 200, response.text
             got = response.json()
             assert [h["id"] for h in got["hits"]] == [h["id"] for h in single["hits"]]
-            for key in ("passed", "expected_relevant"):
-                assert got[key] == single[key]
+            assert got["passed"] == single["passed"]
+            # each of two workers encodes on half the cores (ICR_TORCH_THREADS): BLAS may sum the
+            # query's embedding in another order, so relevance agrees to float precision, not to the
+            # bit (a 2-core AMD EPYC, 2026-11-27: 33.44204851670242 against 33.44204857177139)
+            assert got["expected_relevant"] == pytest.approx(single["expected_relevant"], rel=1e-6)
         vector = np.random.default_rng(3).standard_normal(c.get("/v1/info").json()["index"]["dim"])
         vector = (vector / np.linalg.norm(vector)).tolist()
         [written] = c.post("/v1/images", json={"images": [{"vector": vector}]}).json()["written"]
