@@ -3,8 +3,10 @@
 Each query keeps its k best (score, id) so far and the k-th best as a threshold; a new block's
 scores are compared with it in one pass, and only the few that pass are gathered and merged. After
 the first blocks almost nothing passes, so selecting costs about one read of the scores instead of
-a top-k over every block. Used by the exact search kernel (:mod:`icr.index.exact_kernel`) over a
-stored gallery and by ``icr evaluate`` over distractors streamed from the generator or a file.
+a top-k over every block. The first block's own top k are taken outright (no comparison pass) when
+no tie crosses its cut: a gallery of one block is then one top-k. Used by the exact search kernel
+(:mod:`icr.index.exact_kernel`) over a stored gallery and by ``icr evaluate`` over distractors
+streamed from the generator or a file.
 
 Order: best first, ties by lower id. Blocks come in id order, so with exact scores a later score
 equal to the current k-th can never displace it: only strictly greater scores are candidates.
@@ -47,6 +49,9 @@ class RunningTopK:
         padded to a multiple of 8 (columns past Q are ignored): one comparison pass over it, in
         its own dtype, against each query's threshold, then only the rows where something passed."""
         window = self.window is not None
+        if not window and self.ids.shape[1] == 0 and not self._pending and len(block) > self.k:
+            if self._take_top(block, start):
+                return
         if not np.isfinite(self.threshold).all() and len(block) >= self.k:
             # a row still short of k hits: this block's own k-th best is a valid provisional cut
             kth = torch.topk(block[:, : self.q], self.k, dim=0).values[-1].float().numpy()  # (Q,)
@@ -77,6 +82,18 @@ class RunningTopK:
         self._count += len(scores)
         if self._count > FLUSH * self.k * self.q or not np.isfinite(self.threshold).all():
             self._merge()
+
+    def _take_top(self, block: torch.Tensor, start: int) -> bool:
+        """The first block's exact top k become the running k best outright (no comparison pass),
+        unless a query's (k+1)-th score equals its k-th: ties at the cut are then settled by id
+        through the comparison path. Returns whether it took them."""
+        values, rows = torch.topk(block[:, : self.q], self.k + 1, dim=0)  # (k+1, Q) each, best first
+        if bool((values[-1] == values[-2]).any()):
+            return False
+        self.scores = np.ascontiguousarray(values[:-1].T.numpy())  # (Q, k)
+        self.ids = np.ascontiguousarray(rows[:-1].T.numpy()) + start  # (Q, k)
+        self.threshold = self.scores[:, -1].copy()  # the k-th best: what a later score must beat
+        return True
 
     def _merge(self) -> None:
         if not self._pending:

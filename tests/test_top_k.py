@@ -48,3 +48,36 @@ def test_streamed_blocks_keep_the_exact_top_k(seed: int) -> None:
         ranked = sorted(range(n), key=lambda j: (-scores[j, i], j))[:k]
         assert got_i[i].tolist() == ranked
         assert got_s[i].tolist() == scores[ranked, i].tolist()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_first_block_without_a_tie_at_its_cut_is_taken_whole(seed: int) -> None:
+    """Distinct scores: the first block's exact top k become the running k best with no comparison
+    pass (nothing pending), and later blocks still compete; the result is the naive loop's."""
+    rng = np.random.default_rng(seed)
+    q, k = int(rng.integers(1, 12)), int(rng.integers(1, 30))
+    n = int(rng.integers(k + 1, 400))
+    scores = rng.standard_normal((n, q)).astype(np.float32)  # distinct with probability one
+    padded_width = len(padded_queries(np.zeros((q, 1), np.float32)))
+    blocks = np.full((n, padded_width), 99.0, np.float32)  # padding columns never count
+    blocks[:, :q] = scores
+    top = RunningTopK(q, k, None)
+    first = int(rng.integers(k + 1, n + 1))
+    top.offer(torch.from_numpy(blocks[:first]), 0)
+    assert not top._pending and top.ids.shape == (q, k)  # taken outright
+    for start in range(first, n, 37):
+        top.offer(torch.from_numpy(blocks[start : start + 37]), start)
+    got_s, got_i = top.result()
+    for i in range(q):
+        ranked = sorted(range(n), key=lambda j: (-scores[j, i], j))[:k]
+        assert got_i[i].tolist() == ranked
+        assert got_s[i].tolist() == scores[ranked, i].tolist()
+
+
+def test_a_tie_at_the_first_blocks_cut_goes_to_the_lower_id() -> None:
+    """k = 2 over 5, 4, 4 (ids 0, 1, 2), then 4 again (id 3): the tie at the cut keeps id 1."""
+    top = RunningTopK(1, 2, None)
+    top.offer(torch.tensor([[5.0], [4.0], [4.0]]), 0)
+    top.offer(torch.tensor([[4.0], [3.0]]), 3)
+    scores, ids = top.result()
+    assert ids.tolist() == [[0, 1]] and scores.tolist() == [[5.0, 4.0]]
