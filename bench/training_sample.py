@@ -41,7 +41,7 @@ def ordered_stream(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def measure(n: int) -> dict[str, Any]:
     import faiss
 
-    from icr.index.rerank import RerankedIndex
+    from icr.index.rerank import RerankedIndex, is_reranked
     from icr.index.vector_index import build_index, random_training_sample, recall_per_query, set_nprobe
 
     vectors, queries = ordered_stream(n)
@@ -54,7 +54,7 @@ def measure(n: int) -> dict[str, Any]:
             sample = random_training_sample(vectors, factory) if trained_on == "random sample" else None
             stream = iter(np.array_split(vectors, 50))  # consumed once, as a build's stream
             index: Any = build_index(stream, DIM, factory, train_sample=sample, gpu="off")
-            if "RFlat" in factory:
+            if is_reranked(factory):
                 index = RerankedIndex(index, vectors)
             row: dict[str, Any] = {"factory": factory, "trained_on": trained_on}
             for nprobe in NPROBES:

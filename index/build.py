@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,7 +44,7 @@ from icr.index.index_folder import INDEX_FILE
 from icr.index.manifest import MANIFEST_FILE, Manifest, Modality
 from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.on_disk import ONDISK_DATA, OnDiskBuild, build_on_disk, choose_on_disk_factory, load_on_disk
-from icr.index.rerank import RAW_FILE, Rerank, RerankedIndex, is_reranked, load_raw, save_raw
+from icr.index.rerank import RAW_FILE, Rerank, RerankedIndex, is_reranked, load_raw, raw_blocks, save_raw
 from icr.index.vector_index import (
     ExactTopK,
     build_index,
@@ -480,18 +480,11 @@ def _trained_on_all(
     mapped = load_raw(path, os.path.getsize(path) // (4 * dim), dim, mmap=True)
     sample = random_training_sample(mapped, factory)
     del mapped  # unmapped: the adds read the file in order, a chunk at a time
-    index = build_index(_rows_of(path, dim), dim, factory, train_sample=sample, gpu=gpu, report=report)
+    index = build_index(raw_blocks(path, dim), dim, factory, train_sample=sample, gpu=gpu, report=report)
     if is_reranked(factory):
         return RerankedIndex(index, load_raw(path, index.ntotal, dim), 0, Rerank())
     path.unlink()
     return index
-
-
-def _rows_of(path: Path, dim: int, chunk: int = 65_536) -> Iterator[np.ndarray]:
-    """(b, dim) float32 blocks of a file of float32 rows, in order."""
-    with open(path, "rb") as f:
-        while (block := np.fromfile(f, np.float32, count=chunk * dim)).size:
-            yield block.reshape(-1, dim)
 
 
 def _on_disk_details(build: OnDiskBuild, memory_budget_bytes: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ searched in, without the float64 rescoring other indices need (:func:`index.vect
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,6 +179,14 @@ def save_raw(path: Path, blocks: Iterable[np.ndarray]) -> None:
     with open(path, "wb") as out:
         for block in blocks:
             out.write(np.ascontiguousarray(block, dtype=np.float32).tobytes())
+
+
+def raw_blocks(path: Path, dim: int, chunk: int = 65_536) -> Iterator[np.ndarray]:
+    """The rows of ``path`` as (<= ``chunk``, dim) float32 blocks, in order: read a block at a
+    time, so the file is never held (or mapped) whole."""
+    with open(path, "rb") as f:
+        while (block := np.fromfile(f, np.float32, count=chunk * dim)).size:
+            yield block.reshape(-1, dim)
 
 
 def load_raw(path: Path, rows: int, dim: int, *, mmap: bool = False) -> np.ndarray:

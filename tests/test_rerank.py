@@ -252,3 +252,13 @@ def test_served_folder_reads_raw_vectors_and_searches_through_the_batcher(
         loaded.live.close()
         assert loaded.metadata is not None
         loaded.metadata.close()
+
+
+def test_raw_blocks_read_back_what_save_raw_wrote(tmp_path: Path) -> None:
+    from icr.index.rerank import raw_blocks, save_raw
+
+    rows = np.arange(7 * 3, dtype=np.float32).reshape(7, 3)
+    save_raw(tmp_path / RAW_FILE, iter([rows[:2], rows[2:]]))
+    blocks = list(raw_blocks(tmp_path / RAW_FILE, 3, chunk=3))
+    assert [len(b) for b in blocks] == [3, 3, 1]
+    np.testing.assert_array_equal(np.concatenate(blocks), rows)
