@@ -29,6 +29,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ import numpy as np
 
 from bench.floors import cores
 from bench.stats import latency
+from icr.index.graph import GraphIndex, build_graph
 from icr.index.rerank import RerankedIndex
 from icr.index.vector_index import (
     ExactTopK,
@@ -53,7 +55,8 @@ RECALL_TARGET = 0.98
 DEPTH_TARGET = 0.95
 # powers of two and the steps between the largest (as the build's tuning: index.vector_index.nprobe_grid)
 NPROBES = (8, 16, 32, 64, 96, 128, 160, 192, 256)
-EFS_K = (16, 32, 64, 128, 256)  # HNSW candidate-list sizes for k = 10
+# HNSW candidate-list sizes for k = 10, every graph engine alike: powers of two and steps between
+EFS_K = (16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 256)
 EFS_DEPTH_MULTIPLES = (
     1,
     2,
@@ -167,6 +170,31 @@ class ServedRerankEngine(FaissEngine):
         return int(faiss.serialize_index(self.index.codes).size) + self.index.raw.nbytes
 
 
+class ServedGraphEngine(Engine):
+    """Ours: hnswlib's graph in cluster order (index/graph.py, ``Graph<M>``), built as the build
+    builds it and searched through the service's search function; its knob is ef."""
+
+    knob = "ef"
+
+    def __init__(self, vectors: np.ndarray):
+        self.name = f"ours: Graph{PEER_M} (served)"
+        self.folder = tempfile.TemporaryDirectory(prefix="icr-graph-")  # removed with the engine
+        self.path = Path(self.folder.name) / "graph.hnsw"
+        t0 = time.perf_counter()
+        ids = np.arange(len(vectors), dtype=np.int64)
+        self.index = build_graph(vectors, ids, PEER_M, self.path, threads=cores())
+        self.build_seconds = time.perf_counter() - t0
+
+    def set(self, value: int) -> None:
+        self.index.ef = value
+
+    def search(self, query: np.ndarray, k: int) -> np.ndarray:
+        return search(self.index, query[None], k)[1][0]
+
+    def bytes(self) -> int:
+        return os.path.getsize(self.path)
+
+
 class HnswlibEngine(Engine):
     knob = "ef"
 
@@ -268,11 +296,17 @@ def fastest(rows: list[dict[str, Any]], depth: int | None) -> dict[str, Any] | N
 
 
 def _engines(
-    ann: faiss.Index | RerankedIndex, factory: str, vectors: np.ndarray, log: Callable[[str], None]
+    ann: faiss.Index | RerankedIndex,
+    factory: str,
+    vectors: np.ndarray,
+    log: Callable[[str], None],
+    only: tuple[str, ...] = (),
 ) -> tuple[list[Engine], dict[str, str]]:
     """Ours (the built index; its build time is that of the same factory rebuilt here from the
     embeddings, as every engine's is), our re-ranked engine (unless the build chose it), FAISS
-    HNSW32, and the peers that are installed; ``missing``: why a peer is absent."""
+    HNSW32, FAISS's re-ranking indices, hnswlib, our graph and usearch where installed; ``only``:
+    the names (prefixes) of those to build beside ours, all when empty; ``missing``: why a peer is
+    absent."""
     faiss.omp_set_num_threads(cores())
     t0 = time.perf_counter()
     build_index(vectors, vectors.shape[1], factory, gpu="off")  # timed only: the built one is searched
@@ -283,27 +317,37 @@ def _engines(
         else FaissEngine(f"ours: {factory}", ann, built_s)
     ]
     log(f"peers: ours ({factory}) rebuilt from the embeddings in {engines[0].build_seconds:.1f} s")
-    t0 = time.perf_counter()
-    hnsw = faiss.IndexHNSWFlat(vectors.shape[1], HNSW_M, faiss.METRIC_INNER_PRODUCT)
-    hnsw.add(vectors)
-    engines.append(FaissEngine(f"faiss HNSW{HNSW_M}", hnsw, time.perf_counter() - t0))
-    log(f"peers: faiss HNSW{HNSW_M} built in {engines[-1].build_seconds:.1f} s")
     nlist = nlist_of(ann) or max(1, int(4 * np.sqrt(len(vectors))))
+    rerank = f"IVF{nlist},PQ{vectors.shape[1] // 2}x4fs,RFlat"
+    makers: list[tuple[str, Callable[[], Engine]]] = [(f"faiss HNSW{HNSW_M}", lambda: _faiss_hnsw(vectors))]
     if not isinstance(ann, RerankedIndex):
-        engines.append(ServedRerankEngine.built(vectors, nlist))
-        log(f"peers: {engines[-1].name} built in {engines[-1].build_seconds:.1f} s")
+        makers.append((f"ours: {rerank} (served)", lambda: ServedRerankEngine.built(vectors, nlist)))
     for candidate, k_factors in REFINED:
-        engines.append(RefinedEngine(candidate, vectors, nlist, k_factors))
-        log(f"peers: {engines[-1].name} built in {engines[-1].build_seconds:.1f} s")
+        label = "faiss " + candidate.format(nlist=nlist, half=vectors.shape[1] // 2)
+        makers.append((label, partial(RefinedEngine, candidate, vectors, nlist, k_factors)))
+    makers += [
+        (f"hnswlib M{PEER_M}", lambda: HnswlibEngine(vectors)),
+        (f"ours: Graph{PEER_M} (served)", lambda: ServedGraphEngine(vectors)),  # hnswlib underneath
+        (f"usearch M{PEER_M}", lambda: UsearchEngine(vectors)),
+    ]
     missing = {}
-    for name, make in (("hnswlib", HnswlibEngine), ("usearch", UsearchEngine)):
+    for label, make in makers:
+        if only and not any(label.startswith(o) for o in only):
+            continue
         try:
-            engines.append(make(vectors))
+            engines.append(make())
         except ImportError as err:
-            missing[name] = f"not installed ({err}); pip install -e '.[dev]'"
+            missing[label] = f"not installed ({err}); pip install -e '.[dev]'"
             continue
         log(f"peers: {engines[-1].name} built in {engines[-1].build_seconds:.1f} s")
     return engines, missing
+
+
+def _faiss_hnsw(vectors: np.ndarray) -> FaissEngine:
+    t0 = time.perf_counter()
+    hnsw = faiss.IndexHNSWFlat(vectors.shape[1], HNSW_M, faiss.METRIC_INNER_PRODUCT)
+    hnsw.add(vectors)
+    return FaissEngine(f"faiss HNSW{HNSW_M}", hnsw, time.perf_counter() - t0)
 
 
 def run(
@@ -313,15 +357,17 @@ def run(
     queries: np.ndarray,
     depth: int,
     log: Callable[[str], None],
+    only: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The peers section: every engine at k = 10 and at ``depth`` on ``vectors`` (N, D) and
-    ``queries`` (Q, D), both L2-normalised float32, ids in the same order for every engine."""
+    """The peers section: every engine (``only``: ours and those named, see :func:`_engines`) at
+    k = 10 and at ``depth`` on ``vectors`` (N, D) and ``queries`` (Q, D), both L2-normalised
+    float32, ids in the same order for every engine."""
     depth = min(depth, len(vectors))
     exact = ExactTopK(queries, exact_depth(depth))
     for start in range(0, len(vectors), 65_536):
         exact.add(vectors[start : start + 65_536])
     truth = (exact.scores, exact.ids)
-    engines, missing = _engines(ann, factory, vectors, log)
+    engines, missing = _engines(ann, factory, vectors, log, only)
     out: dict[str, Any] = {
         "vectors": len(vectors),
         "dim": vectors.shape[1],
@@ -436,19 +482,27 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--depth", type=int, default=1000)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=(),
+        metavar="NAME",
+        help="build only these beside ours (name prefixes: 'hnswlib', 'ours: Graph', 'faiss HNSW', ...)",
+    )
     args = parser.parse_args()
+    only = tuple(args.only)
     if args.vectors is not None:
         if args.query_vectors is None:
             parser.error("--vectors needs --query-vectors")
         vectors = np.ascontiguousarray(np.load(args.vectors), dtype=np.float32)  # (N, D)
         queries = np.ascontiguousarray(np.load(args.query_vectors)[: args.queries], dtype=np.float32)
         ann = build_index(vectors, vectors.shape[1], args.factory, gpu="off")
-        section = run(ann, args.factory, vectors, queries, args.depth, print)
+        section = run(ann, args.factory, vectors, queries, args.depth, print, only)
     elif None in (args.index, args.exact, args.checkpoint, args.data):
         parser.error("give --index, --exact, --checkpoint and --data, or --vectors and --query-vectors")
     else:
         section = run_dirs(
-            args.index, args.exact, args.checkpoint, args.data, args.queries, args.depth, print
+            args.index, args.exact, args.checkpoint, args.data, args.queries, args.depth, print, only
         )
     print("\n".join(markdown(section)))
     if args.json:
@@ -463,6 +517,7 @@ def run_dirs(
     queries: int,
     depth: int,
     log: Callable[[str], None],
+    only: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """:func:`run` on built index folders, with held-out test captions encoded by ``checkpoint``."""
     from icr.index.index_folder import load_index_dir
@@ -472,6 +527,11 @@ def run_dirs(
 
     ann, manifest, meta = load_index_dir(index_dir)
     meta.close()
+    if isinstance(ann, GraphIndex):
+        raise ValueError(
+            f"{index_dir}: a graph ({manifest.factory}); the peers section compares a FAISS build and "
+            "measures the graph engine itself (ours: Graph16)"
+        )
     nprobe = manifest.recall_check.get("nprobe")
     flat, _, meta = load_index_dir(exact_dir)
     meta.close()
@@ -483,7 +543,7 @@ def run_dirs(
     log(
         f"peers: {len(vectors):,} vectors, {len(encoded)} queries, {manifest.factory} (tuned nprobe {nprobe})"
     )
-    return run(ann, manifest.factory, vectors, encoded, depth, log)
+    return run(ann, manifest.factory, vectors, encoded, depth, log, only)
 
 
 if __name__ == "__main__":

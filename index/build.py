@@ -40,6 +40,7 @@ from icr.index.gallery_streams import (
     image_gallery,
     photo_gallery,
 )
+from icr.index.graph import GRAPH_FILE, GraphIndex, build_graph, graph_links, is_graph
 from icr.index.index_folder import INDEX_FILE
 from icr.index.manifest import MANIFEST_FILE, Manifest, Modality
 from icr.index.metadata import METADATA_FILE, MetadataStore
@@ -47,6 +48,7 @@ from icr.index.on_disk import ONDISK_DATA, OnDiskBuild, build_on_disk, choose_on
 from icr.index.rerank import RAW_FILE, Rerank, RerankedIndex, is_reranked, load_raw, raw_blocks, save_raw
 from icr.index.vector_index import (
     ExactTopK,
+    Searchable,
     build_index,
     choose_factory,
     exact_depth,
@@ -55,6 +57,7 @@ from icr.index.vector_index import (
     random_training_sample,
     recall_at_k,
     save_index,
+    tune_ef,
     tune_nprobe,
     use_gpu,
 )
@@ -339,11 +342,13 @@ def _write_index(
                 f"({dim}) must be a multiple of {pq}; use a divisor of {dim}"
                 + (f" (e.g. PQ{dim // 2}x4fs,RFlat)" if dim % 2 == 0 else "")
             )
-    reranked = is_reranked(factory)
+    reranked, graph = is_reranked(factory), is_graph(factory)
     if on_disk and (reranked or not any(part.startswith("IVF") for part in factory.split(","))):
         raise ValueError(
             f"--on-disk needs an inverted-file factory (IVF<k>,Flat or IVF<k>,PQ<m>), not {factory}"
         )
+    if graph and gpu == "on":
+        raise ValueError(f"{factory} has no GPU form (hnswlib builds on the CPU); use --gpu auto or off")
 
     _remove_stale_builds(out)
     with staged_dir(out, _BUILDING) as tmp:
@@ -368,6 +373,8 @@ def _write_index(
                 if parse_factory(factory)["kind"] == "IVF":
                     spill = tmp / (RAW_FILE if reranked else STREAM_FILE)
                     index = _trained_on_all(vectors, dim, factory, spill, gpu, built)
+                elif graph:
+                    index = _graph_of(vectors, dim, factory, tmp, built)
                 else:
                     index = build_index(vectors, dim, factory, gpu=gpu, report=built)
             # what each field holds, recorded so the server can refuse a filter of the wrong kind
@@ -382,39 +389,17 @@ def _write_index(
             left_out = planned - ntotal
             reason += f" (chosen for the {planned:,} items listed; {left_out:,} left out, {ntotal:,} indexed)"
         t0 = time.perf_counter()
-        trials: dict[str, Any] = {}
-        ef_search = None
-        if measure:
-            choice = choose_by_measurement(
-                index,
-                factory,
-                reason,
-                exact,
-                queries,
-                Targets(RECALL_K, NPROBE_TARGET, SEARCH_DEPTH, DEPTH_TARGET),
-                memory_budget_bytes=memory_budget_bytes,
-            )
-            index, factory, reason = choice.index, choice.factory, choice.reason
-            nprobe, ef_search, recall, deep = (
-                choice.nprobe,
-                choice.ef_search,
-                choice.recall,
-                choice.recall_at_depth,
-            )
-            trials = {"factory_trials": choice.trials_json()}
-        elif nprobe_of(index) is not None:
-            nprobe, recall, deep = tune_nprobe(
-                index, exact, queries, RECALL_K, NPROBE_TARGET, depth=SEARCH_DEPTH, depth_target=DEPTH_TARGET
-            )
-        else:
-            nprobe, recall, deep = None, recall_at_k(index, exact, queries, RECALL_K), None
+        tuned = _tuned(index, factory, reason, measure, exact, queries, memory_budget_bytes)
+        index, factory, reason = tuned.index, tuned.factory, tuned.reason
+        nprobe, ef_search, recall, deep = tuned.nprobe, tuned.ef_search, tuned.recall, tuned.recall_at_depth
         recall_seconds = time.perf_counter() - t0
-        written = [INDEX_FILE, METADATA_FILE, *([ONDISK_DATA] if on_disk else [])]
+        written = [GRAPH_FILE if graph else INDEX_FILE, METADATA_FILE, *([ONDISK_DATA] if on_disk else [])]
         if isinstance(index, RerankedIndex):
             if not reranked:  # chosen by --factory auto: its raw vectors were the inverted file's
                 index.raw.tofile(tmp / RAW_FILE)
             written.append(RAW_FILE)
-        if not on_disk:  # an on-disk index was written by its build (index.faiss names index.ivfdata)
+        # an on-disk index and a graph were written by their builds (index.faiss names index.ivfdata)
+        if not on_disk and not isinstance(index, GraphIndex):
             save_index(index.codes if isinstance(index, RerankedIndex) else index, tmp / INDEX_FILE)
         for name in written:
             fsync_file(tmp / name)
@@ -457,7 +442,7 @@ def _write_index(
                 **throughput,
                 **{k: round(v, 3) for k, v in timings.items()},
                 "recall_seconds": round(recall_seconds, 3),
-                **trials,
+                **tuned.trials,
                 "faiss_threads": faiss.omp_get_max_threads(),
                 **(_on_disk_details(on_disk_build, memory_budget_bytes) if on_disk_build is not None else {}),
                 **({"gpu_fallback": built["gpu_fallback"]} if "gpu_fallback" in built else {}),
@@ -466,6 +451,53 @@ def _write_index(
         (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
         fsync_file(tmp / MANIFEST_FILE)
     return manifest
+
+
+@dataclass(frozen=True)
+class _Tuned:
+    """The index as served after its recall check: the factory and why, its setting and recalls."""
+
+    index: Searchable
+    factory: str
+    reason: str
+    nprobe: int | None
+    ef_search: int | None
+    recall: float
+    recall_at_depth: float | None
+    trials: dict[str, Any]
+
+
+def _tuned(
+    index: Searchable,
+    factory: str,
+    reason: str,
+    measure: bool,
+    exact: ExactTopK,
+    queries: np.ndarray,
+    memory_budget_bytes: int,
+) -> _Tuned:
+    """``measure`` (--factory auto, in memory): the candidates measured and the fastest kept;
+    otherwise the built index's nprobe (an inverted file) or ef (a graph) tuned to the recall
+    targets, or its recall checked (exact and FAISS HNSW)."""
+    if measure and isinstance(index, faiss.Index):  # an inverted file of raw vectors or PQ codes
+        measured = Targets(RECALL_K, NPROBE_TARGET, SEARCH_DEPTH, DEPTH_TARGET)
+        c = choose_by_measurement(
+            index, factory, reason, exact, queries, measured, memory_budget_bytes=memory_budget_bytes
+        )
+        trials = {"factory_trials": c.trials_json()}
+        deep = c.recall_at_depth
+        return _Tuned(c.index, c.factory, c.reason, c.nprobe, c.ef_search, c.recall, deep, trials)
+    if isinstance(index, GraphIndex):
+        ef, recall, deep = tune_ef(
+            index, exact, queries, RECALL_K, NPROBE_TARGET, depth=SEARCH_DEPTH, depth_target=DEPTH_TARGET
+        )
+        return _Tuned(index, factory, reason, None, ef, recall, deep, {})
+    if nprobe_of(index) is not None:
+        nprobe, recall, deep = tune_nprobe(
+            index, exact, queries, RECALL_K, NPROBE_TARGET, depth=SEARCH_DEPTH, depth_target=DEPTH_TARGET
+        )
+        return _Tuned(index, factory, reason, nprobe, None, recall, deep, {})
+    return _Tuned(index, factory, reason, None, None, recall_at_k(index, exact, queries, RECALL_K), None, {})
 
 
 def _trained_on_all(
@@ -485,6 +517,25 @@ def _trained_on_all(
         return RerankedIndex(index, load_raw(path, index.ntotal, dim), 0, Rerank())
     path.unlink()
     return index
+
+
+def _graph_of(
+    vectors: Iterable[np.ndarray], dim: int, factory: str, folder: Path, report: dict[str, str]
+) -> GraphIndex:
+    """The graph (:mod:`index.graph`) of the streamed ``vectors``, written to ``folder`` as
+    :data:`GRAPH_FILE`. The stream is spilled to a file first and read back mapped: the nodes go in
+    at random, and the layout needs every vector's k-means cell."""
+    spill = folder / STREAM_FILE
+    save_raw(spill, vectors)
+    n = os.path.getsize(spill) // (4 * dim)
+    mapped = load_raw(spill, n, dim, mmap=True)
+    threads = len(os.sched_getaffinity(0))
+    ids = np.arange(n, dtype=np.int64)
+    graph = build_graph(mapped, ids, graph_links(factory), folder / GRAPH_FILE, threads=threads)
+    del mapped
+    spill.unlink()
+    report["built_on"] = "cpu"  # hnswlib has no GPU form
+    return graph
 
 
 def _on_disk_details(build: OnDiskBuild, memory_budget_bytes: int) -> dict[str, Any]:

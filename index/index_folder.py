@@ -13,11 +13,12 @@ import faiss
 import numpy as np
 
 from icr.core.atomic import sha256_file
+from icr.index.graph import GRAPH_FILE, GraphIndex, is_graph
 from icr.index.manifest import MANIFEST_FILE, Manifest
 from icr.index.metadata import METADATA_FILE, MetadataStore
 from icr.index.on_disk import ONDISK_DATA, load_on_disk
 from icr.index.rerank import RAW_FILE, Rerank, RerankedIndex, is_reranked, load_raw
-from icr.index.vector_index import load_index
+from icr.index.vector_index import Searchable, load_index
 
 INDEX_FILE = "index.faiss"
 HOLES_FILE = "holes.npy"  # a compacted folder's ids with no vector
@@ -25,9 +26,10 @@ HOLES_FILE = "holes.npy"  # a compacted folder's ids with no vector
 
 def load_index_dir(
     directory: str | os.PathLike[str], *, mmap: bool = False
-) -> tuple[faiss.Index | RerankedIndex, Manifest, MetadataStore]:
+) -> tuple[Searchable, Manifest, MetadataStore]:
     """(index, manifest, read-only metadata) of an index directory, checked against each other. A
-    re-ranked index comes with its raw vectors (``mmap``: mapped, like the index).
+    re-ranked index comes with its raw vectors (``mmap``: mapped, like the index); a graph
+    (``index.hnsw``) is read whole, searched at the ef its build tuned.
 
     Errors name the missing or corrupt file and the command that rebuilds the index.
     """
@@ -46,9 +48,15 @@ def load_index_dir(
                 f"{file}: its content changed since the build ({MANIFEST_FILE} records sha256 "
                 f"{recorded[:12]}...): replace the whole index folder, never a file inside it, or {rebuild}"
             )
-    path = directory / INDEX_FILE
+    path = directory / (GRAPH_FILE if is_graph(manifest.factory) else INDEX_FILE)
+    index: Searchable
     try:
-        index = load_on_disk(path) if (directory / ONDISK_DATA).is_file() else load_index(path, mmap=mmap)
+        if is_graph(manifest.factory):
+            index = GraphIndex.load(path, manifest.dim, int(manifest.recall_check.get("ef_search") or 10))
+        elif (directory / ONDISK_DATA).is_file():
+            index = load_on_disk(path)
+        else:
+            index = load_index(path, mmap=mmap)
     except (FileNotFoundError, ValueError) as err:
         raise type(err)(f"{err}; {rebuild}") from None
     if index.d != manifest.dim or index.ntotal != manifest.vectors:
@@ -56,7 +64,7 @@ def load_index_dir(
             f"{path}: holds {index.ntotal} vectors of dim {index.d}, {MANIFEST_FILE} says "
             f"{manifest.vectors} of dim {manifest.dim}; the folder mixes files of two builds, {rebuild}"
         )
-    if is_reranked(manifest.factory):
+    if is_reranked(manifest.factory) and isinstance(index, faiss.Index):  # the codes
         lo, hi = manifest.own_ids  # one row per id of the range, holes included
         try:
             raw = load_raw(directory / RAW_FILE, hi - lo, manifest.dim, mmap=mmap)

@@ -20,6 +20,7 @@ The FAISS index:
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ import faiss
 import numpy as np
 
 from icr.core.atomic import fsync_file, sha256_file, staged_dir
+from icr.index.graph import GRAPH_FILE, GraphIndex, build_graph, graph_links
 from icr.index.index_folder import HOLES_FILE, INDEX_FILE
 from icr.index.live_index import LiveIndex
 from icr.index.live_snapshot import SNAPSHOT_FILE, link_folder
@@ -49,6 +51,7 @@ RETRAIN_IMBALANCE = 1.5  # list imbalance grown by this factor over the old inde
 CHUNK = 50_000  # vectors / metadata rows per step
 _REWRITTEN = (
     INDEX_FILE,
+    GRAPH_FILE,
     METADATA_FILE,
     MANIFEST_FILE,
     HOLES_FILE,
@@ -59,8 +62,10 @@ _REWRITTEN = (
 )
 
 
-def imbalance(index: faiss.Index) -> float | None:
+def imbalance(index: faiss.Index | GraphIndex) -> float | None:
     """FAISS's imbalance factor of an inverted file's list sizes (1.0: even), None for others."""
+    if isinstance(index, GraphIndex):
+        return None
     try:
         ivf = faiss.extract_index_ivf(index)
     except RuntimeError:
@@ -108,29 +113,38 @@ def compact(
         source = source.codes
     say(f"compaction: {len(kept):,} live images at write {state.seq}, {len(holes):,} ids with no vector")
     before = imbalance(source)
-    index, drifted, retrained = _faiss_index(
-        source,
-        before,
-        manifest.factory,
-        _removed(state.base_dead, lo, hi),
-        base_live,
-        added_ids,
-        added_vectors,
-        read,
-    )
+    graph = isinstance(source, GraphIndex)  # never changed: built again from the live vectors
+    if graph:
+        index, drifted, retrained = None, None, False
+    else:
+        index, drifted, retrained = _faiss_index(
+            source,
+            before,
+            manifest.factory,
+            _removed(state.base_dead, lo, hi),
+            base_live,
+            added_ids,
+            added_vectors,
+            read,
+        )
     report: dict[str, Any] = {
         "seq": state.seq,
-        "vectors": int(index.ntotal),
+        "vectors": len(kept),
         "removed": int(source.ntotal) - len(base_live),
         "added": len(added_ids),
         "holes": len(holes),
         "imbalance_before": before,
         "imbalance_with_writes": drifted,  # the old lists with the writes applied
-        "imbalance_after": imbalance(index),
+        "imbalance_after": None if index is None else imbalance(index),
         "retrained": retrained,
     }
     with staged_dir(out) as tmp:
-        save_index(index, tmp / INDEX_FILE)
+        if index is not None:
+            save_index(index, tmp / INDEX_FILE)
+        else:
+            vectors = np.concatenate([*_vectors(read, base_live), added_vectors])  # (b + a, D)
+            threads = len(os.sched_getaffinity(0))
+            build_graph(vectors, kept, graph_links(manifest.factory), tmp / GRAPH_FILE, threads=threads)
         with MetadataStore.create(tmp / METADATA_FILE) as metadata:
             metadata.add(_rows(live, kept, state))
         if len(holes):
@@ -138,7 +152,7 @@ def compact(
         if reranked:
             assert read is not None  # a re-ranked index always reads its raw vectors
             save_raw(tmp / RAW_FILE, _raw_rows(start, end, base_live, read, added_ids, added_vectors))
-        for name in (INDEX_FILE, METADATA_FILE, HOLES_FILE, RAW_FILE):
+        for name in (INDEX_FILE, GRAPH_FILE, METADATA_FILE, HOLES_FILE, RAW_FILE):
             if (tmp / name).is_file():
                 fsync_file(tmp / name)
         link_folder(directory, tmp, _REWRITTEN)  # calibration, plots: never rewritten in place
@@ -152,7 +166,7 @@ def compact(
             base_seq=state.seq,
             files={
                 n: sha256_file(tmp / n)
-                for n in (INDEX_FILE, METADATA_FILE, HOLES_FILE, RAW_FILE)
+                for n in (INDEX_FILE, GRAPH_FILE, METADATA_FILE, HOLES_FILE, RAW_FILE)
                 if (tmp / n).is_file()
             },
             extra={

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from icr.core.top_k import RunningTopK, padded_queries
+from icr.index.graph import GraphIndex, GraphParams, graph_links, is_graph
 from icr.index.rerank import RerankedIndex, codes_factory
 
 # Exact search below this many vectors: a flat scan of 100k x 256 is a few ms per query.
@@ -44,8 +45,8 @@ ADD_ROWS = 16_384  # vectors per add call (see _coalesced)
 # queries) left other queries below it (0.947 on the bench's search-section queries, 2026-11-24).
 CONFIDENCE_Z = 1.645
 GPU_CHOICES = ("auto", "on", "off")
-# What searches like a FAISS index here: one, or fast-scan codes re-ranked from raw vectors
-Searchable: TypeAlias = faiss.Index | RerankedIndex
+# What searches like a FAISS index here: one, fast-scan codes re-ranked from raw vectors, or a graph
+Searchable: TypeAlias = faiss.Index | RerankedIndex | GraphIndex
 
 _FACTORY = re.compile(
     r"^(Flat|HNSW(?P<hnsw>\d+)|IVF(?P<nlist>\d+)(_HNSW(?P<coarse>\d+))?,(Flat|PQ(?P<pq>\d+)(?P<fs>x4fs,RFlat)?))$"
@@ -54,17 +55,20 @@ _FACTORY = re.compile(
 
 # --- choosing and checking factories --------------------------------------------------------------
 def parse_factory(factory: str) -> dict[str, int | str]:
-    """{"kind": Flat|HNSW|IVF, "nlist", "m", "pq", "coarse_hnsw", "rerank"} of a supported factory
-    string; ValueError otherwise. ``IVF<k>_HNSW<m>,...`` is an inverted file whose coarse quantizer
+    """{"kind": Flat|HNSW|IVF|Graph, "nlist", "m", "pq", "coarse_hnsw", "rerank"} of a supported
+    factory string; ValueError otherwise. ``Graph<M>``: hnswlib's HNSW graph in cluster order
+    (:mod:`index.graph`). ``IVF<k>_HNSW<m>,...`` is an inverted file whose coarse quantizer
     (the search for the nprobe nearest lists) is an HNSW graph over the k centroids instead of a scan.
     ``IVF<k>,PQ<m>x4fs,RFlat``: 4-bit PQ codes scanned with SIMD, re-ranked exactly from the raw
     vectors (:mod:`index.rerank`)."""
+    if is_graph(factory):
+        return {"kind": "Graph", "m": graph_links(factory)}
     match = _FACTORY.match(factory)
     if not match:
         raise ValueError(
             f"unsupported index factory {factory!r}; use auto, Flat, HNSW32, IVF<k>,Flat, IVF<k>,PQ<m>, "
-            "IVF<k>,PQ<m>x4fs,RFlat or IVF<k>_HNSW32,Flat (e.g. IVF4000,Flat, IVF4000,PQ32 or "
-            "IVF4000,PQ64x4fs,RFlat)"
+            "IVF<k>,PQ<m>x4fs,RFlat, IVF<k>_HNSW32,Flat or Graph<M> (e.g. IVF4000,Flat, IVF4000,PQ32, "
+            "IVF4000,PQ64x4fs,RFlat or Graph16)"
         )
     if factory == "Flat":
         return {"kind": "Flat"}
@@ -81,9 +85,10 @@ def parse_factory(factory: str) -> dict[str, int | str]:
 
 
 def has_gpu_form(factory: str) -> bool:
-    """Whether faiss can hold ``factory`` (any factory string) on a GPU: not an HNSW graph, nor an
-    inverted file whose lists are found through one, nor fast-scan codes (CPU SIMD kernels)."""
-    return "HNSW" not in factory and "x4fs" not in factory
+    """Whether faiss can hold ``factory`` (any factory string) on a GPU: not an HNSW graph (FAISS's
+    or hnswlib's), nor an inverted file whose lists are found through one, nor fast-scan codes (CPU
+    SIMD kernels)."""
+    return "HNSW" not in factory and "x4fs" not in factory and not is_graph(factory)
 
 
 def choose_factory(n: int, dim: int, memory_budget_bytes: int) -> tuple[str, str]:
@@ -332,6 +337,8 @@ def set_nprobe(index: Searchable, nprobe: int) -> None:
 
 
 def _ivf(index: Searchable) -> faiss.IndexIVF | None:
+    if isinstance(index, GraphIndex):
+        return None
     try:
         return faiss.extract_index_ivf(index.codes if isinstance(index, RerankedIndex) else index)
     except RuntimeError:
@@ -369,6 +376,8 @@ def search(
     kk = min(k, index.ntotal)  # asking for more only allocates -1 padding
     params = _search_parameters(index, nprobe, selector)
     scores, ids = index.search(queries, kk, params=params)  # (Q, kk) each
+    if ids.min() >= 0:  # nothing to drop: rows as they are (a few us less per search at k = 10)
+        return list(scores), list(ids)
     keep = ids >= 0
     return (
         [s[m] for s, m in zip(scores, keep, strict=True)],
@@ -385,6 +394,8 @@ def _search_parameters(index: Searchable, nprobe: int | None, selector: Any) -> 
     if nprobe is not None and ivf is None:
         raise ValueError(f"nprobe applies to IVF indices only, not {type(index).__name__}")
     params: Any  # the stubs know neither SearchParametersHNSW nor the subclass relation
+    if isinstance(index, GraphIndex):
+        return GraphParams(selector)
     if ivf is not None:
         params = faiss.SearchParametersIVF()
         params.nprobe = max(1, min(int(nprobe if nprobe is not None else ivf.nprobe), ivf.nlist))
@@ -407,10 +418,10 @@ def stored_vectors(index: Searchable) -> VectorReader | None:
     them (decoded from its codes for PQ or SQ: an approximation of what was added). An inverted
     file gets its direct map (id -> list position, 8 bytes per vector). None when this index cannot
     give its vectors back (FAISS GPU inverted files, an empty index). A re-ranked index gives the
-    raw vectors it re-ranks with: exactly what was added."""
+    raw vectors it re-ranks with, and a graph the vectors it holds: exactly what was added."""
     if index.ntotal == 0:
         return None
-    if isinstance(index, RerankedIndex):
+    if isinstance(index, RerankedIndex | GraphIndex):
         return index.read
     try:
         ivf = _ivf(index)
@@ -448,9 +459,9 @@ def batch_independent_rescorer(index: Searchable) -> Rescorer | None:
     vectors in float64 and rounded once, so a query gets the same scores whichever batch it was
     searched in (FAISS picks a BLAS kernel by batch size, and its float32 sums then differ by ~1e-7,
     enough to move a hit across a threshold). None when this index cannot reconstruct its vectors
-    (e.g. an IVF index on a GPU): FAISS's scores are used as they are; and for a re-ranked index,
-    whose search scores every hit exactly, pair by pair, already."""
-    if isinstance(index, RerankedIndex):
+    (e.g. an IVF index on a GPU): FAISS's scores are used as they are; and for a re-ranked index or
+    a graph, whose search scores every hit pair by pair already (the same bits in any batch)."""
+    if isinstance(index, RerankedIndex | GraphIndex):
         return None
     read = stored_vectors(index)
     if read is None:
@@ -640,29 +651,80 @@ def tune_nprobe(
     depth = None if depth is None else min(depth, index.ntotal)
 
     def measured(nprobe: int) -> tuple[bool, np.ndarray, np.ndarray | None]:
-        recalls = recall_per_query(index, exact, queries, k, nprobe=nprobe)  # (Q,)
-        reached = recall_lower_bound(recalls) >= target
-        deep = None
-        if depth and (reached or nprobe >= nlist):
-            deep = recall_per_query(index, exact, queries, depth, nprobe=nprobe)  # (Q,)
-            reached = reached and recall_lower_bound(deep) >= depth_target
-        return reached, recalls, deep
+        return _reaches(index, exact, queries, (k, target), (depth, depth_target), nprobe >= nlist, nprobe)
 
-    grid = nprobe_grid(nlist)
-    powers = [p for p in grid if p & (p - 1) == 0 or p == nlist]
-    below = 0  # the largest nprobe known to miss
-    for nprobe in powers:
-        reached, recalls, deep = measured(nprobe)
-        if reached:
-            break
-        below = nprobe
-    for step in (p for p in grid if below < p < nprobe):  # finer: between the last miss and the hit
-        step_reached, step_recalls, step_deep = measured(step)
-        if step_reached:
-            nprobe, recalls, deep = step, step_recalls, step_deep
-            break
+    nprobe, recalls, deep = _smallest_reaching(nprobe_grid(nlist), measured)
     set_nprobe(index, nprobe)
     return nprobe, float(recalls.mean()), None if deep is None else float(deep.mean())
+
+
+Measured = Callable[[int], tuple[bool, np.ndarray, np.ndarray | None]]
+
+
+def _reaches(
+    index: Searchable,
+    exact: np.ndarray | faiss.Index | ExactTopK,
+    queries: np.ndarray,
+    at_k: tuple[int, float],
+    at_depth: tuple[int | None, float],
+    last: bool,
+    nprobe: int | None = None,
+) -> tuple[bool, np.ndarray, np.ndarray | None]:
+    """(whether the lower confidence bounds reach ``at_k`` = (k, target) and, with a depth,
+    ``at_depth`` = (depth, target); per-query recall@k; per-query recall@depth, measured where @k
+    reached or on the ``last`` setting, else None)."""
+    (k, target), (depth, depth_target) = at_k, at_depth
+    recalls = recall_per_query(index, exact, queries, k, nprobe=nprobe)  # (Q,)
+    reached = recall_lower_bound(recalls) >= target
+    deep = None
+    if depth and (reached or last):
+        deep = recall_per_query(index, exact, queries, depth, nprobe=nprobe)  # (Q,)
+        reached = reached and recall_lower_bound(deep) >= depth_target
+    return reached, recalls, deep
+
+
+def _smallest_reaching(grid: list[int], measured: Measured) -> tuple[int, np.ndarray, np.ndarray | None]:
+    """(the smallest setting of ``grid`` (ascending) that ``measured`` says reaches its targets,
+    else the last; its recalls) trying the powers of two (and the last) first, then the steps
+    between the last miss and the first hit."""
+    powers = [p for p in grid if p & (p - 1) == 0 or p == grid[-1]]
+    below = 0  # the largest setting known to miss
+    for value in powers:
+        reached, recalls, deep = measured(value)
+        if reached:
+            break
+        below = value
+    for step in (p for p in grid if below < p < value):  # finer: between the last miss and the hit
+        step_reached, step_recalls, step_deep = measured(step)
+        if step_reached:
+            return step, step_recalls, step_deep
+    return value, recalls, deep
+
+
+def tune_ef(
+    index: GraphIndex,
+    exact: np.ndarray | faiss.Index | ExactTopK,
+    queries: np.ndarray,
+    k: int = 10,
+    target: float = 0.95,
+    *,
+    depth: int | None = None,
+    depth_target: float = 0.95,
+    most: int = 4096,
+) -> tuple[int, float, float | None]:
+    """:func:`tune_nprobe` for a graph: (smallest ef of :func:`nprobe_grid` (from ``k``, up to
+    ``most``) reaching ``target`` recall@k and, with ``depth``, ``depth_target`` recall@depth by the
+    lower confidence bound; its mean recall@k; its mean recall@depth or None); sets it. hnswlib
+    searches with max(ef, k) candidates, so a search of ``depth`` is the same at every ef up to it."""
+    depth = None if depth is None else min(depth, index.ntotal)
+
+    def measured(ef: int) -> tuple[bool, np.ndarray, np.ndarray | None]:
+        index.ef = ef
+        return _reaches(index, exact, queries, (k, target), (depth, depth_target), ef >= most)
+
+    ef, recalls, deep = _smallest_reaching([e for e in nprobe_grid(most) if e >= k] or [k], measured)
+    index.ef = ef
+    return ef, float(recalls.mean()), None if deep is None else float(deep.mean())
 
 
 def nprobe_grid(nlist: int) -> list[int]:

@@ -252,7 +252,8 @@ def test_peers_run_every_engine_and_pick_the_fastest_setting_meeting_the_targets
     finally:
         faiss.omp_set_num_threads(before)
     names = [e["engine"] for e in section["engines"]]
-    peers = {"hnswlib M16": "hnswlib", "usearch M16": "usearch"}  # the optional ones ([dev] extra)
+    # the optional ones ([dev] extra); our graph engine runs on hnswlib
+    peers = {"hnswlib M16": "hnswlib", "ours: Graph16 (served)": "hnswlib", "usearch M16": "usearch"}
     installed = [name for name, module in peers.items() if importlib.util.find_spec(module)]
     refined = [
         "faiss IVF16,PQ8x4fs,RFlat (k_factor 128 at k=10, 4 at depth)",
@@ -263,7 +264,9 @@ def test_peers_run_every_engine_and_pick_the_fastest_setting_meeting_the_targets
     for fast_scan in section["engines"][2:4]:  # every list probed, 1,280 candidates re-ranked exactly
         assert fast_scan["k10"][-1]["nprobe"] == 16 and fast_scan["k10"][-1]["recall_at_10"] == 1.0
         assert fast_scan["depth"][-1]["recall_at_100"] == 1.0
-    assert sorted(section["missing"]) == sorted(peers[n] for n in peers if n not in installed)
+    assert sorted(section["missing"]) == sorted(n for n in peers if n not in installed)
+    for graph in (e for e in section["engines"] if e["engine"] == "ours: Graph16 (served)"):
+        assert graph["k10"][-1]["ef"] == 256 and graph["k10"][-1]["recall_at_10"] >= 0.98
     ours = section["engines"][0]
     # every list probed: exact, whatever the engine's tie order
     assert [r["nprobe"] for r in ours["k10"]] == [8, 16] and ours["k10"][-1]["recall_at_10"] == 1.0
@@ -287,6 +290,11 @@ def test_peers_run_every_engine_and_pick_the_fastest_setting_meeting_the_targets
         assert section[f"winner_{workload}"] == min(best)[1]
     text = "\n".join(ann_peers.markdown(section))
     assert "## ANN engines side by side: 2,000 vectors" in text and all(f"| {n} |" in text for n in names)
+    try:
+        only = ann_peers.run(ann, "IVF16,Flat", x, q, depth=100, log=lambda _m: None, only=("faiss HNSW",))
+    finally:
+        faiss.omp_set_num_threads(before)
+    assert [e["engine"] for e in only["engines"]] == ["ours: IVF16,Flat", "faiss HNSW32"]
 
 
 def _honesty(p10: float, p05: float | None, p08: float | None, queries: int) -> dict:
