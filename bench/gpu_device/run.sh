@@ -59,7 +59,7 @@ for stage in "${stages[@]}"; do
             timeout ${TRIAL_TIMEOUT:-200} python3 bench/gpu_device/hnsw_probe.py trial 2>&1 | tee "$OUT/hnsw-trial.log" ;;
         scale)  # IVF at 10M / 100M built and searched on the GPU (issue 43, item 5)
             timeout ${SCALE_TIMEOUT:-300} python3 bench/gpu_device/scale.py "$OUT/scale.jsonl" \
-                --budget-s ${SCALE_BUDGET:-240} 2>&1 | grep -v "^WARNING clustering" | tee "$OUT/scale.log" ;;
+                --sizes ${SCALE_SIZES:-10000000 100000000} --budget-s ${SCALE_BUDGET:-240} 2>&1 | grep -v "^WARNING clustering" | tee "$OUT/scale.log" ;;
         bench-quick)
             timeout 420 python3 -m icr.cli bench --quick --only gpu --workdir bench-work --out "$OUT/quick" ;;
         bench)  # GPU section at 100k distractors, the quick model (trained by bench-quick) as the checkpoint

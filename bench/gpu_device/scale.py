@@ -15,8 +15,11 @@ Per size: the build through ``icr.index.vector_index.build_index(gpu="on")`` (tr
 then the CPU index copied to the GPU and searched at several nprobe: recall@10 against the exact top
 10 and the wall time of one query (median of 50) and of the 1,000 queries as one batch. At 100M the
 index is IVF-PQ32 (4.8 GB of codes and ids); there recall is also given after re-ranking the top 100
-by exact scores from fp16 copies of the vectors kept in host memory (25.6 GB), the re-ranking that
-issue 43 asks for on the CPU. A size that would end after ``--budget-s`` is skipped and said so.
+and the top 1,000 by exact scores from fp16 copies of the vectors kept in host memory (25.6 GB), the
+re-ranking that issue 43 asks for on the CPU, and the time of one query end to end (GPU search for
+1,000 candidates, then the host's gather and exact scores). A size that would end after
+``--budget-s`` is skipped and said so. ``--pq-from`` / ``--pq-factory`` pick the sizes that get PQ
+codes (a CPU smoke run: ``--sizes 200000 --pq-from 100000 --pq-factory IVF256,PQ32``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch
 from icr.index.vector_index import build_index
 
 DIM, CENTRES, SUBS, CHUNK, QUERIES = 128, 4_096, 64, 1_000_000, 1_000
+NPROBES, RERANK_DEPTHS = (8, 32, 128), (100, 1_000)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -67,6 +71,13 @@ def recall(found: np.ndarray, truth: np.ndarray) -> float:
     return float(
         np.mean([len(set(f[: truth.shape[1]]) & set(t)) / len(t) for f, t in zip(found, truth, strict=True)])
     )
+
+
+def rerank(q: np.ndarray, found: np.ndarray, host16: np.ndarray) -> np.ndarray:
+    """(Q, 10) ids: ``found``'s (Q, d) candidates ordered by exact scores from the fp16 copies."""
+    cand = np.where(found < 0, 0, found)
+    scores = np.einsum("qd,qkd->qk", q, host16[cand].astype(np.float32))  # (Q, d)
+    return np.take_along_axis(cand, np.argsort(-scores, axis=1)[:, :10], 1)
 
 
 def one_size(n: int, factory: str, centres: torch.Tensor, queries: torch.Tensor, keep_fp16: bool) -> dict:
@@ -104,13 +115,14 @@ def one_size(n: int, factory: str, centres: torch.Tensor, queries: torch.Tensor,
         index = faiss.index_cpu_to_gpu(res, 0, index, opts)
         row["to_gpu_s"] = round(time.perf_counter() - t0, 1)
     sweeps = []
-    for nprobe in (8, 16, 32, 64, 128, 256):
+    for nprobe in NPROBES:
         if DEVICE == "cuda":
             faiss.GpuParameterSpace().set_index_parameter(index, "nprobe", nprobe)
         else:
             faiss.extract_index_ivf(index).nprobe = nprobe
+        depth = max(RERANK_DEPTHS) if host16 is not None else 100
         t0 = time.perf_counter()
-        _, found = index.search(q, 100)
+        _, found = index.search(q, depth)
         batch_ms = (time.perf_counter() - t0) * 1e3
         singles = []
         for j in range(50):
@@ -121,14 +133,19 @@ def one_size(n: int, factory: str, centres: torch.Tensor, queries: torch.Tensor,
             "nprobe": nprobe,
             "recall10": round(recall(found, truth), 4),
             "one_query_p50_ms": round(float(np.median(singles)), 3),
-            "batch1000_k100_ms": round(batch_ms, 1),
+            f"batch1000_k{depth}_ms": round(batch_ms, 1),
         }
-        if host16 is not None:  # exact re-ranking of the top 100 from fp16 copies
-            cand = np.where(found < 0, 0, found)
-            scores = np.einsum("qd,qkd->qk", q, host16[cand].astype(np.float32))
-            cell["recall10_reranked100"] = round(
-                recall(np.take_along_axis(cand, (-scores).argsort(1), 1), truth), 4
-            )
+        if host16 is not None:  # exact re-ranking of the top candidates from fp16 copies in host memory
+            for d in RERANK_DEPTHS:
+                cell[f"recall10_reranked{d}"] = round(recall(rerank(q, found[:, :d], host16), truth), 4)
+            deep = max(RERANK_DEPTHS)
+            singles = []  # one query end to end: the GPU's top candidates, then the host's exact top 10
+            for j in range(50):
+                t1 = time.perf_counter()
+                _, cand = index.search(q[j : j + 1], deep)
+                rerank(q[j : j + 1], cand, host16)
+                singles.append((time.perf_counter() - t1) * 1e3)
+            cell[f"one_query_reranked{deep}_p50_ms"] = round(float(np.median(singles)), 3)
         sweeps.append(cell)
     row["sweep"] = sweeps
     return row
@@ -139,6 +156,8 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000_000, 100_000_000])
     ap.add_argument("--budget-s", type=float, default=300)
+    ap.add_argument("--pq-from", type=int, default=20_000_001, help="sizes from here get --pq-factory")
+    ap.add_argument("--pq-factory", default="IVF65536,PQ32")
     args = ap.parse_args()
     started = time.perf_counter()
     g = torch.Generator(device=DEVICE).manual_seed(0)
@@ -148,7 +167,7 @@ def main() -> None:
     queries = mixture(7, QUERIES, centres)
     per_million = None
     for n in args.sizes:
-        factory = "IVF16384,Flat" if n <= 20_000_000 else "IVF65536,PQ32"
+        factory = "IVF16384,Flat" if n < args.pq_from else args.pq_factory
         if (
             per_million is not None
             and time.perf_counter() - started + per_million * n / 1e6 * 1.5 > args.budget_s
