@@ -281,6 +281,17 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "MB",
             )
         )
+        if "search" in on_disk:
+            from bench.scale import best_recall_within
+
+            out.append(
+                _target(
+                    f"{on_disk['vectors']:,}-vector on-disk index: best recall@10 at p50 <= 10 ms",
+                    best_recall_within(on_disk, 10.0),
+                    0.95,
+                    False,
+                )
+            )
     relevance = _get(s, "relevance", "summary")
     if relevance is not None:
         out += [

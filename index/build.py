@@ -343,9 +343,10 @@ def _write_index(
                 + (f" (e.g. PQ{dim // 2}x4fs,RFlat)" if dim % 2 == 0 else "")
             )
     reranked, graph = is_reranked(factory), is_graph(factory)
-    if on_disk and (reranked or not any(part.startswith("IVF") for part in factory.split(","))):
+    if on_disk and (graph or "fs" in factory or not any(p.startswith("IVF") for p in factory.split(","))):
         raise ValueError(
-            f"--on-disk needs an inverted-file factory (IVF<k>,Flat or IVF<k>,PQ<m>), not {factory}"
+            f"--on-disk needs an inverted-file factory (IVF<k>,Flat, IVF<k>,PQ<m> or IVF<k>,PQ<m>,RFlat; "
+            f"FAISS keeps no fast-scan lists on disk), not {factory}"
         )
     if graph and gpu == "on":
         raise ValueError(f"{factory} has no GPU form (hnswlib builds on the CPU); use --gpu auto or off")
@@ -367,6 +368,8 @@ def _write_index(
                     memory_budget_bytes=memory_budget_bytes,
                 )
                 index = load_on_disk(tmp / INDEX_FILE)
+                if reranked:  # the raw vectors the build wrote beside the codes, mapped
+                    index = RerankedIndex(index, load_raw(tmp / RAW_FILE, index.ntotal, dim, mmap=True))
                 built["built_on"] = "cpu"
             else:
                 vectors = feed(streams, store, exact)

@@ -67,7 +67,9 @@ def load_index_dir(
     if is_reranked(manifest.factory) and isinstance(index, faiss.Index):  # the codes
         lo, hi = manifest.own_ids  # one row per id of the range, holes included
         try:
-            raw = load_raw(directory / RAW_FILE, hi - lo, manifest.dim, mmap=mmap)
+            # an on-disk index's raw vectors are mapped whatever ``mmap`` says: they exceed the budget
+            on_disk = (directory / ONDISK_DATA).is_file()
+            raw = load_raw(directory / RAW_FILE, hi - lo, manifest.dim, mmap=mmap or on_disk)
         except (FileNotFoundError, ValueError) as err:
             raise type(err)(f"{err}; {rebuild}") from None
         index = RerankedIndex(index, raw, lo, Rerank.from_dict(manifest.rerank))

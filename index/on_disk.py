@@ -10,14 +10,19 @@ is then bounded by ``--memory-budget-mb``: the factory is chosen so that the cod
 quarter of the budget (the merge maps both the blocks it reads and the file it writes, so twice
 the codes may be resident: half the budget), the sample and shards take the other half.
 
-Factories: ``IVF{nlist},Flat`` when raw vectors fit; ``IVF{nlist},PQ{m}`` down to 16x compression;
-``OPQ{m},IVF{nlist},PQ{m}`` beyond (a learned rotation keeps more of the recall at few bytes); with
-more than :data:`HNSW_QUANTIZER_ABOVE` lists the centroids are searched through an HNSW graph
-(``IVF{nlist}_HNSW32``).
+Factories: ``IVF{nlist},Flat`` when raw vectors fit; ``IVF{nlist},PQ{m},RFlat`` down to 16x
+compression; ``OPQ{m},IVF{nlist},PQ{m},RFlat`` beyond (a learned rotation keeps more of the recall at
+few bytes); with more than :data:`HNSW_QUANTIZER_ABOVE` lists the centroids are searched through an
+HNSW graph (``IVF{nlist}_HNSW32``). ``,RFlat``: the PQ codes find candidates that are re-ranked
+exactly from the raw vectors (:mod:`index.rerank`), written to :data:`index.rerank.RAW_FILE` during the
+build and memory-mapped when served: they cost disk, not the memory budget (the pages a search reads
+stay in the page cache, which the kernel reclaims). PQ codes alone stop at a recall the probing
+cannot raise: recall@10 0.656 at every nprobe on 10M vectors with PQ64 (2026-11-23).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -33,6 +38,7 @@ import faiss
 import numpy as np
 from faiss.contrib.ondisk import merge_ondisk
 
+from icr.index.rerank import RAW_FILE, SUFFIX, is_reranked
 from icr.index.vector_index import empty_index, load_index
 
 ONDISK_DATA = "index.ivfdata"
@@ -50,7 +56,8 @@ OPQ_ITERATIONS = 4  # most of the rotation's gain; each iteration retrains the P
 
 
 def choose_on_disk_factory(n: int, dim: int, memory_budget_bytes: int) -> tuple[str, str]:
-    """(factory, reason): the codes and ids of ``n`` vectors must fit a quarter of the memory budget."""
+    """(factory, reason): the codes and ids of ``n`` vectors must fit a quarter of the memory budget;
+    PQ codes are re-ranked from the raw vectors on disk."""
     if n < 1 or dim < 1:
         raise ValueError(f"need n >= 1 and dim >= 1, got n={n}, dim={dim}")
     nlist = int(min(MAX_NLIST, max(1, round(4 * math.sqrt(n)))))
@@ -68,7 +75,8 @@ def choose_on_disk_factory(n: int, dim: int, memory_budget_bytes: int) -> tuple[
         ratio = dim * 4 / m
         opq = f"OPQ{m}," if ratio > 16 else ""
         why = f"{m}-byte codes ({ratio:.0f}x smaller than float32{', OPQ-rotated' if opq else ''})"
-        return f"{opq}{ivf},PQ{m}", f"{n:,} vectors: {why} and ids fit {budget}; {lists}"
+        rerank = f"the candidates re-ranked exactly from the raw vectors on disk ({RAW_FILE}, memory-mapped)"
+        return f"{opq}{ivf},PQ{m}{SUFFIX}", f"{n:,} vectors: {why} and ids fit {budget}; {lists}; {rerank}"
     raise ValueError(
         f"{n:,} vectors of dim {dim}: even the smallest PQ codes exceed {budget}; raise --memory-budget-mb"
     )
@@ -95,9 +103,39 @@ def build_on_disk(
     on_vectors: Callable[[np.ndarray], None] | None = None,
 ) -> OnDiskBuild:
     """Write ``index_file`` and :data:`ONDISK_DATA` into ``out_dir`` from ``chunks`` of (b, D) unit rows
-    (ids 0..N-1 in order, consumed once). ``on_vectors`` sees every chunk (e.g. an exact top-k for
-    the recall check). Shards hold at most ``shard_size`` vectors, fewer when the budget asks."""
+    (ids 0..N-1 in order, consumed once), and for a re-ranked factory (``...,RFlat``) the raw vectors
+    as :data:`index.rerank.RAW_FILE`. ``on_vectors`` sees every chunk (e.g. an exact top-k for the
+    recall check). Shards hold at most ``shard_size`` vectors, fewer when the budget asks."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    build = functools.partial(
+        _build, dim=dim, factory=factory, out_dir=out_dir, index_file=index_file,
+        memory_budget_bytes=memory_budget_bytes, shard_size=shard_size, workers=workers,
+    )  # fmt: skip
+    if not is_reranked(factory):
+        return build(chunks, on_vectors=on_vectors)
+    with (out_dir / RAW_FILE).open("wb") as raw:
+
+        def tee(block: np.ndarray) -> None:
+            raw.write(block.tobytes())  # C-contiguous float32 (see _observed)
+            if on_vectors is not None:
+                on_vectors(block)
+
+        return build(chunks, on_vectors=tee)
+
+
+def _build(
+    chunks: Iterable[np.ndarray],
+    *,
+    dim: int,
+    factory: str,
+    out_dir: Path,
+    index_file: str,
+    memory_budget_bytes: int,
+    shard_size: int,
+    workers: int,
+    on_vectors: Callable[[np.ndarray], None] | None,
+) -> OnDiskBuild:
     index = empty_index(dim, factory)
     # Any: the stubs declare the base classes, not the downcast ones FAISS returns
     ivf: Any = faiss.downcast_index(faiss.extract_index_ivf(index))
@@ -216,5 +254,6 @@ def _add_shards(
 
 
 def load_on_disk(path: str | os.PathLike[str]) -> Any:
-    """An index whose inverted lists live in :data:`ONDISK_DATA` beside ``path``, memory-mapped."""
+    """An index whose inverted lists live in :data:`ONDISK_DATA` beside ``path``, memory-mapped (of a
+    re-ranked factory, its codes: :func:`index.index_folder.load_index_dir` adds the raw vectors)."""
     return load_index(path, on_disk=True)

@@ -49,7 +49,7 @@ GPU_CHOICES = ("auto", "on", "off")
 Searchable: TypeAlias = faiss.Index | RerankedIndex | GraphIndex
 
 _FACTORY = re.compile(
-    r"^(Flat|HNSW(?P<hnsw>\d+)|IVF(?P<nlist>\d+)(_HNSW(?P<coarse>\d+))?,(Flat|PQ(?P<pq>\d+)(?P<fs>x4fs,RFlat)?))$"
+    r"^(Flat|HNSW(?P<hnsw>\d+)|IVF(?P<nlist>\d+)(_HNSW(?P<coarse>\d+))?,(Flat|PQ(?P<pq>\d+)(?P<rerank>(x4fs)?,RFlat)?))$"
 )
 
 
@@ -60,15 +60,16 @@ def parse_factory(factory: str) -> dict[str, int | str]:
     (:mod:`index.graph`). ``IVF<k>_HNSW<m>,...`` is an inverted file whose coarse quantizer
     (the search for the nprobe nearest lists) is an HNSW graph over the k centroids instead of a scan.
     ``IVF<k>,PQ<m>x4fs,RFlat``: 4-bit PQ codes scanned with SIMD, re-ranked exactly from the raw
-    vectors (:mod:`index.rerank`)."""
+    vectors (:mod:`index.rerank`); ``IVF<k>,PQ<m>,RFlat``: 8-bit codes re-ranked the same way (the
+    on-disk form: FAISS keeps no fast-scan lists on disk)."""
     if is_graph(factory):
         return {"kind": "Graph", "m": graph_links(factory)}
     match = _FACTORY.match(factory)
     if not match:
         raise ValueError(
             f"unsupported index factory {factory!r}; use auto, Flat, HNSW32, IVF<k>,Flat, IVF<k>,PQ<m>, "
-            "IVF<k>,PQ<m>x4fs,RFlat, IVF<k>_HNSW32,Flat or Graph<M> (e.g. IVF4000,Flat, IVF4000,PQ32, "
-            "IVF4000,PQ64x4fs,RFlat or Graph16)"
+            "IVF<k>,PQ<m>,RFlat, IVF<k>,PQ<m>x4fs,RFlat, IVF<k>_HNSW32,Flat or Graph<M> (e.g. IVF4000,Flat, "
+            "IVF4000,PQ32, IVF4000,PQ64x4fs,RFlat or Graph16)"
         )
     if factory == "Flat":
         return {"kind": "Flat"}
@@ -79,7 +80,7 @@ def parse_factory(factory: str) -> dict[str, int | str]:
         parsed["pq"] = int(match["pq"])
     if match["coarse"]:
         parsed["coarse_hnsw"] = int(match["coarse"])
-    if match["fs"]:
+    if match["rerank"]:
         parsed["rerank"] = 1
     return parsed
 

@@ -156,10 +156,22 @@ def test_targets_are_checked_against_their_limits() -> None:
     build = {"cached": False, "distractors": 1_000_000, "build_seconds": 325.0}
     on_disk = {"vectors": 10_000_000, "factory": "IVF12649,PQ64", "budget_mb": 4096}
     on_disk["peak_rss_mb_build"] = 4200.0
+    fast = {"recall_at_10": 0.93, "p50_ms": 4.0, "p99_ms": 6.0}
+    on_disk["search"] = [  # the best recall within 10 ms: 0.96, re-ranked; 0.99 takes 12 ms
+        {"nprobe": 8, "codes_only": fast, "reranked": {"160": {**fast, "recall_at_10": 0.96}}},
+        {
+            "nprobe": 64,
+            "codes_only": fast,
+            "reranked": {"160": {**fast, "recall_at_10": 0.99, "p50_ms": 12.0}},
+        },
+    ]
     report["sections"].update(build=build, scale={"on_disk": on_disk})
-    met = {t["target"]: t["met"] for t in targets(report)}
+    rows = {t["target"]: t for t in targets(report)}
+    met = {name: t["met"] for name, t in rows.items()}
     assert met["index build from nothing, 1,000,000 generated distractors"] is True
     assert met["10,000,000-vector IVF12649,PQ64 from shards: build peak RSS"] is False
+    recall = rows["10,000,000-vector on-disk index: best recall@10 at p50 <= 10 ms"]
+    assert recall["measured"] == 0.96 and recall["met"] is True
     report["sections"]["build"] = {**build, "cached": True}
     assert not any(t["target"].startswith("index build") for t in targets(report))
 

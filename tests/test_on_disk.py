@@ -81,11 +81,43 @@ def test_the_budget_picks_the_codes():
     gib = 1 << 30
     assert choose_on_disk_factory(1_000_000, 256, 4 * gib)[0] == "IVF4000,Flat"  # 0.96 GiB of floats + ids
     factory, reason = choose_on_disk_factory(10_000_000, 256, 4 * gib)
-    assert factory == "IVF12649_HNSW32,PQ64" and "16x smaller" in reason and "HNSW" in reason
-    assert choose_on_disk_factory(10_000_000, 256, 1 * gib)[0] == "OPQ16,IVF12649_HNSW32,PQ16"
-    assert choose_on_disk_factory(3 * 10**8, 256, 16 * gib)[0] == "OPQ4,IVF65536_HNSW32,PQ4"  # nlist capped
+    assert factory == "IVF12649_HNSW32,PQ64,RFlat" and "16x smaller" in reason and "HNSW" in reason
+    assert "re-ranked exactly from the raw vectors on disk" in reason
+    assert choose_on_disk_factory(10_000_000, 256, 1 * gib)[0] == "OPQ16,IVF12649_HNSW32,PQ16,RFlat"
+    capped = "OPQ4,IVF65536_HNSW32,PQ4,RFlat"  # nlist capped
+    assert choose_on_disk_factory(3 * 10**8, 256, 16 * gib)[0] == capped
     with pytest.raises(ValueError, match="raise --memory-budget-mb"):
         choose_on_disk_factory(10**9, 256, 1 * gib)
+
+
+def test_on_disk_codes_are_re_ranked_from_the_raw_vectors_on_disk(tmp_path):
+    from icr.index.rerank import RAW_FILE, Rerank, RerankedIndex, load_raw
+
+    x = _unit(12_000, 32, 0)
+    build_on_disk(
+        _chunks(x), 32, "IVF32,PQ8,RFlat", tmp_path, "index.faiss",
+        memory_budget_bytes=64 << 20, shard_size=2_500, workers=2,
+    )  # fmt: skip
+    assert np.array_equal(np.fromfile(tmp_path / RAW_FILE, np.float32).reshape(-1, 32), x)  # in id order
+    codes = load_on_disk(tmp_path / "index.faiss")
+    raw = load_raw(tmp_path / RAW_FILE, len(x), 32, mmap=True)
+    queries = _unit(30, 32, 1)
+    exact = queries @ x.T  # (30, 12000)
+    truth = np.argsort(-exact, axis=1, kind="stable")[:, :10]
+    set_nprobe(codes, 32)  # every list
+    # every vector a candidate: the exact top 10, scores and all (the oracle)
+    everything = RerankedIndex(codes, raw, 0, Rerank(k_factor=1, min_candidates=len(x)))
+    s, i = everything.search(queries, 10)
+    assert i.tolist() == truth.tolist()
+    np.testing.assert_allclose(s, np.take_along_axis(exact, truth, 1), atol=1e-6)
+    # the default candidates: exact scores for what they return, and more of the true top 10 than
+    # the PQ8 codes' own order
+    s, i = RerankedIndex(codes, raw).search(queries, 10)
+    np.testing.assert_allclose(s, np.take_along_axis(exact, i, 1), atol=1e-6)
+    _, by_codes = codes.search(queries, 10)
+    hits = [len(set(a) & set(t)) for a, t in zip(i.tolist(), truth.tolist(), strict=True)]
+    hits_codes = [len(set(a) & set(t)) for a, t in zip(by_codes.tolist(), truth.tolist(), strict=True)]
+    assert np.mean(hits) >= 9.5 and np.mean(hits) > np.mean(hits_codes) + 1
 
 
 def test_an_on_disk_index_folder_is_served_memory_mapped(tiny_checkpoint, tmp_path):
@@ -128,3 +160,39 @@ def test_an_on_disk_index_folder_is_served_memory_mapped(tiny_checkpoint, tmp_pa
         retriever.images, query, k=10, offset=0, depth=100, filter_=gallery_only, timings={}
     )
     assert sorted(only.ids.tolist()) == list(range(6)) and only.matched == 6
+
+
+def test_an_on_disk_re_ranked_folder_maps_its_raw_vectors(tiny_checkpoint, tmp_path):
+    from PIL import Image
+
+    from icr.index.rerank import RAW_FILE, RerankedIndex
+    from icr.service.retriever import Retriever
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        Image.fromarray(np.full((32, 32, 3), 60 * i, np.uint8)).save(photos / f"{i}.png")
+    distractors = tmp_path / "distractors.npy"
+    np.save(distractors, _unit(6_000, 32, 2))
+    out = tmp_path / "idx"
+    for factory, why in [("IVF32,PQ8x4fs,RFlat", "no fast-scan lists on disk"), ("HNSW32", "inverted-file")]:
+        with pytest.raises(ValueError, match=why):
+            build_photo_index(
+                tiny_checkpoint, images=photos, distractor_embeddings=distractors, on_disk=True,
+                factory=factory, out=out, progress=False, gpu="off",
+            )  # fmt: skip
+    manifest = build_photo_index(
+        tiny_checkpoint, images=photos, distractor_embeddings=distractors, on_disk=True,
+        factory="IVF32,PQ8,RFlat", memory_budget_bytes=64 << 20, out=out, progress=False, gpu="off",
+    )  # fmt: skip
+    assert set(manifest.files) == {"index.faiss", "metadata.sqlite", ONDISK_DATA, RAW_FILE}
+    index, _, store = load_index_dir(out)  # mmap=False: the raw vectors are mapped all the same
+    store.close()
+    assert isinstance(index, RerankedIndex) and isinstance(index.raw, np.memmap)
+    x = np.asarray(index.raw)  # (6003, 32): the 3 photos' vectors, then the distractors
+    assert x.shape == (6_003, 32) and np.array_equal(x[3:], np.load(distractors))
+
+    retriever = Retriever.load(out, tiny_checkpoint, gpu="off")
+    page = retriever.search(retriever.images, x[1234][None], k=5, offset=0, depth=100, timings={})
+    assert page.ids[0] == 1234 and page.scores[0] == pytest.approx(1.0, abs=1e-6)
+    np.testing.assert_allclose(page.scores, x[page.ids] @ x[1234], atol=1e-6)  # exact, not PQ's
