@@ -75,8 +75,9 @@ def on_disk_markdown(d: dict[str, Any]) -> list[str]:
         f"holds {held['rss_mb']:,.0f} MiB: {held['anon_mb']:,.0f} its own, {held['file_mb']:,.0f} of mapped "
         f"file pages. On disk: index.ivfdata {d['ivfdata_mb']:,.0f} MiB, raw vectors {d['raw_mb']:,.0f} MiB, "
         f"both memory-mapped. {origin} One query at a time on one thread, k = 10, recall@10 against exact "
-        f"search on {d['queries']} queries (exact top 10: {d['exact_top10_s']:.0f} s). First pass, the "
-        f"files dropped from the page cache (nprobe {cold['nprobe']}, the default candidates): recall@10 "
+        f"search on {d['queries']} queries (exact top 10: {d['exact_top10_s']:.0f} s). First pass, "
+        f"{cold.get('queries', d['queries'])} queries with the files dropped from the page cache (nprobe "
+        f"{cold['nprobe']}, the default candidates): recall@10 "
         f"{cold['recall_at_10']:.3f}, p50 {cold['p50_ms']:.2f} ms, p99 {cold['p99_ms']:.2f} ms. Then warm:",
         "",
         "| nprobe | codes alone: recall@10 | p50 ms |"

@@ -343,7 +343,7 @@ def _write_index(
                 + (f" (e.g. PQ{dim // 2}x4fs,RFlat)" if dim % 2 == 0 else "")
             )
     reranked, graph = is_reranked(factory), is_graph(factory)
-    if on_disk and (graph or "fs" in factory or not any(p.startswith("IVF") for p in factory.split(","))):
+    if on_disk and (graph or "x4fs" in factory or not any(p.startswith("IVF") for p in factory.split(","))):
         raise ValueError(
             f"--on-disk needs an inverted-file factory (IVF<k>,Flat, IVF<k>,PQ<m> or IVF<k>,PQ<m>,RFlat; "
             f"FAISS keeps no fast-scan lists on disk), not {factory}"

@@ -71,7 +71,9 @@ def build(
             "HNSW coarse quantizer and an HNSW graph, the fastest meeting the recall targets kept), Flat, "
             "HNSW32, IVF<k>,Flat, IVF<k>_HNSW32,Flat, IVF<k>,PQ<m>, IVF<k>,PQ<m>x4fs,RFlat (4-bit "
             "fast-scan codes re-ranked exactly from the raw vectors kept beside them, vectors.f32: the "
-            "fastest at the service's depth on 1M demo embeddings; m = dim/2 is a good start), or "
+            "fastest at the service's depth on 1M demo embeddings; m = dim/2 is a good start), "
+            "IVF<k>,PQ<m>,RFlat (8-bit codes re-ranked the same way; with --on-disk, auto's choice "
+            "when raw vectors exceed the budget), or "
             "Graph<M> (hnswlib's HNSW graph in cluster order, e.g. Graph16: the fastest at a short "
             "search depth (ICR_SEARCH_DEPTH, e.g. 100); needs the [graph] extra)."
         ),
