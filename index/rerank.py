@@ -211,7 +211,8 @@ def load_raw(path: Path, rows: int, dim: int, *, mmap: bool = False) -> np.ndarr
             mapped = mmap_module.mmap(f.fileno(), 0, prot=mmap_module.PROT_READ)
         # Rows are read at random: without this each one faults in the kernel's read-ahead window
         # (128 KiB) around it. Under a 4 GiB memory cgroup on 10M vectors that thrashed the page
-        # cache (p50 400 ms per query at k = 10); with it, 6.9 ms (docs/results/2026-11-28-on-disk-10m.md).
+        # cache (p50 400 ms per query at k = 10); with it, 6.88 ms in 920 MiB
+        # (docs/results/2026-11-28-on-disk-10m.md).
         mapped.madvise(mmap_module.MADV_RANDOM)
         return np.frombuffer(mapped, dtype=np.float32).reshape(rows, dim)
     return np.fromfile(path, dtype=np.float32).reshape(rows, dim)
