@@ -73,6 +73,8 @@ def resampled(source: np.ndarray, near: np.ndarray, count: int, seed: int) -> It
 
 def npy_blocks(path: Path, chunk: int = CHUNK) -> tuple[tuple[int, int], Callable[[], Iterator[np.ndarray]]]:
     """((N, D), a function streaming ``path``'s rows as (<= chunk, D) float32 blocks, read, not mapped)."""
+    from icr.index.rerank import raw_blocks
+
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
         read_header = (
@@ -83,14 +85,7 @@ def npy_blocks(path: Path, chunk: int = CHUNK) -> tuple[tuple[int, int], Callabl
     if len(shape) != 2 or fortran or dtype != np.float32:
         raise ValueError(f"{path}: need a C-order (N, D) float32 array, got {shape} {dtype}")
     n, dim = shape
-
-    def blocks() -> Iterator[np.ndarray]:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            while (block := np.fromfile(f, np.float32, count=chunk * dim)).size:
-                yield block.reshape(-1, dim)
-
-    return (n, dim), blocks
+    return (n, dim), lambda: raw_blocks(path, dim, chunk, offset)
 
 
 def drop_from_page_cache(paths: list[Path]) -> None:

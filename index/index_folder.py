@@ -49,11 +49,12 @@ def load_index_dir(
                 f"{recorded[:12]}...): replace the whole index folder, never a file inside it, or {rebuild}"
             )
     path = directory / (GRAPH_FILE if is_graph(manifest.factory) else INDEX_FILE)
+    on_disk = (directory / ONDISK_DATA).is_file()
     index: Searchable
     try:
         if is_graph(manifest.factory):
             index = GraphIndex.load(path, manifest.dim, int(manifest.recall_check.get("ef_search") or 10))
-        elif (directory / ONDISK_DATA).is_file():
+        elif on_disk:
             index = load_on_disk(path)
         else:
             index = load_index(path, mmap=mmap)
@@ -68,7 +69,6 @@ def load_index_dir(
         lo, hi = manifest.own_ids  # one row per id of the range, holes included
         try:
             # an on-disk index's raw vectors are mapped whatever ``mmap`` says: they exceed the budget
-            on_disk = (directory / ONDISK_DATA).is_file()
             raw = load_raw(directory / RAW_FILE, hi - lo, manifest.dim, mmap=mmap or on_disk)
         except (FileNotFoundError, ValueError) as err:
             raise type(err)(f"{err}; {rebuild}") from None

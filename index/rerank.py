@@ -182,10 +182,11 @@ def save_raw(path: Path, blocks: Iterable[np.ndarray]) -> None:
             out.write(np.ascontiguousarray(block, dtype=np.float32).tobytes())
 
 
-def raw_blocks(path: Path, dim: int, chunk: int = 65_536) -> Iterator[np.ndarray]:
-    """The rows of ``path`` as (<= ``chunk``, dim) float32 blocks, in order: read a block at a
-    time, so the file is never held (or mapped) whole."""
+def raw_blocks(path: Path, dim: int, chunk: int = 65_536, offset: int = 0) -> Iterator[np.ndarray]:
+    """The rows of ``path`` from byte ``offset`` (e.g. past a ``.npy`` header) as (<= ``chunk``, dim)
+    float32 blocks, in order: read a block at a time, so the file is never held (or mapped) whole."""
     with open(path, "rb") as f:
+        f.seek(offset)
         while (block := np.fromfile(f, np.float32, count=chunk * dim)).size:
             yield block.reshape(-1, dim)
 
