@@ -73,6 +73,16 @@ def bench_command(
     data: Annotated[
         Path | None, typer.Option(help="Its synthetic benchmark folder (with --checkpoint).")
     ] = None,
+    scale_vectors: Annotated[
+        Path | None,
+        typer.Option(
+            help="(N, D) float32 .npy for the scale section's on-disk index, indexed as it is (e.g. from "
+            "python -m bench.rendered_vectors); default: 10M vectors resampled from the gallery's."
+        ),
+    ] = None,
+    scale_queries: Annotated[
+        Path | None, typer.Option(help="(Q, D) float32 .npy of its queries (with --scale-vectors).")
+    ] = None,
 ) -> None:
     """Measure search latency/throughput (in-process and HTTP), index build, training step time per
     objective and evaluation speed, each next to the target or the alternative it is compared with.
@@ -87,6 +97,8 @@ def bench_command(
       icr bench --only search,http --sizes 100000
 
       icr bench --checkpoint runs/mine/best --data data/synth --workdir bench-mine
+
+      icr bench --only scale --scale-vectors base10m.npy --scale-queries queries.npy
     """
     from bench import evaluation, gallery, search_http, search_inprocess, threshold_honesty, training
     from bench import floors as floor_mod
@@ -95,6 +107,7 @@ def bench_command(
     unknown = sorted(set(chosen) - set(SECTIONS))
     if unknown:
         raise ValueError(f"--only: unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}")
+    scale_files = _scale_files(scale_vectors, scale_queries)
     counts = [int(x) for x in sizes.split(",") if x] or ([20_000] if quick else [100_000, 1_000_000])
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -171,7 +184,15 @@ def bench_command(
         assert model is not None
         sections.update(
             _largest_gallery_sections(
-                chosen, model, ann_dirs[largest], exact_dirs[largest], embeddings, captions, workdir, quick
+                chosen,
+                model,
+                ann_dirs[largest],
+                exact_dirs[largest],
+                embeddings,
+                captions,
+                workdir,
+                quick,
+                scale_files,
             )
         )
     if "relevance" in chosen:
@@ -202,6 +223,18 @@ def bench_command(
     json_path, md_path = _write(report, text, out)
     typer.echo(text)
     typer.echo(f"wrote {json_path} and {md_path}")
+
+
+def _scale_files(vectors: Path | None, queries: Path | None) -> tuple[Path, Path] | None:
+    """``--scale-vectors`` and ``--scale-queries``, both given and both files, or neither."""
+    if vectors is None or queries is None:
+        if vectors is not None or queries is not None:
+            raise ValueError("--scale-vectors and --scale-queries go together: give both or neither")
+        return None
+    for given in (vectors, queries):
+        if not given.is_file():
+            raise ValueError(f"{given}: no such file (a .npy from python -m bench.rendered_vectors)")
+    return vectors.resolve(), queries.resolve()
 
 
 def _writes_section(model: Any, index: Path | None, quick: bool) -> dict[str, Any]:
@@ -257,6 +290,7 @@ def _largest_gallery_sections(
     captions: list[str],
     workdir: Path,
     quick: bool,
+    scale_vectors: tuple[Path, Path] | None,
 ) -> dict[str, Any]:
     """The ``peers``, ``filters``, ``scale`` and ``cluster`` sections of the largest gallery (each
     only when chosen)."""
@@ -278,7 +312,7 @@ def _largest_gallery_sections(
     if "scale" in chosen:
         from bench import scale
 
-        out["scale"] = scale.run(checkpoint, embeddings, workdir, quick, _log)
+        out["scale"] = scale.run(checkpoint, embeddings, workdir, quick, _log, scale_vectors)
     if "cluster" in chosen:
         from bench import cluster
 

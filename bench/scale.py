@@ -3,8 +3,9 @@ larger than its memory budget built from shards and searched memory-mapped, and 
 index shards in separate processes.
 
 Full: 100,000 images through both engines, 10,000,000 vectors under a 4 GiB budget; ``--quick``:
-2,000 images, 200,000 vectors under 512 MiB (the process itself takes ~90 MiB). The on-disk build
-runs in its own process so that its peak RSS is its own (see :mod:`bench.on_disk_index`).
+2,000 images, 200,000 vectors under 512 MiB (the process itself takes ~90 MiB). The on-disk index
+is built from resampled embeddings unless ``icr bench --scale-vectors`` gives a file with real
+neighbour structure (``python -m bench.rendered_vectors``).
 """
 
 from __future__ import annotations
@@ -16,33 +17,61 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench import embed_engines, scatter_gather
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(
-    checkpoint: Path, embeddings: Path, workdir: Path, quick: bool, log: Callable[[str], None]
+    checkpoint: Path,
+    embeddings: Path,
+    workdir: Path,
+    quick: bool,
+    log: Callable[[str], None],
+    vectors: tuple[Path, Path] | None = None,
 ) -> dict[str, Any]:
+    """``vectors``: an (N, D) gallery file and its (Q, D) queries for the on-disk index (e.g. from
+    ``python -m bench.rendered_vectors``), indexed as they are; without, vectors resampled from
+    ``embeddings``, whose near-ties hide recall (see :mod:`bench.on_disk_index`)."""
     out: dict[str, Any] = {}
     images = embed_engines.QUICK_IMAGES if quick else embed_engines.FULL_IMAGES
     log(f"scale: icr embed, local vs ray, {images:,} images")
     out["embed"] = embed_engines.run(checkpoint, workdir, images, log)
-    count, budget = (200_000, 512) if quick else (10_000_000, 4096)
-    log(f"scale: on-disk index of {count:,} resampled vectors under {budget} MiB (own process)")
-    result = workdir / f"on-disk-{count}.json"
-    command = [
-        sys.executable, "-m", "bench.on_disk_index", "--source", str(embeddings), "--count", str(count),
-        "--budget-mb", str(budget), "--out", str(workdir / f"on-disk-{count}"), "--json", str(result),
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        out["on_disk"] = {"failed": done.stderr.strip().splitlines()[-1:] or ["no output"]}
-    else:
-        out["on_disk"] = json.loads(result.read_text())
+    out["on_disk"] = on_disk(embeddings, workdir, quick, log, vectors)
     log("scale: scatter-gather over 2 and 4 shard processes")
     out["scatter_gather"] = scatter_gather.run(embeddings, [2, 4], 100 if quick else 300, 1000)
     return out
+
+
+def on_disk(
+    embeddings: Path,
+    workdir: Path,
+    quick: bool,
+    log: Callable[[str], None],
+    vectors: tuple[Path, Path] | None = None,
+) -> dict[str, Any]:
+    """The on-disk index's figures, from :mod:`bench.on_disk_index` run in its own process (so that
+    its peak RSS is its own), or ``{"failed": [its last error line]}``."""
+    budget = 512 if quick else 4096
+    if vectors is None:
+        count = 200_000 if quick else 10_000_000
+        given = ["--source", str(embeddings), "--count", str(count)]
+        log(f"scale: on-disk index of {count:,} resampled vectors under {budget} MiB (own process)")
+    else:
+        count = len(np.load(vectors[0], mmap_mode="r"))
+        given = ["--vectors", str(vectors[0]), "--query-vectors", str(vectors[1])]
+        log(f"scale: on-disk index of {count:,} vectors from {vectors[0]} under {budget} MiB (own process)")
+    result = workdir / f"on-disk-{count}.json"
+    command = [
+        sys.executable, "-m", "bench.on_disk_index", *given, "--budget-mb", str(budget),
+        "--out", str(workdir / f"on-disk-{count}"), "--json", str(result),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"failed": done.stderr.strip().splitlines()[-1:] or ["no output"]}
+    return dict(json.loads(result.read_text()))
 
 
 def markdown(section: dict[str, Any]) -> list[str]:

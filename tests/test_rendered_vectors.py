@@ -40,3 +40,39 @@ def test_queries_are_the_sampled_test_captions_embedded(tiny_checkpoint, tiny_be
     pick = np.random.default_rng(3).choice(len(captions), 4, replace=False)
     want = embed_captions(model, [captions[k] for k in pick])
     np.testing.assert_allclose(queries(tiny_checkpoint, tiny_benchmark, 4, seed=3), want, atol=1e-6)
+
+
+def test_the_scale_section_indexes_given_vectors_as_they_are(tmp_path):
+    """``icr bench --scale-vectors/--scale-queries``: the on-disk index is built from the file, not
+    resampled, and its widest probe finds the exact neighbours of the file's queries."""
+    from bench import scale
+
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((50, 32))  # (C, D)
+    rows = centres[rng.integers(0, 50, 30_000)] + 0.3 * rng.standard_normal((30_000, 32))  # (N, D)
+    rows = (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+    queries = rows[:40] + 0.05 * rng.standard_normal((40, 32)).astype(np.float32)  # (Q, D)
+    np.save(tmp_path / "v.npy", rows)
+    np.save(tmp_path / "q.npy", queries / np.linalg.norm(queries, axis=1, keepdims=True))
+    logged: list[str] = []
+    given = (tmp_path / "v.npy", tmp_path / "q.npy")
+    d = scale.on_disk(tmp_path / "unused.npy", tmp_path, True, logged.append, given)
+    assert d.get("failed") is None, d
+    assert d["vectors_file"] == str(tmp_path / "v.npy") and d["vectors"] == 30_000 and d["queries"] == 40
+    widest = d["search"][-1]  # nprobe 128 of the few hundred lists of 30,000 vectors
+    assert widest["nprobe"] == 128 and widest["codes_only"]["recall_at_10"] >= 0.99  # IVF<k>,Flat fits
+    assert "30,000 vectors from" in logged[0]
+
+
+def test_scale_files_go_together_and_must_exist(tmp_path):
+    import pytest
+
+    from bench.cli import _scale_files
+
+    (tmp_path / "v.npy").write_bytes(b"")
+    assert _scale_files(None, None) is None
+    with pytest.raises(ValueError, match="give both or neither"):
+        _scale_files(tmp_path / "v.npy", None)
+    with pytest.raises(ValueError, match="q.npy: no such file"):
+        _scale_files(tmp_path / "v.npy", tmp_path / "q.npy")
+    assert _scale_files(tmp_path / "v.npy", tmp_path / "v.npy") == (tmp_path / "v.npy",) * 2
