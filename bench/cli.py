@@ -68,7 +68,7 @@ def bench_command(
         "bench/results"
     ),
     checkpoint: Annotated[
-        Path | None, typer.Option(help="Model to benchmark (default: the embedded default, trained here).")
+        Path | None, typer.Option(help="Model to benchmark (default: the demo model shipped with icr).")
     ] = None,
     data: Annotated[
         Path | None, typer.Option(help="Its synthetic benchmark folder (with --checkpoint).")

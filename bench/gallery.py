@@ -29,8 +29,9 @@ class Model:
 
 
 def prepare_model(workdir: Path, quick: bool, checkpoint: Path | None, data: Path | None, log) -> Model:
-    """The embedded benchmark and a model trained on it: the demo's (cached) unless given, and
-    for ``quick`` a tiny set and one short epoch (figures of an untrained model are still real)."""
+    """The embedded benchmark and a model: unless given, the demo's benchmark (cached) and the demo
+    model shipped with icr, as ``icr demo`` takes them; for ``quick`` a tiny set and one short
+    epoch (figures of an untrained model are still real)."""
     if checkpoint is not None:
         if data is None:
             raise ValueError("--checkpoint needs --data (the synthetic benchmark folder it was trained on)")
@@ -38,7 +39,7 @@ def prepare_model(workdir: Path, quick: bool, checkpoint: Path | None, data: Pat
     if not quick:
         from icr.demo import demo_data_and_model
 
-        return Model(*demo_data_and_model(workdir, seed=0, force=False))
+        return Model(*demo_data_and_model(workdir, seed=0, force=False, train=False))
     from icr.training.config import load_config
     from icr.training.data.synthetic.generate import write_dataset
     from icr.training.train import train
