@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from icr.core.memory import peak_rss_mb
+from icr.core.memory import peak_rss_mb, resident_mb
 
 CHUNK = 20_000
 SOURCE_ROWS = 50_000
@@ -97,17 +97,6 @@ def drop_from_page_cache(paths: list[Path]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-
-
-def resident_mb() -> dict[str, float]:
-    """This process's resident memory now (VmRSS), its anonymous and its file-backed part, MiB."""
-    fields = {"VmRSS": "rss_mb", "RssAnon": "anon_mb", "RssFile": "file_mb"}
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        name = line.split(":")[0]
-        if name in fields:
-            out[fields[name]] = int(line.split()[1]) / 1024
-    return out
 
 
 def timed_pass(index: Any, queries: np.ndarray, truth: np.ndarray) -> dict[str, float]:

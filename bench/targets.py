@@ -55,6 +55,40 @@ def _why_ann_depth(build: Any, search: Any) -> str | None:
     )
 
 
+def _ours_against_peers(peers: dict[str, Any], workload: str) -> tuple[float | None, str | None]:
+    """Our fastest engine's paired p50 over the fastest peer's, for ``workload`` (``k10`` or
+    ``depth``), among the engines whose setting met its recall targets, and the two figures; None
+    where either side has none."""
+    best = {
+        e["engine"]: e[f"best_{workload}"].get("paired_p50_ms", e[f"best_{workload}"]["p50_ms"])
+        for e in peers["engines"]
+        if e.get(f"best_{workload}")
+    }
+    ours = {name: ms for name, ms in best.items() if name.startswith("ours:")}
+    theirs = {name: ms for name, ms in best.items() if not name.startswith("ours:")}
+    if not ours or not theirs:
+        return None, None
+    us, them = min(ours, key=ours.__getitem__), min(theirs, key=theirs.__getitem__)
+    why = f"our fastest, {us}, takes {ours[us]:.2f} ms; the fastest peer, {them}, {theirs[them]:.2f} ms"
+    return ours[us] / theirs[them], why
+
+
+def _peer_targets(peers: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Ours against the fastest peer at k = 10 (p50 no slower) and at the service's depth (0.8x),
+    one query per call on one thread, paired timings (bench/ann_peers.py)."""
+    if peers is None:
+        return []
+    deep = peers["depth"]
+    out = []
+    for workload, limit, where in (
+        ("k10", 1.0, "k = 10 (recall@10 >= 0.98)"),
+        ("depth", 0.8, f"depth {deep:,} (recall@10 >= 0.98, recall@{deep:,} >= 0.95)"),
+    ):
+        ratio, why = _ours_against_peers(peers, workload)
+        out.append(_target(f"ANN at {where}: our p50 / the fastest peer's", ratio, limit, True, "x", why))
+    return out
+
+
 def _why_build(build: dict[str, Any]) -> str | None:
     t = build.get("timings") or {}
     stream = t.get("distractor_render_seconds", 0.0) + t.get("distractor_embed_seconds", 0.0)
@@ -199,6 +233,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "ms",
             ),
         ]
+    out += _peer_targets(s.get("peers"))
     inproc, over_http = (
         _get(search, "end_to_end", "total", "p50_ms"),
         _get(http, "ann", "1", "latency", "p50_ms"),

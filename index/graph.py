@@ -172,8 +172,6 @@ def _best_first(scores: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.nda
     """(Q, k) ``scores`` (float32) and ``ids`` in hnswlib's order (best first, ties in any order)
     put in this project's order: best first, ties by lower id. Rows with no tie are left as they
     are (the common case: only a lexsort of the rows with one)."""
-    if not (scores[:, 1:] == scores[:, :-1]).any():
-        return scores, ids
     tied = (scores[:, 1:] == scores[:, :-1]).any(axis=1)  # (Q,)
     for q in np.flatnonzero(tied):
         order = np.lexsort((ids[q], -scores[q]))

@@ -174,6 +174,31 @@ def test_targets_are_checked_against_their_limits() -> None:
     assert recall["measured"] == 0.96 and recall["met"] is True
     report["sections"]["build"] = {**build, "cached": True}
     assert not any(t["target"].startswith("index build") for t in targets(report))
+    # the peers: our fastest engine meeting the recall targets against the fastest peer, paired p50
+    engines = [
+        {"engine": "ours: IVF4000,Flat", "best_k10": {"p50_ms": 0.7, "paired_p50_ms": 0.65},
+         "best_depth": {"p50_ms": 1.4, "paired_p50_ms": 1.46}},
+        {"engine": "ours: Graph16 (served)", "best_k10": {"p50_ms": 0.24, "paired_p50_ms": 0.25},
+         "best_depth": {"p50_ms": 1.8, "paired_p50_ms": 1.83}},
+        {"engine": "hnswlib M16", "best_k10": {"p50_ms": 0.3, "paired_p50_ms": 0.27},
+         "best_depth": {"p50_ms": 1.9, "paired_p50_ms": 1.85}},
+        {"engine": "usearch M16", "best_k10": None, "best_depth": {"p50_ms": 9.0, "paired_p50_ms": 9.0}},
+    ]  # fmt: skip
+    report["sections"]["peers"] = {"depth": 1000, "engines": engines}
+    rows = {t["target"]: t for t in targets(report)}
+    at_k = rows["ANN at k = 10 (recall@10 >= 0.98): our p50 / the fastest peer's"]
+    assert at_k["measured"] == 0.25 / 0.27 and at_k["met"] is True
+    deep = rows["ANN at depth 1,000 (recall@10 >= 0.98, recall@1,000 >= 0.95): our p50 / the fastest peer's"]
+    assert deep["measured"] == 1.46 / 1.85 and deep["met"] is True  # 0.789 < 0.8
+    engines[0]["best_depth"]["paired_p50_ms"] = 1.6  # 0.86x: missed, and why names both
+    deep = next(t for t in targets(report) if t["target"] == deep["target"])
+    assert deep["met"] is False and deep["why"] == (
+        "our fastest, ours: IVF4000,Flat, takes 1.60 ms; the fastest peer, hnswlib M16, 1.85 ms"
+    )
+    for e in engines[2:]:  # no peer met the targets: nothing to compare
+        e["best_k10"] = e["best_depth"] = None
+    against = [t for t in targets(report) if t["target"].endswith("the fastest peer's")]
+    assert len(against) == 2 and all(t["measured"] is None and t["met"] is None for t in against)
 
 
 def test_markdown_has_every_section_and_marks_misses() -> None:
