@@ -53,7 +53,8 @@ def _single(
 
 
 def _matmuls(kernel: ExactKernel, queries: np.ndarray) -> None:
-    """The kernel's block matmuls alone: its search's scoring pass, nothing selected."""
+    """The kernel's scoring pass alone, nothing selected: every score written out (fp32: the fused
+    kernel's scoring half; bf16: the block matmuls)."""
     import torch
 
     with torch.inference_mode():

@@ -125,6 +125,12 @@ def _why_exact_batch(row: Any, stage: str, k_label: str, precision: str | None) 
     search, matmul = _get(row, stage, "median_ms"), _get(row, "matmul", "median_ms")
     if search is None or matmul is None:
         return None
+    if precision == "fp32":  # scoring and comparing are one compiled pass (icr.core.threshold_scan)
+        return (
+            f"the kernel's fp32 scoring alone, every score written out, takes {matmul:.1f} ms "
+            f"({matmul / row['floor_ms']:.2f}x the floor); the fused pass that compares while it scores, "
+            f"with the {k_label} kept, takes {search:.1f} ms"
+        )
     return (
         f"the kernel's {precision + ' ' if precision else ''}matmuls alone take {matmul:.1f} ms "
         f"({matmul / row['floor_ms']:.2f}x the floor); selecting the {k_label} from their scores "

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from icr.core.threshold_scan import ThresholdScan
+
 FLUSH = 1  # pending candidates are merged (tightening the thresholds) past FLUSH x k x Q
 
 
@@ -42,45 +44,50 @@ class RunningTopK:
         self.threshold = np.full(q, -np.inf, np.float32)
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, scores, ids)
         self._count = 0
-        self._passed: torch.Tensor | None = None  # (b, Q8) bool, reused
+        self._scan = ThresholdScan()  # its output buffers are reused block after block
 
     def offer(self, block: torch.Tensor, start: int) -> None:
         """Consider ``block`` (b, Q8), the scores of ids start .. start + b - 1 for the queries
-        padded to a multiple of 8 (columns past Q are ignored): one comparison pass over it, in
-        its own dtype, against each query's threshold, then only the rows where something passed."""
+        padded to a multiple of 8 (columns past Q are ignored): one compiled pass compares it with
+        each query's threshold (:mod:`icr.core.threshold_scan`) and keeps only what passes."""
         window = self.window is not None
         if not window and self.ids.shape[1] == 0 and not self._pending and len(block) > self.k:
             if self._take_top(block, start):
                 return
-        if not np.isfinite(self.threshold).all() and len(block) >= self.k:
+        if not self.settled and len(block) >= self.k:
             # a row still short of k hits: this block's own k-th best is a valid provisional cut
             kth = torch.topk(block[:, : self.q], self.k, dim=0).values[-1].float().numpy()  # (Q,)
             unset = ~np.isfinite(self.threshold)
             # fp32 compares strictly, so the k-th's ties must pass this first cut: one float below
             provisional = kth - self.window if window else np.nextafter(kth, -np.inf)
             self.threshold[unset] = provisional[unset]
-        cut = torch.full((block.shape[1],), np.inf)
-        cut[: self.q] = torch.from_numpy(self.threshold)  # (Q8,) the padding never passes
-        if block.dtype == torch.bfloat16:
-            # rounded to bf16 at most half a bf16 step (|t| 2^-8) up: lowered by a full step first
-            cut = (cut - cut.abs() * 2.0**-7 - 1e-30).bfloat16()
-        # one bool buffer for every block, as for the scores: a fresh one costs its page faults
-        if (
-            self._passed is None
-            or self._passed.shape[0] < len(block)
-            or self._passed.shape[1] != block.shape[1]
-        ):
-            self._passed = torch.empty(block.shape, dtype=torch.bool)
-        passed = (torch.ge if window else torch.gt)(block, cut, out=self._passed[: len(block)])  # (b, Q8)
-        words = passed.view(torch.int64) if passed.shape[1] % 8 == 0 else passed  # 8 queries a word
-        rows = torch.nonzero(words.any(dim=1)).flatten()
-        if len(rows) == 0:
+        # compared in fp32 (a bf16 block is widened first): the cut is then exact in either dtype
+        values = block.numpy() if block.dtype == torch.float32 else block.float().numpy()  # (b, Q8)
+        rows, cols, scores = self._scan.reaching(values, self.cut(block.shape[1]))
+        self.add(cols, scores, rows + start)
+
+    @property
+    def settled(self) -> bool:
+        """Whether every query has a finite threshold: :meth:`cut` then passes little."""
+        return bool(np.isfinite(self.threshold).all())
+
+    def cut(self, width: int) -> np.ndarray:
+        """(width,) float32: what a score of each column must reach (``>=``) to be a candidate; the
+        columns past Q (padding) are +inf and pass nothing."""
+        cut = np.full(width, np.inf, np.float32)
+        if self.window is None:  # strictly above the k-th best: at least the next float up
+            cut[: self.q] = np.nextafter(self.threshold, np.float32(np.inf))
+        else:  # kth - window was rounded to the nearest float: one float lower keeps every tie
+            cut[: self.q] = np.nextafter(self.threshold, np.float32(-np.inf))
+        return cut
+
+    def add(self, cols: np.ndarray, scores: np.ndarray, ids: np.ndarray) -> None:
+        """Candidates that reached :meth:`cut`: query (column) ``cols``, ``scores``, gallery ``ids``."""
+        if len(cols) == 0:
             return
-        r, c = torch.nonzero(passed[rows], as_tuple=True)
-        scores = block[rows[r], c].float().numpy()
-        self._pending.append((c.numpy(), scores, rows[r].numpy().astype(np.int64) + start))
+        self._pending.append((cols, scores, ids))
         self._count += len(scores)
-        if self._count > FLUSH * self.k * self.q or not np.isfinite(self.threshold).all():
+        if self._count > FLUSH * self.k * self.q or not self.settled:
             self._merge()
 
     def _take_top(self, block: torch.Tensor, start: int) -> bool:

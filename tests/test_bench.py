@@ -250,6 +250,12 @@ def test_a_missed_target_says_why_from_the_figures_measured_beside_it() -> None:
     )
     assert "selecting the top 1000" in why["exact batch of 16 at depth 1000 / matmul floor"]
     assert "the other 65.0 ms" in why["exact batch of 16 at depth 1000 / matmul floor"]
+    exact["kernel_precision"] = "fp32"  # one fused pass: its scoring alone, then the whole search
+    why = {t["target"]: t["why"] for t in targets(report)}
+    assert why["exact batch of 16 / matmul floor"] == (
+        "the kernel's fp32 scoring alone, every score written out, takes 25.0 ms (0.62x the floor); "
+        "the fused pass that compares while it scores, with the top 10 kept, takes 60.0 ms"
+    )
     # 16 clients: 1 query per call; a batch of 16 at depth 1000 costs 90 ms, one query 40 ms
     assert why["exact search QPS, 16 clients / 1 client (micro-batching)"].endswith("at most 7.1x")
     # one core reads 16 GB/s: 480 MB in 30 ms, and one thread took 36 ms (1.20x)

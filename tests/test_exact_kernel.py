@@ -163,3 +163,23 @@ def test_the_service_gives_a_query_the_same_hits_alone_and_in_a_batch(threads):
         np.testing.assert_array_equal(alone[0][0], together[0][q])
         exact = base.astype(np.float64) @ queries[q].astype(np.float64)
         assert set(alone[1][0].tolist()) == set(np.argsort(-exact)[:100].tolist())
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_short_first_block_then_long_ones(monkeypatch, k):
+    """The fused search scores a short first block in full, then compares larger ones while scoring;
+    a NaN row (thresholds left unset) makes a later block be scored in full into a larger buffer."""
+    import icr.index.exact_kernel as exact_kernel
+
+    monkeypatch.setattr(exact_kernel, "FIRST_BLOCK", 7)
+    rng = np.random.default_rng(k)
+    matrix = rng.integers(-2, 3, size=(3_000, 4)).astype(np.float32)
+    queries = rng.integers(-2, 3, size=(5, 4)).astype(np.float32)
+    kernel = ExactKernel(matrix, block=1_000)  # a first block of max(7, 64 k) rows, then 1,000-row ones
+    scores, ids = kernel.search(queries, k)
+    want_scores, want_ids = brute_force(matrix, queries, k)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(scores, want_scores)
+    matrix[: 64 * k] = np.nan  # the whole first block: no threshold can be set from it
+    scores, ids = ExactKernel(matrix, block=1_000).search(queries, k)
+    assert ids.shape == (5, k)
