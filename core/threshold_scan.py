@@ -11,8 +11,9 @@ best so far; after the first blocks almost nothing passes. Two kernels do that c
   one pass, so no (b, Q) block is ever written or read back. Two rows x four queries are scored at a
   time (eight running sums the compiler keeps in vector registers), queries in groups of 16 that
   stay in L1 while a run of 256 rows streams from L2, in parallel over every numba thread. On the
-  2-core AMD EPYC host, paired against torch's MKL matmul plus the torch comparison on 1M x 128
-  (2026-11-28): 16 queries 58.7 against 101.9 ms, 64 queries 215.6 against 235.0 ms.
+  2-core AMD EPYC host, paired against torch's MKL matmul plus the torch comparison on 1M x 128 demo
+  vectors (docs/results/2026-11-28-exact-fused.md): 16 queries 62.1 against 101.7 ms, 64 queries
+  218.5 against 269.1 ms, at k = 10.
 
 In both, a row's comparisons are or-ed without branches (the compiler vectorises them) and only a
 row where something passed is read again, to write its (row, column, score) triples.

@@ -101,5 +101,8 @@ def test_fused_reaching_matches_a_loop(n, groups, capacity, threads, seed):
 def test_fused_scan_refuses_what_it_cannot_score():
     with pytest.raises(ValueError, match="multiple of 4"):
         FusedScan(np.zeros((6, 8), np.float32))
+    scan = FusedScan(np.zeros((8, 4), np.float32))
     with pytest.raises(ValueError, match="cut"):
-        FusedScan(np.zeros((8, 4), np.float32)).reaching(np.zeros((5, 4), np.float32), np.zeros(7, np.float32))
+        scan.reaching(np.zeros((5, 4), np.float32), np.zeros(7, np.float32))
+    with pytest.raises(ValueError, match="output"):
+        scan.scores(np.zeros((5, 4), np.float32), np.zeros((4, 8), np.float32))  # one row short
