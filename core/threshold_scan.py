@@ -58,24 +58,56 @@ def _emit_row(values, cut, i, rows, cols, scores, at, end):  # type: ignore[no-u
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _scan(
-    block: np.ndarray, cut: np.ndarray, rows: np.ndarray, cols: np.ndarray, scores: np.ndarray
-) -> int:  # pragma: no cover - compiled; exercised through ThresholdScan
+    block: np.ndarray,
+    cut: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    scores: np.ndarray,
+    counts: np.ndarray,
+) -> None:  # pragma: no cover - compiled; exercised through ThresholdScan
     n = 0
     for i in range(block.shape[0]):
         n = _emit_row(block[i], cut, i, rows, cols, scores, n, len(rows))
-    return n
+    counts[0] = n
+
+
+class _Triples:
+    """The (row, column, score) output of a compiled pass: one slice of ``room`` entries per part,
+    each part's count in ``counts`` (which may exceed ``room``: :meth:`grown` then makes room)."""
+
+    def __init__(self, parts: int, room: int):
+        self.counts = np.zeros(parts, np.int64)
+        self._make(room)
+
+    def _make(self, room: int) -> None:
+        self.room = room
+        self.rows = np.empty(room * len(self.counts), np.int64)
+        self.cols = np.empty(room * len(self.counts), np.int64)
+        self.scores = np.empty(room * len(self.counts), np.float32)
+
+    def grown(self) -> bool:
+        """Whether a part overflowed; if so, every slice now holds twice the largest count (the
+        pass must run again)."""
+        largest = int(self.counts.max())
+        if largest <= self.room:
+            return False
+        self._make(2 * largest)
+        return True
+
+    def taken(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, cols, scores), fresh arrays: the parts' entries in part order."""
+        spans = [slice(p * self.room, p * self.room + int(c)) for p, c in enumerate(self.counts)]
+        rows, cols, scores = (
+            np.concatenate([a[s] for s in spans]) for a in (self.rows, self.cols, self.scores)
+        )
+        return rows, cols, scores
 
 
 class ThresholdScan:
     """Reusable output buffers for :meth:`reaching`, grown when a block passes more than they hold."""
 
     def __init__(self, capacity: int = 4096):
-        self._grow(capacity)
-
-    def _grow(self, capacity: int) -> None:
-        self.rows = np.empty(capacity, np.int64)
-        self.cols = np.empty(capacity, np.int64)
-        self.scores = np.empty(capacity, np.float32)
+        self._out = _Triples(1, capacity)
 
     def reaching(self, block: np.ndarray, cut: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, cols, scores) of the entries of ``block`` (b, W) float32 with ``block[r, c] >=
@@ -85,11 +117,11 @@ class ThresholdScan:
         cut = np.ascontiguousarray(cut, dtype=np.float32)
         if block.ndim != 2 or cut.shape != (block.shape[1],):
             raise ValueError(f"need a (b, W) block and a (W,) cut, got {block.shape} and {cut.shape}")
-        n = _scan(block, cut, self.rows, self.cols, self.scores)
-        if n > len(self.rows):  # rare: the first blocks, or a cut still at -inf
-            self._grow(2 * n)
-            n = _scan(block, cut, self.rows, self.cols, self.scores)
-        return self.rows[:n].copy(), self.cols[:n].copy(), self.scores[:n].copy()
+        out = self._out
+        _scan(block, cut, out.rows, out.cols, out.scores, out.counts)
+        if out.grown():  # rare: the first blocks, or a cut still at -inf
+            _scan(block, cut, out.rows, out.cols, out.scores, out.counts)
+        return out.taken()
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=_MATH, boundscheck=False, error_model="numpy")
@@ -157,14 +189,8 @@ class FusedScan:
         if queries.ndim != 2 or len(queries) % 4:
             raise ValueError(f"need (Q, D) queries with Q a multiple of 4, got {queries.shape}")
         self.queries = np.ascontiguousarray(queries, dtype=np.float32)  # (Q, D)
-        self._counts = np.zeros(numba.get_num_threads(), np.int64)
-        self._grow(capacity)
+        self._out = _Triples(numba.get_num_threads(), capacity)  # one part per thread
         self._none = np.empty((0, len(queries)), np.float32)
-
-    def _grow(self, per_part: int) -> None:
-        size = per_part * len(self._counts)
-        self._rows, self._cols = np.empty(size, np.int64), np.empty(size, np.int64)
-        self._scores = np.empty(size, np.float32)
 
     def scores(self, block: np.ndarray, out: np.ndarray) -> np.ndarray:
         """(b, Q) every score of ``block`` (b, D) float32, written into ``out`` (>= b rows)."""
@@ -178,8 +204,9 @@ class FusedScan:
 
     def _run(self, block: np.ndarray, cut: np.ndarray, out: np.ndarray, write: bool) -> None:
         block = np.ascontiguousarray(block, dtype=np.float32)  # (b, D) no copy for a gallery's rows
+        t = self._out
         with _POOL:
-            _fused(block, self.queries, cut, out, self._rows, self._cols, self._scores, self._counts, write)
+            _fused(block, self.queries, cut, out, t.rows, t.cols, t.scores, t.counts, write)
 
     def reaching(self, block: np.ndarray, cut: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, cols, scores) of the entries of ``block`` @ queries.T with ``score >= cut[col]``
@@ -188,10 +215,6 @@ class FusedScan:
         if cut.shape != (len(self.queries),) or block.ndim != 2 or block.shape[1] != self.queries.shape[1]:
             raise ValueError(f"need a (b, {self.queries.shape[1]}) block and a ({len(self.queries)},) cut")
         self._run(block, cut, self._none, False)
-        room = len(self._rows) // len(self._counts)
-        if self._counts.max() > room:  # rare: a cut still far below the k-th best
-            self._grow(2 * int(self._counts.max()))
+        if self._out.grown():  # rare: a cut still far below the k-th best
             self._run(block, cut, self._none, False)
-            room = len(self._rows) // len(self._counts)
-        spans = [slice(p * room, p * room + int(c)) for p, c in enumerate(self._counts)]
-        return tuple(np.concatenate([a[s] for s in spans]) for a in (self._rows, self._cols, self._scores))  # type: ignore[return-value]
+        return self._out.taken()
