@@ -39,7 +39,8 @@ import numpy as np
 from bench.floors import cores
 from bench.stats import latency
 from icr.index.graph import GraphIndex, build_graph
-from icr.index.rerank import RerankedIndex
+from icr.index.list_scan import ListScan
+from icr.index.rerank import Rerank, RerankedIndex
 from icr.index.vector_index import (
     ExactTopK,
     build_index,
@@ -148,9 +149,9 @@ class RefinedEngine(FaissEngine):
 
 
 class ServedRerankEngine(FaissEngine):
-    """Ours as the service searches it: fast-scan codes under global ids re-ranked exactly from the
-    raw vectors by the project's own re-ranking (index/rerank.py: ``max(4k, 1,280)`` candidates),
-    through the service's search function; nprobe swept."""
+    """Ours as the service searches it: 8-bit codes under global ids scanned by the project's compiled
+    kernel (index/list_scan.py) and re-ranked exactly from the raw vectors (index/rerank.py:
+    ``max(k, 128)`` candidates), through the service's search function; nprobe swept."""
 
     def __init__(self, name: str, index: RerankedIndex, build_seconds: float):
         self.name, self.index, self.build_seconds, self.knob = name, index, build_seconds, "nprobe"
@@ -158,16 +159,19 @@ class ServedRerankEngine(FaissEngine):
 
     @classmethod
     def built(cls, vectors: np.ndarray, nlist: int) -> ServedRerankEngine:
-        factory = f"IVF{nlist},PQ{vectors.shape[1] // 2}x4fs,RFlat"
+        factory = f"IVF{nlist},SQ8,RFlat"
         t0 = time.perf_counter()
         codes = build_index(vectors, vectors.shape[1], factory, gpu="off")
-        return cls(f"ours: {factory} (served)", RerankedIndex(codes, vectors), time.perf_counter() - t0)
+        index = RerankedIndex(codes, vectors, 0, Rerank.for_factory(factory))
+        return cls(f"ours: {factory} (served)", index, time.perf_counter() - t0)
 
     def search(self, query: np.ndarray, k: int) -> np.ndarray:
         return search(self.index, query[None], k)[1][0]
 
-    def bytes(self) -> int:
-        return int(faiss.serialize_index(self.index.codes).size) + self.index.raw.nbytes
+    def bytes(self) -> int:  # the codes, the raw vectors and the scan's copy of the codes
+        scan = ListScan.of(self.index.codes)
+        copy = 0 if scan is None else scan.codes.nbytes + scan.ids.nbytes
+        return int(faiss.serialize_index(self.index.codes).size) + self.index.raw.nbytes + copy
 
 
 class ServedGraphEngine(Engine):
@@ -318,7 +322,7 @@ def _engines(
     ]
     log(f"peers: ours ({factory}) rebuilt from the embeddings in {engines[0].build_seconds:.1f} s")
     nlist = nlist_of(ann) or max(1, int(4 * np.sqrt(len(vectors))))
-    rerank = f"IVF{nlist},PQ{vectors.shape[1] // 2}x4fs,RFlat"
+    rerank = f"IVF{nlist},SQ8,RFlat"
     makers: list[tuple[str, Callable[[], Engine]]] = [(f"faiss HNSW{HNSW_M}", lambda: _faiss_hnsw(vectors))]
     if not isinstance(ann, RerankedIndex):
         makers.append((f"ours: {rerank} (served)", lambda: ServedRerankEngine.built(vectors, nlist)))

@@ -369,7 +369,12 @@ def _write_index(
                 )
                 index = load_on_disk(tmp / INDEX_FILE)
                 if reranked:  # the raw vectors the build wrote beside the codes, mapped
-                    index = RerankedIndex(index, load_raw(tmp / RAW_FILE, index.ntotal, dim, mmap=True))
+                    index = RerankedIndex(
+                        index,
+                        load_raw(tmp / RAW_FILE, index.ntotal, dim, mmap=True),
+                        0,
+                        Rerank.for_factory(factory),
+                    )
                 built["built_on"] = "cpu"
             else:
                 vectors = feed(streams, store, exact)
@@ -517,7 +522,7 @@ def _trained_on_all(
     del mapped  # unmapped: the adds read the file in order, a chunk at a time
     index = build_index(raw_blocks(path, dim), dim, factory, train_sample=sample, gpu=gpu, report=report)
     if is_reranked(factory):
-        return RerankedIndex(index, load_raw(path, index.ntotal, dim), 0, Rerank())
+        return RerankedIndex(index, load_raw(path, index.ntotal, dim), 0, Rerank.for_factory(factory))
     path.unlink()
     return index
 

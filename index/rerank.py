@@ -1,10 +1,12 @@
-"""Exact re-ranking: the engine behind ``IVF<k>,PQ<m>x4fs,RFlat`` (issue 43).
+"""Exact re-ranking: the engine behind ``IVF<k>,PQ<m>x4fs,RFlat`` and ``IVF<k>,SQ8,RFlat`` (issue 43).
 
-An inverted file of 4-bit PQ codes scanned with SIMD (FAISS's "fast-scan", ``IndexIVFPQFastScan``)
-finds each query's best :meth:`Rerank.candidates` under the index's global ids, and those are scored
-again exactly against the raw float32 vectors kept beside it (``vectors.f32``, the row of id ``i`` at
-``i - first``); the best ``k`` are kept. The codes scan far faster than raw vectors and the re-ranking
-makes the scores and order exact among the candidates. On 1M demo-model embeddings, at the service's
+An inverted file of compact codes finds each query's best :meth:`Rerank.candidates` under the
+index's global ids: 4-bit PQ codes scanned by FAISS with SIMD ("fast-scan", ``IndexIVFPQFastScan``),
+or 8-bit scalar codes scanned by this project's compiled kernel (index/list_scan.py; FAISS's own scan
+where a filter is given). Those are scored again exactly against the raw float32 vectors kept beside
+it (``vectors.f32``, the row of id ``i`` at ``i - first``); the best ``k`` are kept. The codes scan
+far faster than raw vectors and the re-ranking makes the scores and order exact among the
+candidates. On 1M demo-model embeddings, at the service's
 depth of 1,000, it searched in 0.79x hnswlib's time, and the service's search stage took 0.61x that
 of the inverted file of raw vectors (docs/results/2026-11-27-rerank-served-1m.md).
 
@@ -30,6 +32,8 @@ from typing import Any
 import faiss
 import numpy as np
 
+from icr.index.list_scan import LazyListScan
+
 RAW_FILE = "vectors.f32"
 SUFFIX = ",RFlat"
 # Candidates re-ranked per neighbour asked for. At the service's depth (1,000): recall@1000 0.882 /
@@ -38,6 +42,10 @@ K_FACTOR = 4
 # ... and at least this many: a list of 10 from 4-bit codes needs ~128 per neighbour (recall@10 0.82
 # at 8 per neighbour, 0.987 at 128, nprobe 64).
 MIN_CANDIDATES = 1280
+# 8-bit codes (``SQ8``) order candidates almost as the raw vectors do: on the same embeddings the
+# best 1,000 codes re-ranked gave recall@1000 0.962 at nprobe 128 (1,280: 0.963), and 128 codes
+# recall@10 0.991 at nprobe 64, as 1,280 did (docs/results/2026-11-28-sq8-scan.md).
+SQ8_RERANK = (1, 128)
 
 
 def is_reranked(factory: str) -> bool:
@@ -56,6 +64,11 @@ class Rerank:
 
     k_factor: int = K_FACTOR
     min_candidates: int = MIN_CANDIDATES
+
+    @classmethod
+    def for_factory(cls, factory: str) -> Rerank:
+        """The defaults for the codes ``factory`` names: fewer candidates for 8-bit codes."""
+        return cls(*SQ8_RERANK) if ",SQ8" in factory else cls()
 
     def candidates(self, k: int) -> int:
         return max(k * self.k_factor, self.min_candidates)
@@ -81,6 +94,7 @@ class RerankedIndex:
             raise ValueError(f"raw vectors must be a C-contiguous (n, {codes.d}) float32 array")
         self.codes, self.raw, self.first = codes, raw, int(first)
         self.rerank = rerank or Rerank()
+        self._scan = LazyListScan(codes)
 
     @property
     def d(self) -> int:
@@ -93,7 +107,12 @@ class RerankedIndex:
     def search(self, x: np.ndarray, k: int, *, params: Any = None) -> tuple[np.ndarray, np.ndarray]:
         x = np.ascontiguousarray(x, dtype=np.float32)  # (Q, D)
         c = max(1, min(self.rerank.candidates(k), self.ntotal))
-        _, candidates = self.codes.search(x, c, params=params)  # (Q, c), -1 where fewer were found
+        scan = self._scan.get() if getattr(params, "sel", None) is None else None
+        if scan is not None:  # 8-bit codes and no filter: the compiled scan (index/list_scan.py)
+            nprobe = faiss.extract_index_ivf(self.codes).nprobe if params is None else params.nprobe
+            candidates = scan.candidates(x, c, nprobe)  # (Q, c), -1 where fewer were found
+        else:
+            _, candidates = self.codes.search(x, c, params=params)  # (Q, c), -1 where fewer were found
         scores = self._scores(x, candidates)  # (Q, c), -inf at the -1 padding
         out_s = np.full((len(x), k), -np.inf, np.float32)
         out_i = np.full((len(x), k), -1, np.int64)

@@ -49,26 +49,29 @@ GPU_CHOICES = ("auto", "on", "off")
 Searchable: TypeAlias = faiss.Index | RerankedIndex | GraphIndex
 
 _FACTORY = re.compile(
-    r"^(Flat|HNSW(?P<hnsw>\d+)|IVF(?P<nlist>\d+)(_HNSW(?P<coarse>\d+))?,(Flat|PQ(?P<pq>\d+)(?P<rerank>(x4fs)?,RFlat)?))$"
+    r"^(Flat|HNSW(?P<hnsw>\d+)|IVF(?P<nlist>\d+)(_HNSW(?P<coarse>\d+))?,(Flat|PQ(?P<pq>\d+)(?P<rerank>(x4fs)?,RFlat)?|(?P<sq>SQ8),RFlat))$"
 )
 
 
 # --- choosing and checking factories --------------------------------------------------------------
 def parse_factory(factory: str) -> dict[str, int | str]:
-    """{"kind": Flat|HNSW|IVF|Graph, "nlist", "m", "pq", "coarse_hnsw", "rerank"} of a supported
+    """{"kind": Flat|HNSW|IVF|Graph, "nlist", "m", "pq", "sq", "coarse_hnsw", "rerank"} of a supported
     factory string; ValueError otherwise. ``Graph<M>``: hnswlib's HNSW graph in cluster order
     (:mod:`index.graph`). ``IVF<k>_HNSW<m>,...`` is an inverted file whose coarse quantizer
     (the search for the nprobe nearest lists) is an HNSW graph over the k centroids instead of a scan.
     ``IVF<k>,PQ<m>x4fs,RFlat``: 4-bit PQ codes scanned with SIMD, re-ranked exactly from the raw
     vectors (:mod:`index.rerank`); ``IVF<k>,PQ<m>,RFlat``: 8-bit codes re-ranked the same way (the
-    on-disk form: FAISS keeps no fast-scan lists on disk)."""
+    on-disk form: FAISS keeps no fast-scan lists on disk); ``IVF<k>,SQ8,RFlat``: 8-bit scalar codes
+    (one byte per dimension) scanned by a compiled kernel (:mod:`index.list_scan`), re-ranked the
+    same way."""
     if is_graph(factory):
         return {"kind": "Graph", "m": graph_links(factory)}
     match = _FACTORY.match(factory)
     if not match:
         raise ValueError(
             f"unsupported index factory {factory!r}; use auto, Flat, HNSW32, IVF<k>,Flat, IVF<k>,PQ<m>, "
-            "IVF<k>,PQ<m>,RFlat, IVF<k>,PQ<m>x4fs,RFlat, IVF<k>_HNSW32,Flat or Graph<M> (e.g. IVF4000,Flat, "
+            "IVF<k>,PQ<m>,RFlat, IVF<k>,PQ<m>x4fs,RFlat, IVF<k>,SQ8,RFlat, IVF<k>_HNSW32,Flat or Graph<M> "
+            "(e.g. IVF4000,Flat, "
             "IVF4000,PQ32, IVF4000,PQ64x4fs,RFlat or Graph16)"
         )
     if factory == "Flat":
@@ -80,7 +83,9 @@ def parse_factory(factory: str) -> dict[str, int | str]:
         parsed["pq"] = int(match["pq"])
     if match["coarse"]:
         parsed["coarse_hnsw"] = int(match["coarse"])
-    if match["rerank"]:
+    if match["sq"]:
+        parsed["sq"] = 8
+    if match["rerank"] or match["sq"]:
         parsed["rerank"] = 1
     return parsed
 

@@ -59,6 +59,7 @@ def naive_recall(found: np.ndarray, base: np.ndarray, queries: np.ndarray, k: in
 def test_factory_strings():
     assert parse_factory("IVF64_HNSW32,Flat") == {"kind": "IVF", "nlist": 64, "coarse_hnsw": 32}
     assert parse_factory("IVF64,PQ8x4fs,RFlat") == {"kind": "IVF", "nlist": 64, "pq": 8, "rerank": 1}
+    assert parse_factory("IVF64,SQ8,RFlat") == {"kind": "IVF", "nlist": 64, "sq": 8, "rerank": 1}
     with pytest.raises(ValueError, match="IVF<k>,PQ<m>x4fs,RFlat"):
         parse_factory("IVF64,PQ8x4fs")  # fast-scan codes alone: never served without re-ranking
     assert coarse_hnsw_factory("IVF4000,PQ16") == "IVF4000_HNSW32,PQ16"
@@ -122,7 +123,7 @@ def test_the_choice_keeps_the_fastest_trial_meeting_the_targets(base, queries, s
     )
 
     names = [t.factory for t in choice.trials]
-    reranked = f"IVF{NLIST},PQ{DIM // 2}x4fs,RFlat"
+    reranked = f"IVF{NLIST},SQ8,RFlat"
     assert names == [factory, f"IVF{NLIST}_HNSW32,Flat", "HNSW32", reranked]
     assert choice.trials[0].meets_targets  # the scan always gets there (nprobe up to nlist)
     # a later candidate replaces an earlier one only when it meets the targets and is faster beyond the noise

@@ -112,7 +112,7 @@ def test_ids_are_offset_by_the_first_row_and_raw_rows_are_read_back(codes, vecto
         index.read(np.array([lo - 1]))
 
 
-@pytest.mark.parametrize("factory", ["IVF4,PQ4x4fs,RFlat", "IVF4,Flat"])
+@pytest.mark.parametrize("factory", ["IVF4,PQ4x4fs,RFlat", "IVF4,SQ8,RFlat", "IVF4,Flat"])
 def test_a_stream_in_order_trains_on_all_of_it(tmp_path: Path, factory: str) -> None:
     """A collection that streams one corner first (a photo folder in path order): the build's
     inverted files train on a random sample of everything streamed, so a part that comes after the
@@ -145,21 +145,23 @@ def test_a_stream_in_order_trains_on_all_of_it(tmp_path: Path, factory: str) -> 
     np.testing.assert_array_equal(found[:, 0], np.arange(len(stream) - 5, len(stream)))
 
 
+@pytest.mark.parametrize(
+    "factory, rerank", [("IVF2,PQ16x4fs,RFlat", (4, 1280)), ("IVF2,SQ8,RFlat", (1, 128))]
+)
 def test_a_built_folder_keeps_the_raw_vectors_and_is_served_exactly(
-    tiny_benchmark: Path, tiny_checkpoint: Path, tmp_path: Path
+    tiny_benchmark: Path, tiny_checkpoint: Path, tmp_path: Path, factory: str, rerank: tuple[int, int]
 ) -> None:
-    """``icr index build --factory IVF2,PQ16x4fs,RFlat``: the raw vectors are the exact index's
-    vectors, recorded with their hash; loaded, the folder searches as the exact one (2 lists, all
-    probed, every vector a candidate); a changed raw file is refused by name."""
+    """``icr index build --factory IVF2,PQ16x4fs,RFlat`` (or ``IVF2,SQ8,RFlat``, scanned by the
+    compiled kernel): the raw vectors are the exact index's vectors, recorded with their hash;
+    loaded, the folder searches as the exact one (2 lists, all probed, every vector a candidate); a
+    changed raw file is refused by name."""
     from icr.index.build import build_image_index
     from icr.index.index_folder import load_index_dir
 
     kw = {"distractors": 50, "progress": False, "gpu": "off", "batch_size": 16}
     build_image_index(tiny_checkpoint, tiny_benchmark, out=tmp_path / "exact", factory="Flat", **kw)
-    manifest = build_image_index(
-        tiny_checkpoint, tiny_benchmark, out=tmp_path / "rr", factory="IVF2,PQ16x4fs,RFlat", **kw
-    )
-    assert manifest.rerank == {"file": RAW_FILE, "k_factor": 4, "min_candidates": 1280}
+    manifest = build_image_index(tiny_checkpoint, tiny_benchmark, out=tmp_path / "rr", factory=factory, **kw)
+    assert manifest.rerank == {"file": RAW_FILE, "k_factor": rerank[0], "min_candidates": rerank[1]}
     assert RAW_FILE in manifest.files and manifest.recall_check["nprobe"] >= 1
     exact, _, store = load_index_dir(tmp_path / "exact")
     store.close()
