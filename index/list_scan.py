@@ -69,7 +69,7 @@ class ListScan:
     scan. Make it with :meth:`of`, which says None for any other index."""
 
     def __init__(self, ivf: Any):
-        lists = faiss.downcast_InvertedLists(ivf.invlists)  # type: ignore[attr-defined]
+        lists = faiss.downcast_InvertedLists(ivf.invlists)
         d, nlist = int(ivf.d), int(ivf.nlist)
         sizes = np.array([lists.list_size(i) for i in range(nlist)], np.int64)
         self.starts = np.zeros(nlist + 1, np.int64)  # (nlist + 1,) list i: rows starts[i]..starts[i + 1]
@@ -102,7 +102,9 @@ class ListScan:
             return None
         if ivf.sq.qtype != faiss.ScalarQuantizer.QT_8bit or ivf.sq.trained.size() != 2 * ivf.d:
             return None
-        if not isinstance(faiss.downcast_InvertedLists(ivf.invlists), faiss.ArrayInvertedLists):  # type: ignore[attr-defined]
+        if ivf.invlists is None or not isinstance(
+            faiss.downcast_InvertedLists(ivf.invlists), faiss.ArrayInvertedLists
+        ):
             return None
         try:
             return cls(ivf)

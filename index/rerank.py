@@ -6,9 +6,9 @@ or 8-bit scalar codes scanned by this project's compiled kernel (index/list_scan
 where a filter is given). Those are scored again exactly against the raw float32 vectors kept beside
 it (``vectors.f32``, the row of id ``i`` at ``i - first``); the best ``k`` are kept. The codes scan
 far faster than raw vectors and the re-ranking makes the scores and order exact among the
-candidates. On 1M demo-model embeddings, at the service's
-depth of 1,000, it searched in 0.79x hnswlib's time, and the service's search stage took 0.61x that
-of the inverted file of raw vectors (docs/results/2026-11-27-rerank-served-1m.md).
+candidates. On 1M demo-model embeddings, at the service's depth of 1,000, the 4-bit codes searched
+in 0.79x hnswlib's time (docs/results/2026-11-27-rerank-served-1m.md) and the 8-bit codes in 0.44x
+(docs/results/2026-11-28-sq8-scan.md).
 
 FAISS's own re-ranking index (``IndexRefineFlat``) cannot serve here: it numbers its vectors 0..N-1,
 cannot remove ids, and under an id map a selector picks the wrong vectors. Here the inverted file
@@ -44,7 +44,7 @@ K_FACTOR = 4
 MIN_CANDIDATES = 1280
 # 8-bit codes (``SQ8``) order candidates almost as the raw vectors do: on the same embeddings the
 # best 1,000 codes re-ranked gave recall@1000 0.962 at nprobe 128 (1,280: 0.963), and 128 codes
-# recall@10 0.991 at nprobe 64, as 1,280 did (docs/results/2026-11-28-sq8-scan.md).
+# recall@10 0.991 at nprobe 64, as 64 and 256 did (docs/results/2026-11-28-sq8-scan.md).
 SQ8_RERANK = (1, 128)
 
 
