@@ -217,7 +217,7 @@ def test_auto_measures_the_ann_candidates_at_the_service_depth(data, checkpoint,
         f"IVF{nlist},Flat",
         f"IVF{nlist}_HNSW32,Flat",
         "HNSW32",
-        f"IVF{nlist},PQ16x4fs,RFlat",
+        f"IVF{nlist},SQ8,RFlat",
     ]
     winner = trials[0]  # replaced only by a candidate meeting the targets and faster beyond the noise
     for t in trials[1:]:
