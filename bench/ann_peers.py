@@ -39,7 +39,6 @@ import numpy as np
 from bench.floors import cores
 from bench.stats import latency
 from icr.index.graph import GraphIndex, build_graph
-from icr.index.list_scan import ListScan
 from icr.index.rerank import Rerank, RerankedIndex
 from icr.index.vector_index import (
     ExactTopK,
@@ -169,7 +168,7 @@ class ServedRerankEngine(FaissEngine):
         return search(self.index, query[None], k)[1][0]
 
     def bytes(self) -> int:  # the codes, the raw vectors and the scan's copy of the codes
-        scan = ListScan.of(self.index.codes)
+        scan = self.index.list_scan.get()  # the one the searches made
         copy = 0 if scan is None else scan.codes.nbytes + scan.ids.nbytes
         return int(faiss.serialize_index(self.index.codes).size) + self.index.raw.nbytes + copy
 

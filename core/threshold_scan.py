@@ -31,8 +31,8 @@ import numpy as np
 from numba import njit, prange
 
 # reassociation lets the compiler vectorise the dot products' sums; no "fast" NaN / inf assumptions,
-# which would break the comparisons with -inf / +inf cuts
-_MATH = {"reassoc", "contract", "nsz"}
+# which would break the comparisons with -inf / +inf cuts (index/list_scan.py compiles with them too)
+SAFE_FAST_MATH = {"reassoc", "contract", "nsz"}
 _GROUP = 16  # queries scored together: 8 KiB at D = 128, held in L1
 _ROWS = 256  # gallery rows per run: 128 KiB at D = 128, in L2 with their scores
 # numba's thread pool may be its own "workqueue", which two threads must not enter at once: searches
@@ -124,7 +124,7 @@ class ThresholdScan:
         return out.taken()
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=_MATH, boundscheck=False, error_model="numpy")
+@njit(cache=True, nogil=True, parallel=True, fastmath=SAFE_FAST_MATH, boundscheck=False, error_model="numpy")
 def _fused(
     x: np.ndarray,
     q: np.ndarray,

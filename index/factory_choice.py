@@ -364,8 +364,9 @@ def _rerank_trial(
     spec = parse_factory(ivf_factory)
     factory = f"IVF{spec['nlist']},SQ8,RFlat"
     if "pq" in spec:
-        why = "the raw vectors it re-ranks from exceed the memory budget"
-        return None, Trial(factory, {}, n, note=f"not built: {why}")
+        return None, Trial(
+            factory, {}, n, note="not built: the raw vectors it re-ranks from exceed the memory budget"
+        )
     # the inverted file's vectors, their copy, the codes in FAISS's lists and in the scan's copy
     need = 2 * n * dim * 4 + 2 * n * dim
     if need > memory_budget_bytes:

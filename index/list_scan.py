@@ -30,11 +30,10 @@ import numpy as np
 from faiss.contrib.inspect_tools import get_invlist
 from numba import njit
 
-# reassociation lets the compiler vectorise the sums; no NaN / inf assumptions (as core/threshold_scan)
-_MATH = {"reassoc", "contract", "nsz"}
+from icr.core.threshold_scan import SAFE_FAST_MATH
 
 
-@njit(cache=True, nogil=True, fastmath=_MATH, boundscheck=False)
+@njit(cache=True, nogil=True, fastmath=SAFE_FAST_MATH, boundscheck=False)
 def _centroid_scores(query, centroids, out):  # type: ignore[no-untyped-def]  # pragma: no cover
     """``out`` (nlist,) = ``centroids`` (nlist, D) . ``query`` (D,), on this thread (numpy's BLAS
     would take every core for one query)."""
@@ -45,7 +44,7 @@ def _centroid_scores(query, centroids, out):  # type: ignore[no-untyped-def]  # 
         out[i] = s
 
 
-@njit(cache=True, nogil=True, fastmath=_MATH, boundscheck=False)
+@njit(cache=True, nogil=True, fastmath=SAFE_FAST_MATH, boundscheck=False)
 def _scan(codes, ids, starts, lists, bias, weights, scores, found):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Scores every code of the lists ``lists`` (list l: rows ``starts[l]`` to ``starts[l + 1]`` of
     ``codes``) as ``bias[l] + weights . code`` into ``scores`` and its id into ``found``, in scan
@@ -121,10 +120,10 @@ class ListScan:
         near = np.empty(len(self.centroids), np.float32)  # (nlist,)
         scores, found = np.empty(longest, np.float32), np.empty(longest, np.int64)
         out = np.full((len(x), c), -1, np.int64)  # (Q, c)
+        bias = near if self.by_residual else np.zeros_like(near)  # near: refilled for each query
         for q, query in enumerate(x):
             _centroid_scores(query, self.centroids, near)
             lists = np.argpartition(near, len(near) - nprobe)[len(near) - nprobe :]  # (nprobe,)
-            bias = near if self.by_residual else np.zeros_like(near)
             n = _scan(self.codes, self.ids, self.starts, lists, bias, query * self.step, scores, found)
             best = found[np.argpartition(scores[:n], n - c)[n - c :]] if n > c else found[:n]
             out[q, : len(best)] = best

@@ -94,7 +94,7 @@ class RerankedIndex:
             raise ValueError(f"raw vectors must be a C-contiguous (n, {codes.d}) float32 array")
         self.codes, self.raw, self.first = codes, raw, int(first)
         self.rerank = rerank or Rerank()
-        self._scan = LazyListScan(codes)
+        self.list_scan = LazyListScan(codes)  # the candidate stage of 8-bit codes
 
     @property
     def d(self) -> int:
@@ -107,7 +107,7 @@ class RerankedIndex:
     def search(self, x: np.ndarray, k: int, *, params: Any = None) -> tuple[np.ndarray, np.ndarray]:
         x = np.ascontiguousarray(x, dtype=np.float32)  # (Q, D)
         c = max(1, min(self.rerank.candidates(k), self.ntotal))
-        scan = self._scan.get() if getattr(params, "sel", None) is None else None
+        scan = self.list_scan.get() if getattr(params, "sel", None) is None else None
         if scan is not None:  # 8-bit codes and no filter: the compiled scan (index/list_scan.py)
             nprobe = faiss.extract_index_ivf(self.codes).nprobe if params is None else params.nprobe
             candidates = scan.candidates(x, c, nprobe)  # (Q, c), -1 where fewer were found
