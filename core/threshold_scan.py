@@ -8,12 +8,11 @@ best so far; after the first blocks almost nothing passes. Two kernels do that c
   temporaries (a bool mask, its rows' ``any``, ``nonzero`` and a gather): 1.03 ms per 65,536 x 16
   block against 0.37 ms here (2-core AMD EPYC, 2026-11-28).
 * :class:`FusedScan`: the scores of fp32 gallery rows against the queries and their comparison in
-  one pass, so no (b, Q) block is ever written or read back. Two rows x four queries are scored at a
-  time (eight running sums the compiler keeps in vector registers), queries in groups of 16 that
-  stay in L1 while a run of 256 rows streams from L2, in parallel over every numba thread. On the
-  2-core AMD EPYC host, paired against torch's MKL matmul plus the torch comparison on 1M x 128 demo
-  vectors (docs/results/2026-11-28-exact-fused.md): 16 queries 62.1 against 101.7 ms, 64 queries
-  218.5 against 269.1 ms, at k = 10.
+  one pass, so no (b, Q) block is ever written or read back. Rows are scored in register tiles of
+  4 or 6 rows x 16 queries (:mod:`icr.core.score_tiles`), each tile's scores compared while they are
+  in L1, in parallel over every numba thread. On the 2-core AMD EPYC host, paired against the
+  previous compiled pass on 1M x 128 demo vectors (docs/results/2026-11-28-exact-tiles.md): 16
+  queries 30.5 against 39.4 ms, 64 queries 112.5 against 147.6 ms, at k = 10.
 
 In both, a row's comparisons are or-ed without branches (the compiler vectorises them) and only a
 row where something passed is read again, to write its (row, column, score) triples.
@@ -30,11 +29,9 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-# reassociation lets the compiler vectorise the dot products' sums; no "fast" NaN / inf assumptions,
-# which would break the comparisons with -inf / +inf cuts (index/list_scan.py compiles with them too)
-SAFE_FAST_MATH = {"reassoc", "contract", "nsz"}
-_GROUP = 16  # queries scored together: 8 KiB at D = 128, held in L1
-_ROWS = 256  # gallery rows per run: 128 KiB at D = 128, in L2 with their scores
+from icr.core.score_tiles import GROUP, prefetch_rows, score_row, score_tile4, score_tile6
+
+_AHEAD = 64  # rows a fused pass asks for ahead of the tile it scores (32 KiB at D = 128)
 # numba's thread pool may be its own "workqueue", which two threads must not enter at once: searches
 # from several threads take turns (each uses every core anyway)
 _POOL = threading.Lock()
@@ -124,10 +121,10 @@ class ThresholdScan:
         return out.taken()
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=SAFE_FAST_MATH, boundscheck=False, error_model="numpy")
+@njit(cache=True, nogil=True, parallel=True, boundscheck=False)
 def _fused(
     x: np.ndarray,
-    q: np.ndarray,
+    qt: np.ndarray,
     cut: np.ndarray,
     out: np.ndarray,
     rows: np.ndarray,
@@ -136,61 +133,61 @@ def _fused(
     counts: np.ndarray,
     write: bool,
 ) -> None:  # pragma: no cover - compiled; exercised through FusedScan
-    """Scores of x (n, D) against q (W, D), W a multiple of 4. ``write``: every score into ``out``
-    (n, W); else the (row, column, score) triples reaching ``cut`` (W,) into part p's slice of
-    ``rows`` / ``cols`` / ``scores``, and their number (which may exceed the slice) into counts[p]."""
-    n, d = x.shape
-    width = q.shape[0]
+    """Scores of x (n, D) against the queries qt (D, W), W a multiple of 16. ``write``: every
+    score of the first ``out.shape[1]`` queries into ``out`` (n, <= W); else the (row, column,
+    score) triples reaching ``cut`` (W,) into part p's slice of ``rows`` / ``cols`` / ``scores``,
+    and their number (which may exceed the slice) into counts[p]."""
+    n = x.shape[0]
+    width = qt.shape[1]
+    kept = out.shape[1]
     parts = len(counts)
     room = len(rows) // parts
     per = (n + parts - 1) // parts
     for p in prange(parts):
         lo, hi = p * per, min(n, (p + 1) * per)
         at, end = p * room, (p + 1) * room
-        tile = np.empty((_ROWS, width), np.float32)  # a run of rows' scores, kept in L2
-        for r0 in range(lo, hi, _ROWS):
-            r1 = min(hi, r0 + _ROWS)
-            # queries in groups of 16 (8 KiB at D = 128): a group stays in L1 while the run's rows
-            # stream past from L2; all 64 of a batch (32 KiB) would crowd L1 out
-            for g in range(0, width, _GROUP):
-                for i in range(r0, r1, 2):
-                    i1 = min(i + 1, r1 - 1)  # an odd last row is scored twice, kept once
-                    xa, xb = x[i], x[i1]
-                    for j in range(g, min(width, g + _GROUP), 4):
-                        q0, q1, q2, q3 = q[j], q[j + 1], q[j + 2], q[j + 3]
-                        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
-                        for c in range(d):
-                            u, v = xa[c], xb[c]
-                            a0 += u * q0[c]
-                            a1 += u * q1[c]
-                            a2 += u * q2[c]
-                            a3 += u * q3[c]
-                            b0 += v * q0[c]
-                            b1 += v * q1[c]
-                            b2 += v * q2[c]
-                            b3 += v * q3[c]
-                        t, t1 = i - r0, i1 - r0
-                        tile[t, j], tile[t, j + 1], tile[t, j + 2], tile[t, j + 3] = a0, a1, a2, a3
-                        tile[t1, j], tile[t1, j + 1], tile[t1, j + 2], tile[t1, j + 3] = b0, b1, b2, b3
-            for i in range(r0, r1):
+        # 6 rows a tile when there are several groups of queries (the most flops per load), 4 when one
+        # group must keep up with memory: each was the faster for 64 / 16 queries (2-core AMD EPYC)
+        step = 6 if width > GROUP else 4
+        tile = np.empty((step, width), np.float32)  # (step, W) one tile's scores, in L1
+        for i in range(lo, hi, step):
+            m = min(step, hi - i)
+            if m == step:
+                # a batch of 16 reads each row once, for few flops: without the hint it waited on memory
+                prefetch_rows(x, min(i + _AHEAD, n - step), step)
+                for g in range(0, width, GROUP):
+                    if step == 6:
+                        score_tile6(x, i, qt, g, tile, 0)
+                    else:
+                        score_tile4(x, i, qt, g, tile, 0)
+            else:  # the part's last rows
+                for r in range(m):
+                    for g in range(0, width, GROUP):
+                        score_row(x, i + r, qt, g, tile, r)
+            for r in range(m):
                 if write:
-                    out[i] = tile[i - r0]
+                    out[i + r] = tile[r, :kept]
                 else:
-                    at = _emit_row(tile[i - r0], cut, i, rows, cols, scores, at, end)
+                    at = _emit_row(tile[r], cut, i + r, rows, cols, scores, at, end)
         counts[p] = at - p * room
 
 
 class FusedScan:
-    """Exact fp32 scores of gallery blocks against fixed queries (Q, D), Q a multiple of 4, and the
-    entries reaching a cut, found while scoring: nothing of size (b, Q) is written but the triples.
-    Uses every numba thread; output buffers are reused and grown as needed."""
+    """Exact fp32 scores of gallery blocks against fixed queries (Q, D), and the entries reaching a
+    cut, found while scoring: nothing of size (b, Q) is written but the triples. Uses every numba
+    thread; output buffers are reused and grown as needed."""
 
     def __init__(self, queries: np.ndarray, capacity: int = 4096):
-        if queries.ndim != 2 or len(queries) % 4:
-            raise ValueError(f"need (Q, D) queries with Q a multiple of 4, got {queries.shape}")
+        if queries.ndim != 2 or len(queries) == 0:
+            raise ValueError(f"need (Q, D) queries with Q >= 1, got {queries.shape}")
         self.queries = np.ascontiguousarray(queries, dtype=np.float32)  # (Q, D)
+        # the tiles read the queries transposed, zero columns up to a multiple of 16
+        width = -(-len(queries) // GROUP) * GROUP
+        self._qt = np.zeros((queries.shape[1], width), np.float32)  # (D, W)
+        self._qt[:, : len(queries)] = self.queries.T
+        self._cut = np.full(width, np.inf, np.float32)  # (W,) the padding columns pass nothing
         self._out = _Triples(numba.get_num_threads(), capacity)  # one part per thread
-        self._none = np.empty((0, len(queries)), np.float32)
+        self._none = np.empty((0, 0), np.float32)
 
     def scores(self, block: np.ndarray, out: np.ndarray) -> np.ndarray:
         """(b, Q) every score of ``block`` (b, D) float32, written into ``out`` (>= b rows)."""
@@ -199,22 +196,23 @@ class FusedScan:
                 f"need a ({len(block)}, {len(self.queries)}) float32 output, got {out.dtype} {out.shape}"
             )
         out = out[: len(block)]
-        self._run(block, self.queries[0], out, True)
+        self._run(block, out, True)
         return out
 
-    def _run(self, block: np.ndarray, cut: np.ndarray, out: np.ndarray, write: bool) -> None:
+    def _run(self, block: np.ndarray, out: np.ndarray, write: bool) -> None:
         block = np.ascontiguousarray(block, dtype=np.float32)  # (b, D) no copy for a gallery's rows
         t = self._out
         with _POOL:
-            _fused(block, self.queries, cut, out, t.rows, t.cols, t.scores, t.counts, write)
+            _fused(block, self._qt, self._cut, out, t.rows, t.cols, t.scores, t.counts, write)
 
     def reaching(self, block: np.ndarray, cut: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, cols, scores) of the entries of ``block`` @ queries.T with ``score >= cut[col]``
         (``cut`` (Q,) float32; +inf passes nothing), rows ascending within each column's hits."""
-        cut = np.ascontiguousarray(cut, dtype=np.float32)
-        if cut.shape != (len(self.queries),) or block.ndim != 2 or block.shape[1] != self.queries.shape[1]:
+        width, dim = self.queries.shape
+        if np.shape(cut) != (width,) or block.ndim != 2 or block.shape[1] != dim:
             raise ValueError(f"need a (b, {self.queries.shape[1]}) block and a ({len(self.queries)},) cut")
-        self._run(block, cut, self._none, False)
+        self._cut[: len(self.queries)] = cut
+        self._run(block, self._none, False)
         if self._out.grown():  # rare: a cut still far below the k-th best
-            self._run(block, cut, self._none, False)
+            self._run(block, self._none, False)
         return self._out.taken()

@@ -30,7 +30,8 @@ import numpy as np
 from faiss.contrib.inspect_tools import get_invlist
 from numba import njit
 
-from icr.core.threshold_scan import SAFE_FAST_MATH
+# reassociation lets the compiler vectorise the sums; NaN and inf keep their IEEE meaning
+SAFE_FAST_MATH = {"reassoc", "contract", "nsz"}
 
 
 @njit(cache=True, nogil=True, fastmath=SAFE_FAST_MATH, boundscheck=False)

@@ -55,15 +55,15 @@ def test_threshold_scan_refuses_mismatched_shapes():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    n=st.integers(1, 700),  # past one run of 256 rows, odd and even
-    groups=st.integers(1, 10),  # Q = 4 .. 40: past one group of 16 queries
+    n=st.integers(1, 700),  # tiles of 4 rows and the rows left over
+    width=st.integers(1, 40),  # past one group of 16 queries, padded or not
     d=st.integers(1, 40),
     seed=st.integers(0, 2**16),
 )
-def test_fused_scores_match_a_float64_product(n, groups, d, seed):
+def test_fused_scores_match_a_float64_product(n, width, d, seed):
     rng = np.random.default_rng(seed)
     x = rng.integers(-4, 5, size=(n, d)).astype(np.float32)  # integer sums: exact in fp32
-    q = rng.integers(-4, 5, size=(4 * groups, d)).astype(np.float32)
+    q = rng.integers(-4, 5, size=(width, d)).astype(np.float32)
     out = np.full((n + 3, len(q)), np.nan, np.float32)
     got = FusedScan(q).scores(x, out)
     np.testing.assert_array_equal(got, (x.astype(np.float64) @ q.T.astype(np.float64)).astype(np.float32))
@@ -73,17 +73,17 @@ def test_fused_scores_match_a_float64_product(n, groups, d, seed):
 @settings(max_examples=60, deadline=None)
 @given(
     n=st.integers(1, 700),
-    groups=st.integers(1, 6),
+    width=st.integers(1, 24),
     capacity=st.integers(1, 40),
     threads=st.sampled_from([1, 2]),
     seed=st.integers(0, 2**16),
 )
-def test_fused_reaching_matches_a_loop(n, groups, capacity, threads, seed):
+def test_fused_reaching_matches_a_loop(n, width, capacity, threads, seed):
     """The same triples as scoring everything and comparing in a loop, in any number of parts (one per
     numba thread), each part's buffer grown when it overflows."""
     rng = np.random.default_rng(seed)
     x = rng.integers(-2, 3, size=(n, 6)).astype(np.float32)
-    q = rng.integers(-2, 3, size=(4 * groups, 6)).astype(np.float32)
+    q = rng.integers(-2, 3, size=(width, 6)).astype(np.float32)
     cut = rng.integers(-4, 5, size=len(q)).astype(np.float32)  # integers: ties at the cut
     cut[rng.random(len(q)) < 0.15] = np.inf
     before = numba.get_num_threads()
@@ -99,8 +99,8 @@ def test_fused_reaching_matches_a_loop(n, groups, capacity, threads, seed):
 
 
 def test_fused_scan_refuses_what_it_cannot_score():
-    with pytest.raises(ValueError, match="multiple of 4"):
-        FusedScan(np.zeros((6, 8), np.float32))
+    with pytest.raises(ValueError, match="Q >= 1"):
+        FusedScan(np.zeros((0, 8), np.float32))
     scan = FusedScan(np.zeros((8, 4), np.float32))
     with pytest.raises(ValueError, match="cut"):
         scan.reaching(np.zeros((5, 4), np.float32), np.zeros(7, np.float32))

@@ -1,0 +1,148 @@
+"""Register-blocked fp32 score tiles for numba kernels, written as LLVM vector code.
+
+Scoring gallery rows against a batch of queries is a skinny matrix product. Written as plain numba
+loops it either vectorised each dot product over the dimensions (a horizontal sum per (row, query)
+pair: 70-75 GFLOP/s on the 2-core AMD EPYC host, half of a large sgemm's 152) or, vectorised across
+queries, spilled its accumulators to the stack (3-36 GFLOP/s, with numba's SLP vectoriser on or
+off). The compiler had to be told the register blocking, so these intrinsics emit it directly:
+
+* a tile is ``ROWS`` gallery rows x ``GROUP`` (16) queries, held in ``2 ROWS`` accumulators of 8
+  lanes (AVX2's ymm registers; LLVM splits or joins them on other targets);
+* the queries are read transposed, ``qt`` (D, W): per dimension, two 8-query vectors are loaded and
+  each row's value is broadcast and multiplied into them (``llvm.fmuladd``: one fused multiply-add
+  where the CPU has one);
+* each score is a sum in dimension order: no horizontal sums, no shuffles.
+
+The same product with 4 rows per tile ran at 125-144 GFLOP/s for 64 queries on that host
+(docs/results/2026-11-28-exact-tiles.md). A batch of 16 reads each row once for few flops and was
+bound by memory latency, so :func:`prefetch_rows` asks for rows some way ahead.
+
+numba caches the kernels that use these by their own file's time stamp only: after editing this
+file, delete the ``*.nbi`` / ``*.nbc`` files in ``core/__pycache__`` (a fresh install has none).
+
+Every array must be float32 and C-contiguous, ``qt``'s width a multiple of 16, and the indices in
+range: nothing is checked inside (the callers in :mod:`icr.core.threshold_scan` do).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+GROUP = 16  # queries of a tile: two 8-lane vectors
+LANES = 8
+_F32 = ir.FloatType()
+_VEC = ir.VectorType(_F32, LANES)
+_I32 = ir.IntType(32)
+_I8P = ir.IntType(8).as_pointer()
+
+
+def _is_matrix(ty: Any) -> bool:
+    return isinstance(ty, types.Array) and ty.dtype == types.float32 and ty.ndim == 2 and ty.layout == "C"
+
+
+def _index(context: Any, builder: ir.IRBuilder, value: ir.Value, ty: Any) -> ir.Value:
+    return context.cast(builder, value, ty, types.intp)
+
+
+def _vector_at(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.Value:
+    """The 8 floats at ``base + offset`` as a pointer to one vector (no alignment assumed)."""
+    return builder.bitcast(builder.gep(base, [offset]), _VEC.as_pointer())
+
+
+def _tile_intrinsic(rows: int) -> Any:
+    """An intrinsic ``tile(x, i, qt, g, out, t)``: ``out[t + r, g : g + 16] = x[i + r] @ qt[:, g :
+    g + 16]`` for r < ``rows``; x (N, D), qt (D, W), out (T, W), all float32 C-contiguous."""
+
+    @intrinsic
+    def tile(_typingctx: Any, x: Any, i: Any, qt: Any, g: Any, out: Any, t: Any) -> Any:
+        if not (_is_matrix(x) and _is_matrix(qt) and _is_matrix(out)):
+            return None
+        if not all(isinstance(v, types.Integer) for v in (i, g, t)):
+            return None
+        sig = types.void(x, i, qt, g, out, t)
+
+        def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+            xt, it, qtt, gt, ot, tt = signature.args
+            xa = context.make_array(xt)(context, builder, args[0])
+            qa = context.make_array(qtt)(context, builder, args[2])
+            oa = context.make_array(ot)(context, builder, args[4])
+            row0 = _index(context, builder, args[1], it)
+            col0 = _index(context, builder, args[3], gt)
+            out0 = _index(context, builder, args[5], tt)
+            dim = builder.extract_value(xa.shape, 1)
+            width = builder.extract_value(qa.shape, 1)
+            out_width = builder.extract_value(oa.shape, 1)
+            eight = ir.Constant(col0.type, LANES)
+            fmuladd = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_VEC, [_VEC] * 3), "llvm.fmuladd.v8f32"
+            )
+            splat = ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES)
+            # accumulators as stack slots: LLVM's mem2reg keeps them in registers
+            zero = ir.Constant(_VEC, [0.0] * LANES)
+            acc = [cgutils.alloca_once_value(builder, zero) for _ in range(2 * rows)]
+            starts = [
+                builder.mul(builder.add(row0, ir.Constant(row0.type, r)), dim) for r in range(rows)
+            ]  # x's flat offset of each row
+            with cgutils.for_range(builder, dim) as loop:
+                c = loop.index
+                at = builder.add(builder.mul(c, width), col0)  # qt[c, g]
+                halves = [
+                    builder.load(_vector_at(builder, qa.data, at), align=4),
+                    builder.load(_vector_at(builder, qa.data, builder.add(at, eight)), align=4),
+                ]
+                for r in range(rows):
+                    value = builder.load(builder.gep(xa.data, [builder.add(starts[r], c)]), align=4)
+                    lane = builder.insert_element(ir.Constant(_VEC, None), value, ir.Constant(_I32, 0))
+                    broadcast = builder.shuffle_vector(lane, ir.Constant(_VEC, None), splat)
+                    for h, half in enumerate(halves):
+                        slot = acc[2 * r + h]
+                        builder.store(builder.call(fmuladd, [broadcast, half, builder.load(slot)]), slot)
+            for r in range(rows):
+                at = builder.add(builder.mul(builder.add(out0, ir.Constant(out0.type, r)), out_width), col0)
+                for h, offset in enumerate((at, builder.add(at, eight))):
+                    builder.store(builder.load(acc[2 * r + h]), _vector_at(builder, oa.data, offset), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+# 4 rows: 8 accumulators + 2 query vectors + 1 broadcast of AVX2's 16 registers; 6 rows: 12 + 2 + 1
+score_tile4 = _tile_intrinsic(4)
+score_tile6 = _tile_intrinsic(6)
+score_row = _tile_intrinsic(1)
+
+
+def _prefetch_rows(_typingctx: Any, x: Any, i: Any, count: Any) -> Any:
+    """Asks the CPU to start loading rows ``i .. i + count`` of ``x`` (N, D) float32 (a hint: no
+    fault, no result)."""
+    if not (_is_matrix(x) and isinstance(i, types.Integer) and isinstance(count, types.Integer)):
+        return None
+    sig = types.void(x, i, count)
+
+    def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
+        xa = context.make_array(signature.args[0])(context, builder, args[0])
+        row0 = _index(context, builder, args[1], signature.args[1])
+        dim = builder.extract_value(xa.shape, 1)
+        start = builder.mul(row0, dim)
+        count = builder.mul(dim, _index(context, builder, args[2], signature.args[2]))
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32]), "llvm.prefetch.p0i8"
+        )
+        read, keep_everywhere, data = (ir.Constant(_I32, v) for v in (0, 3, 1))
+        line = ir.Constant(count.type, 16)  # one hint per 64-byte line of floats
+        with cgutils.for_range_slice(builder, ir.Constant(count.type, 0), count, line) as (offset, _):
+            pointer = builder.bitcast(builder.gep(xa.data, [builder.add(start, offset)]), _I8P)
+            builder.call(prefetch, [pointer, read, keep_everywhere, data])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+prefetch_rows: Any = intrinsic(_prefetch_rows)
