@@ -166,7 +166,8 @@ def _fused(
                         score_row(x, i + r, qt, g, tile, r)
             for r in range(m):
                 if write:
-                    out[i + r] = tile[r, :kept]
+                    for j in range(kept):  # a slice assignment per row cost a third of the pass
+                        out[i + r, j] = tile[r, j]
                 else:
                     at = _emit_row(tile[r], cut, i + r, rows, cols, scores, at, end)
         counts[p] = at - p * room

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import faiss
+import numba
 import numpy as np
 import torch
 
@@ -105,7 +106,10 @@ class ExactKernel:
         k-th bests in one compiled pass (:class:`icr.core.threshold_scan.FusedScan`); only the first
         blocks, while some query has fewer than k candidates, are scored in full and offered."""
         padded = padded_queries(queries)  # (Q8, D)
-        scan = FusedScan(padded)
+        # the block after the first passes about k per query: room for twice that, so the pass
+        # seldom runs a block again for want of room
+        parts = numba.get_num_threads()
+        scan = FusedScan(padded, capacity=min(1 << 18, max(4096, 2 * len(queries) * k // parts)))
         top = RunningTopK(len(queries), k, None)
         # a short first block: scored in full and ranked by torch, it sets every threshold
         first = min(self.block, max(FIRST_BLOCK, 64 * k))
