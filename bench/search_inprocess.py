@@ -150,7 +150,7 @@ def run(
     for size in (16, 64):
         batch = queries[np.arange(size) % len(queries)]
         row = {"floor_ms": search_floor_ms(n, dim, size, gbps, gflops)}
-        # 7 runs: the host drifts, and the median of 3 once read 72.7 ms for a search of 31-42 ms
+        # 7 runs: the host drifts (3 runs of one 16-query search once read 42, 73 and 74 ms)
         row["search"] = summary(repeat(lambda b=batch: kernel.search(b, K), 7))
         row["vs_floor"] = ratio(row["search"]["median_ms"], row["floor_ms"])
         row["queries_per_s"] = size / row["search"]["median_ms"] * 1e3
