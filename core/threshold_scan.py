@@ -166,7 +166,7 @@ def _fused(
                         score_row(x, i + r, qt, g, tile, r)
             for r in range(m):
                 if write:
-                    for j in range(kept):  # a slice assignment per row cost a third of the pass
+                    for j in range(kept):  # a loop: a slice assignment makes two array views per row
                         out[i + r, j] = tile[r, j]
                 else:
                     at = _emit_row(tile[r], cut, i + r, rows, cols, scores, at, end)
@@ -211,8 +211,8 @@ class FusedScan:
         (``cut`` (Q,) float32; +inf passes nothing), rows ascending within each column's hits."""
         width, dim = self.queries.shape
         if np.shape(cut) != (width,) or block.ndim != 2 or block.shape[1] != dim:
-            raise ValueError(f"need a (b, {self.queries.shape[1]}) block and a ({len(self.queries)},) cut")
-        self._cut[: len(self.queries)] = cut
+            raise ValueError(f"need a (b, {dim}) block and a ({width},) cut")
+        self._cut[:width] = cut
         self._run(block, self._none, False)
         if self._out.grown():  # rare: a cut still far below the k-th best
             self._run(block, self._none, False)

@@ -285,6 +285,8 @@ def _batcher(index: Any, rescore: Rescorer | None, max_batch: int, faiss_threads
     # FAISS's parallel scan takes 51.8; icr bench on a 2-core AMD EPYC, 2026-11-27). Scores then
     # depend on the kernel a query lands in; the hits are rescored so they do not.
     kernel = kernel_for(index)
+    if kernel is not None:
+        kernel.warm()
     blas = ThreadpoolController() if kernel is not None and faiss_threads > 1 else None
 
     def run(queries: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -4,6 +4,9 @@ dot product exact, so ties are real ties, not rounding)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -183,3 +186,23 @@ def test_a_short_first_block_then_long_ones(monkeypatch, k):
     matrix[: 64 * k] = np.nan  # the whole first block: no threshold can be set from it
     scores, ids = ExactKernel(matrix, block=1_000).search(queries, k)
     assert ids.shape == (5, k)
+
+
+def test_warm_compiles_the_batch_pass_before_the_first_batch():
+    """A fresh process has no compiled batch pass until something asks for one; ``warm`` (what the
+    server calls when it loads a flat index) leaves it compiled, from numba's cache or from scratch."""
+    script = """
+import subprocess
+import sys
+
+import numpy as np
+from icr.core.threshold_scan import _fused
+from icr.index.exact_kernel import ExactKernel
+kernel = ExactKernel(np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32))
+before = len(_fused.signatures)
+kernel.warm()
+print(before, len(_fused.signatures))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "1"]
