@@ -220,25 +220,30 @@ def test_shards_of_a_reranked_folder_merge_to_the_single_index(
         np.testing.assert_array_equal(merged_s, want_s[q])
 
 
+@pytest.mark.parametrize("factory", ["IVF2,PQ16x4fs,RFlat", "IVF2,SQ8,RFlat"])
 def test_served_folder_reads_raw_vectors_and_searches_through_the_batcher(
-    tiny_benchmark: Path, tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_benchmark: Path,
+    tiny_checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    factory: str,
 ) -> None:
     """The server's load of a re-ranked folder: its stored vectors are the raw ones (not approximate),
-    and the micro-batched search and, after deletions, the selector search give the exact order."""
+    and the micro-batched search and, after deletions, the selector search give the exact order. The
+    8-bit codes' list scan is made at load, not by the first user's search."""
     from icr.index import live_index
     from icr.index.build import build_image_index
     from icr.service.loaded_index import load_index_folder
 
     kw = {"distractors": 50, "progress": False, "gpu": "off", "batch_size": 16}
-    build_image_index(
-        tiny_checkpoint, tiny_benchmark, out=tmp_path / "rr", factory="IVF2,PQ16x4fs,RFlat", **kw
-    )
+    build_image_index(tiny_checkpoint, tiny_benchmark, out=tmp_path / "rr", factory=factory, **kw)
     loaded = load_index_folder(
         tmp_path / "rr", "off", max_batch=8, faiss_threads=1, writes=tmp_path / "state"
     )
     try:
         assert not loaded.approximate_vectors and loaded.rescore is None and loaded.vectors is not None
         assert isinstance(loaded.index, RerankedIndex)
+        assert (loaded.index.list_scan._scan is not None) == ("SQ8" in factory)
         everything = loaded.index.raw  # (62, D)
         np.testing.assert_array_equal(loaded.vectors(np.arange(62)), everything)
         queries = everything[:5] + 0.05
