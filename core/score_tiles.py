@@ -6,8 +6,8 @@ pair: 70-75 GFLOP/s on the 2-core AMD EPYC host, half of a large sgemm's 152) or
 queries, spilled its accumulators to the stack (3-36 GFLOP/s, with numba's SLP vectoriser on or
 off). The compiler had to be told the register blocking, so these intrinsics emit it directly:
 
-* a tile is ``ROWS`` gallery rows x ``GROUP`` (16) queries, held in ``2 ROWS`` accumulators of 8
-  lanes (AVX2's ymm registers; LLVM splits or joins them on other targets);
+* a tile is 4 or 6 gallery rows x ``GROUP`` (16) queries, held in 8 or 12 accumulators of 8 lanes
+  (AVX2's ymm registers; LLVM splits or joins them on other targets);
 * the queries are read transposed, ``qt`` (D, W): per dimension, two 8-query vectors are loaded and
   each row's value is broadcast and multiplied into them (``llvm.fmuladd``: one fused multiply-add
   where the CPU has one);

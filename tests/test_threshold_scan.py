@@ -55,7 +55,7 @@ def test_threshold_scan_refuses_mismatched_shapes():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    n=st.integers(1, 700),  # tiles of 4 rows and the rows left over
+    n=st.integers(1, 700),  # tiles of 4 or 6 rows and the rows left over
     width=st.integers(1, 40),  # past one group of 16 queries, padded or not
     d=st.integers(1, 40),
     seed=st.integers(0, 2**16),
