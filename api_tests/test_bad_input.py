@@ -288,7 +288,10 @@ def test_the_server_keeps_serving_and_never_answered_5xx(client: httpx.Client, s
     assert r.status_code == 200 and len(r.json()["hits"]) == 3
     metrics = client.get("/metrics").text
     statuses = [line for line in metrics.splitlines() if line.startswith("icr_http_requests_total{")]
-    assert statuses and not [line for line in statuses if 'status="5' in line]
+    # /readyz answers 503 while the index loads (its contract; the fixture polls it meanwhile): not an
+    # error. Every other 5xx is.
+    loading = 'route="/readyz",status="503"'
+    assert statuses and not [line for line in statuses if 'status="5' in line and loading not in line]
     assert "Traceback" not in server.log_text()
 
 
