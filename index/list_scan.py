@@ -31,10 +31,10 @@ from faiss.contrib.inspect_tools import get_invlist
 from numba import njit
 
 # reassociation lets the compiler vectorise the sums; NaN and inf keep their IEEE meaning
-SAFE_FAST_MATH = {"reassoc", "contract", "nsz"}
+_SAFE_FAST_MATH = {"reassoc", "contract", "nsz"}
 
 
-@njit(cache=True, nogil=True, fastmath=SAFE_FAST_MATH, boundscheck=False)
+@njit(cache=True, nogil=True, fastmath=_SAFE_FAST_MATH, boundscheck=False)
 def _centroid_scores(query, centroids, out):  # type: ignore[no-untyped-def]  # pragma: no cover
     """``out`` (nlist,) = ``centroids`` (nlist, D) . ``query`` (D,), on this thread (numpy's BLAS
     would take every core for one query)."""
@@ -45,7 +45,7 @@ def _centroid_scores(query, centroids, out):  # type: ignore[no-untyped-def]  # 
         out[i] = s
 
 
-@njit(cache=True, nogil=True, fastmath=SAFE_FAST_MATH, boundscheck=False)
+@njit(cache=True, nogil=True, fastmath=_SAFE_FAST_MATH, boundscheck=False)
 def _scan(codes, ids, starts, lists, bias, weights, scores, found):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Scores every code of the lists ``lists`` (list l: rows ``starts[l]`` to ``starts[l + 1]`` of
     ``codes``) as ``bias[l] + weights . code`` into ``scores`` and its id into ``found``, in scan

@@ -192,9 +192,6 @@ def test_warm_compiles_the_batch_pass_before_the_first_batch():
     """A fresh process has no compiled batch pass until something asks for one; ``warm`` (what the
     server calls when it loads a flat index) leaves it compiled, from numba's cache or from scratch."""
     script = """
-import subprocess
-import sys
-
 import numpy as np
 from icr.core.threshold_scan import _fused
 from icr.index.exact_kernel import ExactKernel
