@@ -105,7 +105,7 @@ def _search_section(r: dict[str, Any]) -> list[str]:
             f"kernel ({x.get('kernel_precision', 'n/a')}) k=10 ms",
             "k=10 / floor",
             "queries/s",
-            f"kernel k={depth} ms",
+            f"kernel ({x.get('depth_precision', x.get('kernel_precision', 'n/a'))}) k={depth} ms",
             f"k={depth} / floor",
             "FAISS k=10 ms",
         ],

@@ -121,10 +121,20 @@ def _why_exact_single(exact: Any, floors: Any) -> str | None:
     )
 
 
-def _why_exact_batch(row: Any, stage: str, k_label: str, precision: str | None) -> str | None:
+def _why_exact_batch(
+    row: Any, stage: str, k_label: str, precision: str | None, searched: str | None = None
+) -> str | None:
+    """``precision``: the kernel's scan (what ``matmul`` timed); ``searched``: the pass this stage
+    took, if not that scan (a bf16 kernel's deep searches take the fp32 pass)."""
     search, matmul = _get(row, stage, "median_ms"), _get(row, "matmul", "median_ms")
     if search is None or matmul is None:
         return None
+    if searched == "fp32" and precision == "bf16":
+        return (
+            f"at this depth the kernel takes its fp32 pass, which scores, compares and keeps the "
+            f"{k_label} in {search:.1f} ms (the bf16 scan's candidates would cost more); its bf16 "
+            f"matmuls alone take {matmul:.1f} ms ({matmul / row['floor_ms']:.2f}x the floor)"
+        )
     if precision == "fp32":  # scoring and comparing are one compiled pass (icr.core.threshold_scan)
         return (
             f"the kernel's fp32 scoring alone, every score written out, takes {matmul:.1f} ms "
@@ -284,7 +294,11 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                     True,
                     "x",
                     _why_exact_batch(
-                        _get(search, "exact", "batches", batch), "depth_search", f"top {depth}", precision
+                        _get(search, "exact", "batches", batch),
+                        "depth_search",
+                        f"top {depth}",
+                        precision,
+                        _get(search, "exact", "depth_precision") or precision,
                     ),
                 )
             )

@@ -20,13 +20,14 @@ Two precisions of that scan, the same answer:
 
 * ``fp32``: the scores are the answer. A candidate must beat the query's k-th best so far.
 * ``bf16``: the scan multiplies (torch, i.e. oneDNN) a bfloat16 copy of the gallery (half the
-  bytes; on CPUs with AMX, e.g. Sapphire Rapids, 3-5x faster than fp32 at batches of 16-64) and
-  keeps every id whose bf16 score is within ``2 eps`` of the k-th best bf16 score, where ``eps``
-  bounds the bf16 error of one score (inputs and output rounded to 8 significant bits, fp32
-  accumulation: ``(3u + 4u^2) |q| max|x|`` with ``u = 2^-8``, plus the fp32 sum's own error). Every
-  true top-k id is then among the kept ones, which are rescored from the fp32 vectors: exact, at the
-  price of the bf16 copy (half the fp32 gallery's memory) and the rescoring of a few candidates per
-  hit.
+  bytes; on CPUs with AMX, e.g. Sapphire Rapids, 3-5x faster than fp32 at batches of 16-64; on a
+  Zen 4 EPYC with AVX512-BF16, 1.2-1.7x faster at k = 10) and keeps every id whose bf16 score is
+  within ``2 eps`` of the k-th best bf16 score, where ``eps`` bounds the bf16 error of one score
+  (inputs and output rounded to 8 significant bits, fp32 accumulation: ``(3u + 4u^2) |q| max|x|``
+  with ``u = 2^-8``, plus the fp32 sum's own error). Every true top-k id is then among the kept
+  ones, which are rescored from the fp32 vectors: exact, at the price of the bf16 copy (half the
+  fp32 gallery's memory) and the rescoring of the candidates. Searches deeper than
+  :data:`BF16_MAX_K` take the ``fp32`` pass: there the candidates cost more than the scan saves.
 
 One query is scored by a matrix-vector product over the fp32 vectors, whatever the precision:
 numpy's BLAS, whose product of the gallery with one vector is what ``icr bench`` measures the
@@ -57,6 +58,12 @@ BLOCK = 65_536  # gallery rows per multiply: 32 MiB at dim 128 in fp32
 # blocks to pass little): scored in full, then ranked
 FIRST_BLOCK = 8_192
 BF16_UNIT = 2.0**-8  # bfloat16 keeps 8 significant bits: relative rounding error <= 2^-8
+# Deepest search the bf16 scan takes: deeper, its candidate window (about 1.8 k ids a query at k = 1,000)
+# costs more to keep and rescore than the scan saves, whatever multiplies the bf16 (the selection
+# does not use it). 2-core AMD EPYC with AVX512-BF16 (Zen 4), 1M x 128 demo vectors, 2026-11-28, bf16 /
+# fp32 ms: 16 queries 38 / 46 at k = 10, 45 / 51 at k = 300, 75 / 61 at k = 1,000; 64 queries 74 / 125,
+# 138 / 158, 212 / 165 (docs/results/2026-11-28-zen4-exact.md)
+BF16_MAX_K = 300
 Precision = Literal["fp32", "bf16"]
 
 
@@ -94,7 +101,7 @@ class ExactKernel:
             return empty.astype(np.float32), empty.astype(np.int64)
         if len(queries) == 1:  # either precision: the fp32 scan of one query is bound by the read
             return self._search_one(queries[0], k)
-        if self.precision == "fp32":
+        if self.precision == "fp32" or k > BF16_MAX_K:
             return self._search_fused(queries, k)
         top = RunningTopK(len(queries), k, 2 * self.error_bound(queries))
         with torch.inference_mode():

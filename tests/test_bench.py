@@ -250,6 +250,14 @@ def test_a_missed_target_says_why_from_the_figures_measured_beside_it() -> None:
     )
     assert "selecting the top 1000" in why["exact batch of 16 at depth 1000 / matmul floor"]
     assert "the other 65.0 ms" in why["exact batch of 16 at depth 1000 / matmul floor"]
+    exact["depth_precision"] = "fp32"  # a bf16 kernel's search deeper than BF16_MAX_K
+    why = {t["target"]: t["why"] for t in targets(report)}
+    assert why["exact batch of 16 at depth 1000 / matmul floor"] == (
+        "at this depth the kernel takes its fp32 pass, which scores, compares and keeps the top 1000 in "
+        "90.0 ms (the bf16 scan's candidates would cost more); its bf16 matmuls alone take 25.0 ms "
+        "(0.62x the floor)"
+    )
+    assert "selecting the top 10" in why["exact batch of 16 / matmul floor"]  # k = 10: the bf16 scan
     exact["kernel_precision"] = "fp32"  # one fused pass: its scoring alone, then the whole search
     why = {t["target"]: t["why"] for t in targets(report)}
     assert why["exact batch of 16 / matmul floor"] == (

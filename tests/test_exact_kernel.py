@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from icr.index.exact_kernel import ExactKernel
+from icr.index.exact_kernel import BF16_MAX_K, ExactKernel
 
 
 def brute_force(matrix: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -135,6 +135,29 @@ def test_a_realistic_gallery_with_duplicates(precision):
     assert ids[0, 0] == 0 and ids[0, 1] == 4000  # a query equal to row 0 finds it, then its duplicate
 
 
+def test_a_bf16_kernel_searches_deeper_than_its_limit_with_the_fp32_pass(monkeypatch):
+    """Beyond BF16_MAX_K the bf16 candidates cost more than the scan saves: the fp32 pass answers,
+    bit for bit as an fp32 kernel does, and nothing is rescored; at the limit the bf16 scan still
+    answers, with the same ids."""
+    rng = np.random.default_rng(1)
+    matrix = rng.standard_normal((3000, 16)).astype(np.float32)
+    queries = rng.standard_normal((5, 16)).astype(np.float32)
+    bf16, fp32 = ExactKernel(matrix, "bf16", block=700), ExactKernel(matrix, "fp32", block=700)
+    at_limit = bf16.search(queries, BF16_MAX_K)
+    np.testing.assert_array_equal(at_limit[1], fp32.search(queries, BF16_MAX_K)[1])
+
+    def rescored(*args):
+        raise AssertionError("a search deeper than BF16_MAX_K went through the bf16 scan")
+
+    monkeypatch.setattr(bf16, "_rescored", rescored)
+    deeper = bf16.search(queries, BF16_MAX_K + 1)
+    want = fp32.search(queries, BF16_MAX_K + 1)
+    np.testing.assert_array_equal(deeper[0], want[0])
+    np.testing.assert_array_equal(deeper[1], want[1])
+    with pytest.raises(AssertionError, match="deeper than"):
+        bf16.search(queries, BF16_MAX_K)  # the limit itself is the bf16 scan's
+
+
 def test_bad_arguments_are_refused():
     kernel = ExactKernel(np.zeros((3, 4), np.float32))
     with pytest.raises(ValueError, match=r"queries must be \(Q, 4\)"):
@@ -194,7 +217,7 @@ def test_warm_compiles_the_batch_pass_before_the_first_batch():
     script = """
 import numpy as np
 from icr.core.threshold_scan import _fused
-from icr.index.exact_kernel import ExactKernel
+from icr.index.exact_kernel import BF16_MAX_K, ExactKernel
 kernel = ExactKernel(np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32))
 before = len(_fused.signatures)
 kernel.warm()

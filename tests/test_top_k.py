@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from icr.core.top_k import RunningTopK, grouped_by_row, padded_queries
+from icr.core.top_k import SAMPLE, RunningTopK, grouped_by_row, padded_queries
 
 
 @pytest.mark.parametrize("q", [3, 70_000])  # up to 65,536 queries the sort key is 16 bits wide
@@ -81,3 +81,41 @@ def test_a_tie_at_the_first_blocks_cut_goes_to_the_lower_id() -> None:
     top.offer(torch.tensor([[4.0], [3.0]]), 3)
     scores, ids = top.result()
     assert ids.tolist() == [[0, 1]] and scores.tolist() == [[5.0, 4.0]]
+
+
+@pytest.mark.parametrize("layout", ["distinct", "sampled_rows_best", "ties"])
+def test_a_long_first_blocks_top_k_is_found_above_a_sampled_cut(layout: str, monkeypatch) -> None:
+    """A first block of at least 2 x SAMPLE x (k + 1) rows: its top k are looked for above a cut
+    from every SAMPLE-th row (no top-k over the whole block), unless the cut lets too few through
+    (the sampled rows hold the best scores) or a tie sits at the k-th (then the comparison path).
+    Every case gives the naive loop's answer."""
+    rng = np.random.default_rng(7)
+    q, k = 5, 20
+    n = 2 * SAMPLE * (k + 1) + 37
+    if layout == "ties":
+        scores = rng.integers(-3, 4, size=(n, q)).astype(np.float32)
+    else:
+        scores = rng.standard_normal((n, q)).astype(np.float32)
+    if layout == "sampled_rows_best":  # every sampled row beats every other: the cut is too high
+        scores[::SAMPLE] += 100
+    padded_width = len(padded_queries(np.zeros((q, 1), np.float32)))
+    block = np.full((n, padded_width), 99.0, np.float32)
+    block[:, :q] = scores
+    whole = []  # the top-k calls that ranked every row of the block
+    real_topk = torch.topk
+
+    def spy(values, *args, **kwargs):
+        if values.shape[0] == n:
+            whole.append(values.shape)
+        return real_topk(values, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "topk", spy)
+    top = RunningTopK(q, k, None)
+    top.offer(torch.from_numpy(block), 0)
+    # a tie at the k-th: the comparison path's provisional cut is a whole top-k, as before
+    assert bool(whole) == (layout != "distinct")
+    got_s, got_i = top.result()
+    for i in range(q):
+        ranked = sorted(range(n), key=lambda j: (-scores[j, i], j))[:k]
+        assert got_i[i].tolist() == ranked
+        assert got_s[i].tolist() == scores[ranked, i].tolist()
