@@ -7,14 +7,16 @@ queries, spilled its accumulators to the stack (3-36 GFLOP/s, with numba's SLP v
 off). The compiler had to be told the register blocking, so these intrinsics emit it directly:
 
 * a tile is 4 or 6 gallery rows x ``GROUP`` (16) queries, held in 8 or 12 accumulators of 8 lanes
-  (AVX2's ymm registers; LLVM splits or joins them on other targets);
-* the queries are read transposed, ``qt`` (D, W): per dimension, two 8-query vectors are loaded and
-  each row's value is broadcast and multiplied into them (``llvm.fmuladd``: one fused multiply-add
-  where the CPU has one);
+  (AVX2's ymm registers; LLVM splits or joins them on other targets), or, where numba compiles for
+  AVX-512 (:func:`wide_vectors`), 12 rows held in 12 accumulators of 16 lanes (zmm);
+* the queries are read transposed, ``qt`` (D, W): per dimension, the 16 queries are loaded as two
+  8-lane vectors (or one of 16) and each row's value is broadcast and multiplied into them
+  (``llvm.fmuladd``: one fused multiply-add where the CPU has one);
 * each score is a sum in dimension order: no horizontal sums, no shuffles.
 
 The same product with 4 rows per tile ran at 125-144 GFLOP/s for 64 queries on that host
-(docs/results/2026-11-28-exact-tiles.md). A batch of 16 reads each row once for few flops and was
+(docs/results/2026-11-28-exact-tiles.md); on a Zen 4 EPYC (AVX-512), 64 queries ran at 154
+GFLOP/s in 12-row tiles against 116-128 in 6-row ones (docs/results/2026-11-28-zen4-exact.md). A batch of 16 reads each row once for few flops and was
 bound by memory latency, so :func:`prefetch_rows` asks for rows some way ahead.
 
 numba caches the kernels that use these by their own file's time stamp only: after editing this
@@ -26,8 +28,11 @@ range: nothing is checked inside (the callers in :mod:`icr.core.threshold_scan` 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import numba
+from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -49,12 +54,16 @@ def _index(context: Any, builder: ir.IRBuilder, value: ir.Value, ty: Any) -> ir.
     return context.cast(builder, value, ty, types.intp)
 
 
-def _vector_at(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.Value:
-    """The 8 floats at ``base + offset`` as a pointer to one vector (no alignment assumed)."""
-    return builder.bitcast(builder.gep(base, [offset]), _VEC.as_pointer())
+def _vector_at(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value, vec: Any = _VEC) -> ir.Value:
+    """The floats of one ``vec`` at ``base + offset`` as a pointer to it (no alignment assumed)."""
+    return builder.bitcast(builder.gep(base, [offset]), vec.as_pointer())
 
 
-def _tile_intrinsic(rows: int) -> Any:
+def _plus(builder: ir.IRBuilder, value: ir.Value, constant: int) -> ir.Value:
+    return builder.add(value, ir.Constant(value.type, constant))
+
+
+def _tile_intrinsic(rows: int, lanes: int = LANES) -> Any:
     """An intrinsic ``tile(x, i, qt, g, out, t)``: ``out[t + r, g : g + 16] = x[i + r] @ qt[:, g :
     g + 16]`` for r < ``rows``; x (N, D), qt (D, W), out (T, W), all float32 C-contiguous."""
 
@@ -77,35 +86,35 @@ def _tile_intrinsic(rows: int) -> Any:
             dim = builder.extract_value(xa.shape, 1)
             width = builder.extract_value(qa.shape, 1)
             out_width = builder.extract_value(oa.shape, 1)
-            eight = ir.Constant(col0.type, LANES)
+            vec = ir.VectorType(_F32, lanes)
+            parts = GROUP // lanes  # vectors of a tile row
             fmuladd = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_VEC, [_VEC] * 3), "llvm.fmuladd.v8f32"
+                builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fmuladd.v{lanes}f32"
             )
-            splat = ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES)
+            splat = ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes)
             # accumulators as stack slots: LLVM's mem2reg keeps them in registers
-            zero = ir.Constant(_VEC, [0.0] * LANES)
-            acc = [cgutils.alloca_once_value(builder, zero) for _ in range(2 * rows)]
-            starts = [
-                builder.mul(builder.add(row0, ir.Constant(row0.type, r)), dim) for r in range(rows)
-            ]  # x's flat offset of each row
+            zero = ir.Constant(vec, [0.0] * lanes)
+            acc = [cgutils.alloca_once_value(builder, zero) for _ in range(parts * rows)]
+            starts = [builder.mul(_plus(builder, row0, r), dim) for r in range(rows)]  # each row's offset
             with cgutils.for_range(builder, dim) as loop:
                 c = loop.index
                 at = builder.add(builder.mul(c, width), col0)  # qt[c, g]
                 halves = [
-                    builder.load(_vector_at(builder, qa.data, at), align=4),
-                    builder.load(_vector_at(builder, qa.data, builder.add(at, eight)), align=4),
+                    builder.load(_vector_at(builder, qa.data, _plus(builder, at, h * lanes), vec), align=4)
+                    for h in range(parts)
                 ]
                 for r in range(rows):
                     value = builder.load(builder.gep(xa.data, [builder.add(starts[r], c)]), align=4)
-                    lane = builder.insert_element(ir.Constant(_VEC, None), value, ir.Constant(_I32, 0))
-                    broadcast = builder.shuffle_vector(lane, ir.Constant(_VEC, None), splat)
+                    lane = builder.insert_element(ir.Constant(vec, None), value, ir.Constant(_I32, 0))
+                    broadcast = builder.shuffle_vector(lane, ir.Constant(vec, None), splat)
                     for h, half in enumerate(halves):
-                        slot = acc[2 * r + h]
+                        slot = acc[parts * r + h]
                         builder.store(builder.call(fmuladd, [broadcast, half, builder.load(slot)]), slot)
             for r in range(rows):
-                at = builder.add(builder.mul(builder.add(out0, ir.Constant(out0.type, r)), out_width), col0)
-                for h, offset in enumerate((at, builder.add(at, eight))):
-                    builder.store(builder.load(acc[2 * r + h]), _vector_at(builder, oa.data, offset), align=4)
+                at = builder.add(builder.mul(_plus(builder, out0, r), out_width), col0)
+                for h in range(parts):
+                    to = _vector_at(builder, oa.data, _plus(builder, at, h * lanes), vec)
+                    builder.store(builder.load(acc[parts * r + h]), to, align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -117,6 +126,21 @@ def _tile_intrinsic(rows: int) -> Any:
 score_tile4 = _tile_intrinsic(4)
 score_tile6 = _tile_intrinsic(6)
 score_row = _tile_intrinsic(1)
+# 12 rows of one 16-lane vector each: 12 accumulators of AVX-512's 32 registers (on AVX2, LLVM would
+# split them into 24 of its 16 registers and spill: use only where :func:`wide_vectors`)
+score_tile12w = _tile_intrinsic(12, 2 * LANES)
+
+
+@functools.cache
+def wide_vectors() -> bool:
+    """Whether numba compiles for a CPU with AVX-512 (the host's, unless ``NUMBA_CPU_NAME`` /
+    ``NUMBA_CPU_FEATURES`` name another target: then only if its features say so)."""
+    features = getattr(numba.config, "CPU_FEATURES", None)  # (the stubs know neither setting)
+    if features is None:
+        if getattr(numba.config, "CPU_NAME", None) is not None:  # a named target, e.g. generic
+            return False
+        features = llvm.get_host_cpu_features().flatten()
+    return "+avx512f" in features.split(",")
 
 
 def _prefetch_rows(_typingctx: Any, x: Any, i: Any, count: Any) -> Any:

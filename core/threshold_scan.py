@@ -9,10 +9,12 @@ best so far; after the first blocks almost nothing passes. Two kernels do that c
   block against 0.37 ms here (2-core AMD EPYC, 2026-11-28).
 * :class:`FusedScan`: the scores of fp32 gallery rows against the queries and their comparison in
   one pass, so no (b, Q) block is ever written or read back. Rows are scored in register tiles of
-  4 or 6 rows x 16 queries (:mod:`icr.core.score_tiles`), each tile's scores compared while they are
-  in L1, in parallel over every numba thread. On the 2-core AMD EPYC host, paired against the
-  previous compiled pass on 1M x 128 demo vectors (docs/results/2026-11-28-exact-tiles.md): 16
-  queries 30.5 against 39.4 ms, 64 queries 112.5 against 147.6 ms, at k = 10.
+  4, 6 or 12 rows x 16 queries (:func:`tile_rows`, :mod:`icr.core.score_tiles`), each tile's scores
+  compared while they are in L1, in parallel over every numba thread. On the 2-core AMD EPYC (Zen 3)
+  host, paired against the previous compiled pass on 1M x 128 demo vectors
+  (docs/results/2026-11-28-exact-tiles.md): 16 queries 30.5 against 39.4 ms, 64 queries 112.5
+  against 147.6 ms, at k = 10. On a Zen 4 one, 64 queries in 12-row tiles of 16-lane vectors: 109.7
+  against 138.9 ms in 6-row tiles (docs/results/2026-11-28-zen4-exact.md).
 
 In both, a row's comparisons are or-ed without branches (the compiler vectorises them) and only a
 row where something passed is read again, to write its (row, column, score) triples.
@@ -29,7 +31,15 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from icr.core.score_tiles import GROUP, prefetch_rows, score_row, score_tile4, score_tile6
+from icr.core.score_tiles import (
+    GROUP,
+    prefetch_rows,
+    score_row,
+    score_tile4,
+    score_tile6,
+    score_tile12w,
+    wide_vectors,
+)
 
 _AHEAD = 64  # rows a fused pass asks for ahead of the tile it scores (32 KiB at D = 128)
 # numba's thread pool may be its own "workqueue", which two threads must not enter at once: searches
@@ -132,8 +142,10 @@ def _fused(
     scores: np.ndarray,
     counts: np.ndarray,
     write: bool,
+    step: int,
 ) -> None:  # pragma: no cover - compiled; exercised through FusedScan
-    """Scores of x (n, D) against the queries qt (D, W), W a multiple of 16. ``write``: every
+    """Scores of x (n, D) against the queries qt (D, W), W a multiple of 16, in tiles of ``step``
+    rows (4, 6 or 12: :func:`tile_rows`). ``write``: every
     score of the first ``out.shape[1]`` queries into ``out`` (n, <= W); else the (row, column,
     score) triples reaching ``cut`` (W,) into part p's slice of ``rows`` / ``cols`` / ``scores``,
     and their number (which may exceed the slice) into counts[p]."""
@@ -146,9 +158,6 @@ def _fused(
     for p in prange(parts):
         lo, hi = p * per, min(n, (p + 1) * per)
         at, end = p * room, (p + 1) * room
-        # 6 rows a tile when there are several groups of queries (the most flops per load), 4 when one
-        # group must keep up with memory: each was the faster for 64 / 16 queries (2-core AMD EPYC)
-        step = 6 if width > GROUP else 4
         tile = np.empty((step, width), np.float32)  # (step, W) one tile's scores, in L1
         for i in range(lo, hi, step):
             m = min(step, hi - i)
@@ -158,6 +167,8 @@ def _fused(
                 for g in range(0, width, GROUP):
                     if step == 6:
                         score_tile6(x, i, qt, g, tile, 0)
+                    elif step == 12:
+                        score_tile12w(x, i, qt, g, tile, 0)
                     else:
                         score_tile4(x, i, qt, g, tile, 0)
             else:  # the part's last rows
@@ -171,6 +182,18 @@ def _fused(
                 else:
                     at = _emit_row(tile[r], cut, i + r, rows, cols, scores, at, end)
         counts[p] = at - p * room
+
+
+def tile_rows(width: int) -> int:
+    """Gallery rows per tile for ``width`` queries (a multiple of 16): 4 when one group of 16 must
+    keep up with memory, else as many as the registers hold (the most flops per load): 12 rows of
+    one 16-lane vector with AVX-512, 6 rows of two 8-lane vectors without. Each was the fastest
+    measured for 16 / 64 queries on the 2-core AMD EPYC hosts (Zen 3: 4 rows 27.0 ms against 30.8
+    for 6 at 16 queries, 6 rows 105.1 against 111.2 at 64; Zen 4 at 64 queries: 12 rows 106.6-110.5
+    ms, 6 rows 136.2-141.6, 4 rows 151.6-156.1)."""
+    if width <= GROUP:
+        return 4
+    return 12 if wide_vectors() else 6
 
 
 class FusedScan:
@@ -189,6 +212,7 @@ class FusedScan:
         self._cut = np.full(width, np.inf, np.float32)  # (W,) the padding columns pass nothing
         self._out = _Triples(numba.get_num_threads(), capacity)  # one part per thread
         self._none = np.empty((0, 0), np.float32)
+        self._step = tile_rows(width)
 
     def scores(self, block: np.ndarray, out: np.ndarray) -> np.ndarray:
         """(b, Q) every score of ``block`` (b, D) float32, written into ``out`` (>= b rows)."""
@@ -204,7 +228,7 @@ class FusedScan:
         block = np.ascontiguousarray(block, dtype=np.float32)  # (b, D) no copy for a gallery's rows
         t = self._out
         with _POOL:
-            _fused(block, self._qt, self._cut, out, t.rows, t.cols, t.scores, t.counts, write)
+            _fused(block, self._qt, self._cut, out, t.rows, t.cols, t.scores, t.counts, write, self._step)
 
     def reaching(self, block: np.ndarray, cut: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, cols, scores) of the entries of ``block`` @ queries.T with ``score >= cut[col]``

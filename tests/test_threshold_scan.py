@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from icr.core.threshold_scan import FusedScan, ThresholdScan
+from icr.core.score_tiles import wide_vectors
+from icr.core.threshold_scan import FusedScan, ThresholdScan, tile_rows
 
 
 def reaching_loop(block: np.ndarray, cut: np.ndarray) -> list[tuple[int, int, float]]:
@@ -55,17 +56,20 @@ def test_threshold_scan_refuses_mismatched_shapes():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    n=st.integers(1, 700),  # tiles of 4 or 6 rows and the rows left over
+    n=st.integers(1, 700),  # tiles of 4, 6 or 12 rows and the rows left over
     width=st.integers(1, 40),  # past one group of 16 queries, padded or not
     d=st.integers(1, 40),
+    rows=st.sampled_from([None, 4, 6, 12]),  # None: this CPU's choice; else each shape on any CPU
     seed=st.integers(0, 2**16),
 )
-def test_fused_scores_match_a_float64_product(n, width, d, seed):
+def test_fused_scores_match_a_float64_product(n, width, d, rows, seed):
     rng = np.random.default_rng(seed)
     x = rng.integers(-4, 5, size=(n, d)).astype(np.float32)  # integer sums: exact in fp32
     q = rng.integers(-4, 5, size=(width, d)).astype(np.float32)
     out = np.full((n + 3, len(q)), np.nan, np.float32)
-    got = FusedScan(q).scores(x, out)
+    scan = FusedScan(q)
+    scan._step = rows or scan._step
+    got = scan.scores(x, out)
     np.testing.assert_array_equal(got, (x.astype(np.float64) @ q.T.astype(np.float64)).astype(np.float32))
     assert np.isnan(out[n:]).all()  # nothing written past the block's rows
 
@@ -76,9 +80,10 @@ def test_fused_scores_match_a_float64_product(n, width, d, seed):
     width=st.integers(1, 24),
     capacity=st.integers(1, 40),
     threads=st.sampled_from([1, 2]),
+    rows=st.sampled_from([None, 4, 6, 12]),
     seed=st.integers(0, 2**16),
 )
-def test_fused_reaching_matches_a_loop(n, width, capacity, threads, seed):
+def test_fused_reaching_matches_a_loop(n, width, capacity, threads, rows, seed):
     """The same triples as scoring everything and comparing in a loop, in any number of parts (one per
     numba thread), each part's buffer grown when it overflows."""
     rng = np.random.default_rng(seed)
@@ -90,6 +95,7 @@ def test_fused_reaching_matches_a_loop(n, width, capacity, threads, seed):
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
         scan = FusedScan(q, capacity)
+        scan._step = rows or scan._step
         rows, cols, scores = scan.reaching(x, cut)
     finally:
         numba.set_num_threads(before)
@@ -106,3 +112,19 @@ def test_fused_scan_refuses_what_it_cannot_score():
         scan.reaching(np.zeros((5, 4), np.float32), np.zeros(7, np.float32))
     with pytest.raises(ValueError, match="output"):
         scan.scores(np.zeros((5, 4), np.float32), np.zeros((4, 8), np.float32))  # one row short
+
+
+def test_tiles_of_twelve_rows_only_where_numba_compiles_for_avx512(monkeypatch):
+    """12-row tiles of 16-lane vectors need AVX-512's 32 registers; elsewhere 6 rows of two 8-lane
+    vectors, and one group of 16 queries always takes 4 rows."""
+    monkeypatch.setattr(numba.config, "CPU_NAME", None)
+    for features, wide in (("+avx2,+fma,+avx512f,+avx512vl", True), ("+avx2,+fma", False)):
+        monkeypatch.setattr(numba.config, "CPU_FEATURES", features)
+        wide_vectors.cache_clear()
+        assert wide_vectors() is wide
+        assert tile_rows(16) == 4 and tile_rows(32) == (12 if wide else 6)
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", None)
+    monkeypatch.setattr(numba.config, "CPU_NAME", "generic")  # a portable cache's target
+    wide_vectors.cache_clear()
+    assert not wide_vectors()
+    wide_vectors.cache_clear()
