@@ -16,8 +16,9 @@ off). The compiler had to be told the register blocking, so these intrinsics emi
 
 The same product with 4 rows per tile ran at 125-144 GFLOP/s for 64 queries on that host
 (docs/results/2026-11-28-exact-tiles.md); on a Zen 4 EPYC (AVX-512), 64 queries ran at 154
-GFLOP/s in 12-row tiles against 116-128 in 6-row ones (docs/results/2026-11-28-zen4-exact.md). A batch of 16 reads each row once for few flops and was
-bound by memory latency, so :func:`prefetch_rows` asks for rows some way ahead.
+GFLOP/s in 12-row tiles against 116-128 in 6-row ones (docs/results/2026-11-28-zen4-exact.md).
+A batch of 16 reads each row once for few flops and was bound by memory latency, so
+:func:`prefetch_rows` asks for rows some way ahead.
 
 numba caches the kernels that use these by their own file's time stamp only: after editing this
 file, delete the ``*.nbi`` / ``*.nbc`` files in ``core/__pycache__`` (a fresh install has none).
