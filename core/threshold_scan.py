@@ -145,10 +145,10 @@ def _fused(
     step: int,
 ) -> None:  # pragma: no cover - compiled; exercised through FusedScan
     """Scores of x (n, D) against the queries qt (D, W), W a multiple of 16, in tiles of ``step``
-    rows (4, 6 or 12: :func:`tile_rows`). ``write``: every
-    score of the first ``out.shape[1]`` queries into ``out`` (n, <= W); else the (row, column,
-    score) triples reaching ``cut`` (W,) into part p's slice of ``rows`` / ``cols`` / ``scores``,
-    and their number (which may exceed the slice) into counts[p]."""
+    rows (4, 6 or 12: :func:`tile_rows`). ``write``: every score of the first ``out.shape[1]``
+    queries into ``out`` (n, <= W); else the (row, column, score) triples reaching ``cut`` (W,) into
+    part p's slice of ``rows`` / ``cols`` / ``scores``, and their number (which may exceed the
+    slice) into counts[p]."""
     n = x.shape[0]
     width = qt.shape[1]
     kept = out.shape[1]
