@@ -20,6 +20,9 @@ import torch
 from icr.core.threshold_scan import ThresholdScan
 
 SAMPLE = 16  # every SAMPLE-th row of a first block sets the cut its top k are looked for above
+# ... for at most this many wanted (query, rank) pairs: about twice as many (row, column, score)
+# triples pass that cut (40 MB here), where a 25,000-query evaluation at depth 1,000 would write 1 GB
+SAMPLED_MAX = 1 << 20
 FLUSH = 1  # pending candidates are merged (tightening the thresholds) past FLUSH x k x Q
 
 
@@ -108,9 +111,10 @@ class RunningTopK:
         that reach a cut taken from every SAMPLE-th row (one compiled comparison pass, then a top-k
         of about 2 k candidates a query): a top-k of 1,001 over the 64,000 rows of a depth-1,000
         search's first block cost 27 of its 165 ms for 64 queries. Falls back to the full top-k
-        where the cut lets fewer than k + 1 through."""
+        where the cut lets fewer than k + 1 through, and for more than SAMPLED_MAX (query, rank)
+        pairs."""
         k1, b = self.k + 1, len(block)
-        if block.dtype != torch.float32 or b < 2 * SAMPLE * k1:
+        if block.dtype != torch.float32 or b < 2 * SAMPLE * k1 or self.q * k1 > SAMPLED_MAX:
             return torch.topk(block[:, : self.q], k1, dim=0)
         sample = block[::SAMPLE, : self.q]  # (b / SAMPLE, Q)
         # about 2 (k + 1) rows of the block are expected at or above the sample's r-th best

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from icr.core import top_k
 from icr.core.top_k import SAMPLE, RunningTopK, grouped_by_row, padded_queries
 
 
@@ -83,15 +84,18 @@ def test_a_tie_at_the_first_blocks_cut_goes_to_the_lower_id() -> None:
     assert ids.tolist() == [[0, 1]] and scores.tolist() == [[5.0, 4.0]]
 
 
-@pytest.mark.parametrize("layout", ["distinct", "sampled_rows_best", "ties"])
+@pytest.mark.parametrize("layout", ["distinct", "sampled_rows_best", "ties", "too_many_queries"])
 def test_a_long_first_blocks_top_k_is_found_above_a_sampled_cut(layout: str, monkeypatch) -> None:
     """A first block of at least 2 x SAMPLE x (k + 1) rows: its top k are looked for above a cut
     from every SAMPLE-th row (no top-k over the whole block), unless the cut lets too few through
     (the sampled rows hold the best scores) or a tie sits at the k-th (then the comparison path).
-    Every case gives the naive loop's answer."""
+    Every case gives the naive loop's answer. Past SAMPLED_MAX wanted pairs (a large evaluation's
+    thousands of queries) the block is ranked whole: the passing triples would take gigabytes."""
     rng = np.random.default_rng(7)
     q, k = 5, 20
     n = 2 * SAMPLE * (k + 1) + 37
+    if layout == "too_many_queries":  # more (query, rank) pairs than SAMPLED_MAX: ranked whole
+        monkeypatch.setattr(top_k, "SAMPLED_MAX", q * (k + 1) - 1)
     if layout == "ties":
         scores = rng.integers(-3, 4, size=(n, q)).astype(np.float32)
     else:
