@@ -29,7 +29,7 @@ import numpy as np
 
 from bench.floors import cores, search_floor_ms
 from bench.stats import latency, ratio, repeat, summary
-from icr.index.exact_kernel import BF16_MAX_K, ExactKernel, kernel_for
+from icr.index.exact_kernel import ExactKernel, kernel_for
 from icr.index.vector_index import exact_depth, recall_of_ids
 
 K = 10
@@ -146,8 +146,7 @@ def run(
     exact["single_best_p50_vs_floor"] = ratio(best1, floor1)
     faiss.omp_set_num_threads(cores())
     exact["kernel_precision"] = kernel.precision
-    # a bf16 kernel searches deeper than BF16_MAX_K with its fp32 pass
-    exact["depth_precision"] = "fp32" if depth > BF16_MAX_K else kernel.precision
+    exact["depth_precision"] = kernel.precision_for(depth)  # a bf16 kernel's deep searches: fp32
     batches = {}
     for size in (16, 64):
         batch = queries[np.arange(size) % len(queries)]

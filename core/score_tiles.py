@@ -39,10 +39,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-GROUP = 16  # queries of a tile: two 8-lane vectors
-LANES = 8
+GROUP = 16  # queries of a tile: two 8-lane vectors, or one of 16 lanes
+LANES = 8  # of a vector where nothing wider is asked for (AVX2: 8 floats)
 _F32 = ir.FloatType()
-_VEC = ir.VectorType(_F32, LANES)
 _I32 = ir.IntType(32)
 _I8P = ir.IntType(8).as_pointer()
 
@@ -55,7 +54,7 @@ def _index(context: Any, builder: ir.IRBuilder, value: ir.Value, ty: Any) -> ir.
     return context.cast(builder, value, ty, types.intp)
 
 
-def _vector_at(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value, vec: Any = _VEC) -> ir.Value:
+def _vector_at(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value, vec: Any) -> ir.Value:
     """The floats of one ``vec`` at ``base + offset`` as a pointer to it (no alignment assumed)."""
     return builder.bitcast(builder.gep(base, [offset]), vec.as_pointer())
 

@@ -101,13 +101,17 @@ class ExactKernel:
             return empty.astype(np.float32), empty.astype(np.int64)
         if len(queries) == 1:  # either precision: the fp32 scan of one query is bound by the read
             return self._search_one(queries[0], k)
-        if self.precision == "fp32" or k > BF16_MAX_K:
+        if self.precision_for(k) == "fp32":
             return self._search_fused(queries, k)
         top = RunningTopK(len(queries), k, 2 * self.error_bound(queries))
         with torch.inference_mode():
             for start, scores in self.score_blocks(queries):
                 top.offer(scores, start)  # (b, Q8)
         return self._rescored(queries, top.candidates(), k)
+
+    def precision_for(self, k: int) -> Precision:
+        """The scan a batch search of depth ``k`` takes: a bf16 kernel's only up to BF16_MAX_K."""
+        return "bf16" if self.precision == "bf16" and k <= BF16_MAX_K else "fp32"
 
     def warm(self) -> None:
         """Compiles the batch pass now (or loads it from numba's cache), on a few rows, so that the

@@ -217,7 +217,7 @@ def test_warm_compiles_the_batch_pass_before_the_first_batch():
     script = """
 import numpy as np
 from icr.core.threshold_scan import _fused
-from icr.index.exact_kernel import BF16_MAX_K, ExactKernel
+from icr.index.exact_kernel import ExactKernel
 kernel = ExactKernel(np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32))
 before = len(_fused.signatures)
 kernel.warm()
