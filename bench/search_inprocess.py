@@ -53,8 +53,8 @@ def _single(
 
 
 def _matmuls(kernel: ExactKernel, queries: np.ndarray) -> None:
-    """The kernel's scoring pass alone, nothing selected: every score written out (fp32: the fused
-    kernel's scoring half; bf16: the block matmuls)."""
+    """The kernel's scoring pass alone, nothing selected: every score written out (the fused pass's
+    scoring half, in fp32 or in bf16 tiles; bf16 without the tiles: torch's block matmuls)."""
     import torch
 
     with torch.inference_mode():
@@ -146,11 +146,11 @@ def run(
     exact["single_best_p50_vs_floor"] = ratio(best1, floor1)
     faiss.omp_set_num_threads(cores())
     exact["kernel_precision"] = kernel.precision
-    exact["depth_precision"] = kernel.precision_for(depth)  # a bf16 kernel's deep searches: fp32
     batches = {}
     for size in (16, 64):
         batch = queries[np.arange(size) % len(queries)]
         row = {"floor_ms": search_floor_ms(n, dim, size, gbps, gflops)}
+        row["depth_precision"] = kernel.precision_for(depth, size)  # a bf16 kernel's deep search may be fp32
         # 7 runs: the host drifts (3 runs of one 16-query search once read 42, 73 and 74 ms)
         row["search"] = summary(repeat(lambda b=batch: kernel.search(b, K), 7))
         row["vs_floor"] = ratio(row["search"]["median_ms"], row["floor_ms"])

@@ -133,7 +133,7 @@ def _why_exact_batch(
         return (
             f"at this depth the kernel takes its fp32 pass, which scores, compares and keeps the "
             f"{k_label} in {search:.1f} ms (the bf16 scan's candidates would cost more); its bf16 "
-            f"matmuls alone take {matmul:.1f} ms ({matmul / row['floor_ms']:.2f}x the floor)"
+            f"scoring alone takes {matmul:.1f} ms ({matmul / row['floor_ms']:.2f}x the floor)"
         )
     if precision == "fp32":  # scoring and comparing are one compiled pass (icr.core.threshold_scan)
         return (
@@ -142,8 +142,8 @@ def _why_exact_batch(
             f"with the {k_label} kept, takes {search:.1f} ms"
         )
     return (
-        f"the kernel's {precision + ' ' if precision else ''}matmuls alone take {matmul:.1f} ms "
-        f"({matmul / row['floor_ms']:.2f}x the floor); selecting the {k_label} from their scores "
+        f"the kernel's {precision + ' ' if precision else ''}scoring alone, every score written out, "
+        f"takes {matmul:.1f} ms ({matmul / row['floor_ms']:.2f}x the floor); selecting the {k_label} "
         f"(compare, top-k, fp32 rescoring) takes the other {search - matmul:.1f} ms"
     )
 
@@ -298,7 +298,9 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                         "depth_search",
                         f"top {depth}",
                         precision,
-                        _get(search, "exact", "depth_precision") or precision,
+                        _get(search, "exact", "batches", batch, "depth_precision")
+                        or _get(search, "exact", "depth_precision")  # reports before 2026-11-28 (2)
+                        or precision,
                     ),
                 )
             )

@@ -33,6 +33,8 @@ from numba import njit, prange
 
 from icr.core.score_tiles import (
     GROUP,
+    bf16_bits,
+    bf16_tiles,
     prefetch_rows,
     score_row,
     score_tile4,
@@ -144,13 +146,14 @@ def _fused(
     write: bool,
     step: int,
 ) -> None:  # pragma: no cover - compiled; exercised through FusedScan
-    """Scores of x (n, D) against the queries qt (D, W), W a multiple of 16, in tiles of ``step``
-    rows (4, 6 or 12: :func:`tile_rows`). ``write``: every score of the first ``out.shape[1]``
-    queries into ``out`` (n, <= W); else the (row, column, score) triples reaching ``cut`` (W,) into
-    part p's slice of ``rows`` / ``cols`` / ``scores``, and their number (which may exceed the
-    slice) into counts[p]."""
+    """Scores of x (n, D) against the queries qt (D, W), W = len(cut) a multiple of 16, in tiles of
+    ``step`` rows (4, 6 or 12: :func:`tile_rows`); or of bfloat16 bits x (n, D) uint16 against query
+    pairs qt (D / 2, 2 W) uint16 (:mod:`icr.core.score_tiles`). ``write``: every score of the first
+    ``out.shape[1]`` queries into ``out`` (n, <= W); else the (row, column, score) triples reaching
+    ``cut`` (W,) into part p's slice of ``rows`` / ``cols`` / ``scores``, and their number (which may
+    exceed the slice) into counts[p]."""
     n = x.shape[0]
-    width = qt.shape[1]
+    width = len(cut)
     kept = out.shape[1]
     parts = len(counts)
     room = len(rows) // parts
@@ -184,13 +187,17 @@ def _fused(
         counts[p] = at - p * room
 
 
-def tile_rows(width: int) -> int:
+def tile_rows(width: int, bf16: bool = False) -> int:
     """Gallery rows per tile for ``width`` queries (a multiple of 16): 4 when one group of 16 must
     keep up with memory, else as many as the registers hold (the most flops per load): 12 rows of
     one 16-lane vector with AVX-512, 6 rows of two 8-lane vectors without. Each was the fastest
     measured for 16 / 64 queries on the 2-core AMD EPYC hosts (Zen 3: 4 rows 27.0 ms against 30.8
     for 6 at 16 queries, 6 rows 105.1 against 111.2 at 64; Zen 4 at 64 queries: 12 rows 106.6-110.5
-    ms, 6 rows 136.2-141.6, 4 rows 151.6-156.1)."""
+    ms, 6 rows 136.2-141.6, 4 rows 151.6-156.1). bf16 tiles: 6 rows for any width (Zen 4, whole
+    searches at k = 10: 16 queries 19.2 ms against 20.3 for 4 rows and 21.5 for 12; 64 queries
+    61.1 against 66.2 and 65.2)."""
+    if bf16:
+        return 6
     if width <= GROUP:
         return 4
     return 12 if wide_vectors() else 6
@@ -199,23 +206,34 @@ def tile_rows(width: int) -> int:
 class FusedScan:
     """Exact fp32 scores of gallery blocks against fixed queries (Q, D), and the entries reaching a
     cut, found while scoring: nothing of size (b, Q) is written but the triples. Uses every numba
-    thread; output buffers are reused and grown as needed."""
+    thread; output buffers are reused and grown as needed.
 
-    def __init__(self, queries: np.ndarray, capacity: int = 4096):
+    ``bf16``: the blocks are the bfloat16 bits of gallery rows ((b, D) uint16, D even) and the
+    queries are rounded to bfloat16 too; each score is then the fp32 sum of exact products of the
+    rounded values (:mod:`icr.core.score_tiles`; only where :func:`bf16_tiles`)."""
+
+    def __init__(self, queries: np.ndarray, capacity: int = 4096, bf16: bool = False):
         if queries.ndim != 2 or len(queries) == 0:
             raise ValueError(f"need (Q, D) queries with Q >= 1, got {queries.shape}")
+        if bf16 and not (bf16_tiles() and queries.shape[1] % 2 == 0):
+            raise ValueError("bfloat16 tiles need AVX512-BF16 and an even dimension")
         self.queries = np.ascontiguousarray(queries, dtype=np.float32)  # (Q, D)
         # the tiles read the queries transposed, zero columns up to a multiple of 16
         width = -(-len(queries) // GROUP) * GROUP
-        self._qt = np.zeros((queries.shape[1], width), np.float32)  # (D, W)
-        self._qt[:, : len(queries)] = self.queries.T
+        qt = np.zeros((queries.shape[1], width), np.float32)  # (D, W)
+        qt[:, : len(queries)] = self.queries.T
+        self._dtype = np.uint16 if bf16 else np.float32
+        self._qt = qt
+        if bf16:  # each query's two values of a pair of dimensions side by side, (D / 2, 2 W)
+            self._qt = bf16_bits(qt.reshape(-1, 2, width).transpose(0, 2, 1)).reshape(-1, 2 * width)
         self._cut = np.full(width, np.inf, np.float32)  # (W,) the padding columns pass nothing
         self._out = _Triples(numba.get_num_threads(), capacity)  # one part per thread
         self._none = np.empty((0, 0), np.float32)
-        self._step = tile_rows(width)
+        self._step = tile_rows(width, bf16)
 
     def scores(self, block: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """(b, Q) every score of ``block`` (b, D) float32, written into ``out`` (>= b rows)."""
+        """(b, Q) every score of ``block`` (b, D) float32 (bf16: uint16 bits), written into ``out``
+        (>= b rows)."""
         if out.shape[0] < len(block) or out.shape[1:] != (len(self.queries),) or out.dtype != np.float32:
             raise ValueError(
                 f"need a ({len(block)}, {len(self.queries)}) float32 output, got {out.dtype} {out.shape}"
@@ -225,7 +243,7 @@ class FusedScan:
         return out
 
     def _run(self, block: np.ndarray, out: np.ndarray, write: bool) -> None:
-        block = np.ascontiguousarray(block, dtype=np.float32)  # (b, D) no copy for a gallery's rows
+        block = np.ascontiguousarray(block, dtype=self._dtype)  # (b, D) no copy for a gallery's rows
         t = self._out
         with _POOL:
             _fused(block, self._qt, self._cut, out, t.rows, t.cols, t.scores, t.counts, write, self._step)

@@ -55,12 +55,16 @@ class RunningTopK:
         padded to a multiple of 8 (columns past Q are ignored): one compiled pass compares it with
         each query's threshold (:mod:`icr.core.threshold_scan`) and keeps only what passes."""
         window = self.window is not None
-        if not window and self.ids.shape[1] == 0 and not self._pending and len(block) > self.k:
-            if self._take_top(block, start):
-                return
+        fresh = not window and self.ids.shape[1] == 0 and not self._pending
+        # a long block's k + 1 best: the running k best outright, or its k-th a provisional cut
+        ranked = self._first_top(block) if len(block) > self.k and (fresh or not self.settled) else None
+        if fresh and ranked is not None and self._take_top(ranked, start):
+            return
         if not self.settled and len(block) >= self.k:
             # a row still short of k hits: this block's own k-th best is a valid provisional cut
-            kth = torch.topk(block[:, : self.q], self.k, dim=0).values[-1].float().numpy()  # (Q,)
+            if ranked is None:
+                ranked = torch.topk(block[:, : self.q], self.k, dim=0)
+            kth = ranked[0][self.k - 1].float().numpy()  # (Q,)
             unset = ~np.isfinite(self.threshold)
             # fp32 compares strictly, so the k-th's ties must pass this first cut: one float below
             provisional = kth - self.window if window else np.nextafter(kth, -np.inf)
@@ -94,11 +98,12 @@ class RunningTopK:
         if self._count > FLUSH * self.k * self.q or not self.settled:
             self._merge()
 
-    def _take_top(self, block: torch.Tensor, start: int) -> bool:
-        """The first block's exact top k become the running k best outright (no comparison pass),
-        unless a query's (k+1)-th score equals its k-th: ties at the cut are then settled by id
-        through the comparison path. Returns whether it took them."""
-        values, rows = self._first_top(block)  # (k+1, Q) each, best first
+    def _take_top(self, ranked: tuple[torch.Tensor, torch.Tensor], start: int) -> bool:
+        """The first block's exact top k (``ranked``: its k + 1 best values and rows, (k+1, Q) each,
+        best first) become the running k best outright (no comparison pass), unless a query's
+        (k+1)-th score equals its k-th: ties at the cut are then settled by id through the
+        comparison path. Returns whether it took them."""
+        values, rows = ranked
         if bool((values[-1] == values[-2]).any()):
             return False
         self.scores = np.ascontiguousarray(values[:-1].T.numpy())  # (Q, k)

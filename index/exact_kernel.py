@@ -19,15 +19,21 @@ captions on 1M demo-model vectors, with the same 1,000 ids), and two hits that c
 Two precisions of that scan, the same answer:
 
 * ``fp32``: the scores are the answer. A candidate must beat the query's k-th best so far.
-* ``bf16``: the scan multiplies (torch, i.e. oneDNN) a bfloat16 copy of the gallery (half the
-  bytes; on CPUs with AMX, e.g. Sapphire Rapids, 3-5x faster than fp32 at batches of 16-64; on a
-  Zen 4 EPYC with AVX512-BF16, 1.2-1.7x faster at k = 10) and keeps every id whose bf16 score is
-  within ``2 eps`` of the k-th best bf16 score, where ``eps`` bounds the bf16 error of one score
-  (inputs and output rounded to 8 significant bits, fp32 accumulation: ``(3u + 4u^2) |q| max|x|``
-  with ``u = 2^-8``, plus the fp32 sum's own error). Every true top-k id is then among the kept
-  ones, which are rescored from the fp32 vectors: exact, at the price of the bf16 copy (half the
-  fp32 gallery's memory) and the rescoring of the candidates. Searches deeper than
-  :data:`BF16_MAX_K` take the ``fp32`` pass: there the candidates cost more than the scan saves.
+* ``bf16``: the scan multiplies a bfloat16 copy of the gallery (half the bytes) and keeps every id
+  whose bf16 score is within ``2 eps`` of the k-th best bf16 score, where ``eps`` bounds the bf16
+  error of one score (:meth:`ExactKernel.error_bound`, ``u = 2^-8``: inputs rounded to 8 significant
+  bits, ``(2u + u^2) |q| max|x|``, plus the fp32 sum's own error; ``3u + 4u^2`` where the scores are
+  rounded too). Every true top-k id is then among the kept ones, which are rescored from the fp32
+  vectors: exact, at the price of the bf16 copy (half the fp32 gallery's memory) and the rescoring
+  of the candidates. Where numba compiles for AVX512-BF16 (Zen 4, Sapphire Rapids and later) and D
+  is even, the scan is the fused pass in bfloat16 tiles (``vdpbf16ps``, :mod:`icr.core.score_tiles`;
+  scores not rounded); on a 2-core Zen 4 EPYC, 16 queries took 19.3 ms at k = 10 against 29.3 in
+  fp32 and 32.8 through torch (docs/results/2026-11-28-bf16-tiles.md). Elsewhere torch multiplies
+  (oneDNN: on CPUs with AMX reported 3-5x faster than fp32, not measured here), with its block of
+  bf16 scores compared by :class:`~icr.core.threshold_scan.ThresholdScan`. Searches deeper than
+  :data:`BF16_MAX_K` take the ``fp32`` pass (:meth:`ExactKernel.precision_for`): there the
+  candidates cost more than the scan saves, unless the batch is small and the scan is the compiled
+  one below.
 
 One query is scored by a matrix-vector product over the fp32 vectors, whatever the precision:
 numpy's BLAS, whose product of the gallery with one vector is what ``icr bench`` measures the
@@ -50,6 +56,7 @@ import numba
 import numpy as np
 import torch
 
+from icr.core.score_tiles import bf16_tiles
 from icr.core.threshold_scan import FusedScan
 from icr.core.top_k import RunningTopK, best_columns, padded_queries
 
@@ -58,12 +65,16 @@ BLOCK = 65_536  # gallery rows per multiply: 32 MiB at dim 128 in fp32
 # blocks to pass little): scored in full, then ranked
 FIRST_BLOCK = 8_192
 BF16_UNIT = 2.0**-8  # bfloat16 keeps 8 significant bits: relative rounding error <= 2^-8
-# Deepest search the bf16 scan takes: deeper, its candidate window (about 1.8 k ids a query at k = 1,000)
-# costs more to keep and rescore than the scan saves, whatever multiplies the bf16 (the selection
-# does not use it). 2-core AMD EPYC with AVX512-BF16 (Zen 4), 1M x 128 demo vectors, 2026-11-28, bf16 /
+# Deepest search the bf16 scan takes at any batch size: deeper, its candidate window (about 1.8 k ids a
+# query at k = 1,000) costs more to keep and rescore than the scan saves (the selection does not use
+# bf16). 2-core AMD EPYC with AVX512-BF16 (Zen 4), 1M x 128 demo vectors, 2026-11-28, bf16 (torch) /
 # fp32 ms: 16 queries 38 / 46 at k = 10, 45 / 51 at k = 300, 75 / 61 at k = 1,000; 64 queries 74 / 125,
 # 138 / 158, 212 / 165 (docs/results/2026-11-28-zen4-exact.md)
 BF16_MAX_K = 300
+# With the compiled bf16 tiles the scan is cheap enough that a small batch's candidates still pay at
+# any depth up to this many (query, rank) pairs. Same host, k = 1,000, tiles / fp32 ms: 8 queries
+# 28.9 / 35.6, 16: 38.5 / 39.3, 32: 78.8 / 91.2, 64: 158.4 / 139.4 (docs/results/2026-11-28-bf16-tiles.md)
+BF16_TILES_MAX_PAIRS = 32_000
 Precision = Literal["fp32", "bf16"]
 
 
@@ -81,6 +92,12 @@ class ExactKernel:
         self.block = block
         self._fp32 = torch.from_numpy(matrix)  # (N, D) shares the memory
         self._scan = self._fp32.to(torch.bfloat16) if precision == "bf16" else self._fp32
+        # the bf16 copy's bits, for the compiled bf16 tiles where the CPU has them (else torch multiplies)
+        self._bits = (
+            self._scan.view(torch.int16).numpy().view(np.uint16)  # (N, D) the same memory
+            if precision == "bf16" and bf16_tiles() and matrix.shape[1] % 2 == 0
+            else None
+        )
         norms = np.linalg.norm(matrix, axis=1) if len(matrix) else np.zeros(1, np.float32)
         self._max_norm = float(norms.max())
 
@@ -101,17 +118,24 @@ class ExactKernel:
             return empty.astype(np.float32), empty.astype(np.int64)
         if len(queries) == 1:  # either precision: the fp32 scan of one query is bound by the read
             return self._search_one(queries[0], k)
-        if self.precision_for(k) == "fp32":
-            return self._search_fused(queries, k)
+        if self.precision_for(k, len(queries)) == "fp32":
+            return self._search_fused(queries, k, None)
+        if self._bits is not None:
+            return self._search_fused(queries, k, self._bits)
         top = RunningTopK(len(queries), k, 2 * self.error_bound(queries))
         with torch.inference_mode():
             for start, scores in self.score_blocks(queries):
                 top.offer(scores, start)  # (b, Q8)
         return self._rescored(queries, top.candidates(), k)
 
-    def precision_for(self, k: int) -> Precision:
-        """The scan a batch search of depth ``k`` takes: a bf16 kernel's only up to BF16_MAX_K."""
-        return "bf16" if self.precision == "bf16" and k <= BF16_MAX_K else "fp32"
+    def precision_for(self, k: int, queries: int) -> Precision:
+        """The scan a search of ``queries`` (> 1) at depth ``k`` takes: a bf16 kernel's up to
+        BF16_MAX_K, or, with the compiled bf16 tiles, up to BF16_TILES_MAX_PAIRS (query, rank) pairs."""
+        if self.precision != "bf16":
+            return "fp32"
+        if k <= BF16_MAX_K or (self._bits is not None and queries * k <= BF16_TILES_MAX_PAIRS):
+            return "bf16"
+        return "fp32"
 
     def warm(self) -> None:
         """Compiles the batch pass now (or loads it from numba's cache), on a few rows, so that the
@@ -119,24 +143,34 @@ class ExactKernel:
         once had a p99 of 4.6 s, when an edited module had to be compiled again."""
         if self.ntotal >= 2:
             rows = self.matrix[:64]  # (<= 64, D)
-            ExactKernel(rows, self.precision).search(rows[:2], 1)
+            small = ExactKernel(rows, self.precision)
+            small.search(rows[:2], 1)
+            if self.precision == "bf16":  # deep searches of large batches take the fp32 pass
+                small._search_fused(rows[:2], 1, None)
 
-    def _search_fused(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """fp32 :meth:`search` of several queries: each block scored and compared with the running
-        k-th bests in one compiled pass (:class:`icr.core.threshold_scan.FusedScan`); only the first
-        blocks, while some query has fewer than k candidates, are scored in full and offered."""
+    def _search_fused(
+        self, queries: np.ndarray, k: int, bits: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` of several queries: each block scored and compared with the running k-th
+        bests in one compiled pass (:class:`icr.core.threshold_scan.FusedScan`); only the first
+        blocks, while some query has fewer than k candidates, are scored in full and offered.
+        ``bits``: the bf16 copy's (N, D) uint16, scanned instead of the fp32 vectors; every id within
+        ``2 eps`` of a query's k-th best is kept and rescored in fp32."""
         padded = padded_queries(queries)  # (Q8, D)
         # the block after the first passes about k per query: room for twice that, so the pass
         # seldom runs a block again for want of room
         parts = numba.get_num_threads()
-        scan = FusedScan(padded, capacity=min(1 << 18, max(4096, 2 * len(queries) * k // parts)))
-        top = RunningTopK(len(queries), k, None)
+        capacity = min(1 << 18, max(4096, 2 * len(queries) * k // parts))
+        scan = FusedScan(padded, capacity, bf16=bits is not None)
+        window = None if bits is None else 2 * self.error_bound(queries, rounded_scores=False)
+        top = RunningTopK(len(queries), k, window)
+        gallery = self.matrix if bits is None else bits  # (N, D)
         # a short first block: scored in full and ranked by torch, it sets every threshold
         first = min(self.block, max(FIRST_BLOCK, 64 * k))
         out = np.empty((0, len(padded)), np.float32)  # (b, Q8) allocated at the first full scoring
         with torch.inference_mode():
             for start in [0, *range(first, self.ntotal, self.block)]:
-                rows = self.matrix[start : start + (first if start == 0 else self.block)]  # (b, D)
+                rows = gallery[start : start + (first if start == 0 else self.block)]  # (b, D)
                 if top.settled:
                     r, c, s = scan.reaching(rows, top.cut(len(padded)))
                     top.add(c, s, r + start)
@@ -144,7 +178,7 @@ class ExactKernel:
                     if len(out) < len(rows):
                         out = np.empty((len(rows), len(padded)), np.float32)
                     top.offer(torch.from_numpy(scan.scores(rows, out)), start)
-        return top.result()
+        return top.result() if bits is None else self._rescored(queries, top.candidates(), k)
 
     def score_blocks(self, queries: np.ndarray) -> Iterator[tuple[int, torch.Tensor]]:
         """(first row, (b, Q8) scores) of each gallery block against (Q, D) float32 ``queries``, in
@@ -162,6 +196,12 @@ class ExactKernel:
             buffer = np.empty((min(self.block, self.ntotal), len(padded)), np.float32)  # (b, Q8)
             for start in range(0, self.ntotal, self.block):
                 yield start, torch.from_numpy(scan.scores(self.matrix[start : start + self.block], buffer))
+            return
+        if self._bits is not None:  # the compiled bf16 tiles, as :meth:`search` scans them
+            scan = FusedScan(padded, bf16=True)
+            buffer = np.empty((min(self.block, self.ntotal), len(padded)), np.float32)  # (b, Q8)
+            for start in range(0, self.ntotal, self.block):
+                yield start, torch.from_numpy(scan.scores(self._bits[start : start + self.block], buffer))
             return
         q = torch.from_numpy(padded).to(self._scan.dtype)  # (Q8, D)
         # one output buffer for every block: a fresh 8 MiB tensor per block costs its page faults
@@ -202,12 +242,20 @@ class ExactKernel:
         order = np.lexsort((best_i, -best_s))
         return best_s[order][None], best_i[order][None]
 
-    def error_bound(self, queries: np.ndarray) -> np.ndarray:
-        """(Q,) bound on |bf16 score - fp32 score| of each query against any gallery vector."""
+    def error_bound(self, queries: np.ndarray, rounded_scores: bool = True) -> np.ndarray:
+        """(Q,) bound on |bf16 score - fp32 score| of each query against any gallery vector.
+        ``rounded_scores``: the scores themselves are rounded to bf16 (torch's bf16 matmul); not
+        so from the compiled tiles, which sum exact products of the rounded inputs in fp32 but
+        read and write denormals as zero (at most 2^-126 (1 + |q_i|) a dimension)."""
         u, d = BF16_UNIT, queries.shape[1]
-        scale = np.linalg.norm(queries, axis=1) * self._max_norm  # (Q,) >= sum |q_i x_i|
-        bound: np.ndarray = ((3 * u + 4 * u * u + d * 2.0**-23) * scale).astype(np.float32)
-        return bound
+        norms = np.linalg.norm(queries, axis=1)  # (Q,)
+        scale = norms * self._max_norm  # (Q,) >= sum |q_i x_i|
+        if rounded_scores:
+            relative = 3 * u + 4 * u * u  # both inputs and the output rounded
+        else:
+            relative = 2 * u + u * u  # (1 + u)^2 - 1: both inputs rounded
+        bound = (relative + d * 2.0**-23) * scale + (0.0 if rounded_scores else d * 2.0**-126 * (1 + norms))
+        return np.asarray(bound, dtype=np.float32)
 
     def _rescored(self, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k best of ``candidates`` (Q, W) ids (-1: padding) by their fp32 scores, ties by id."""

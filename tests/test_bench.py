@@ -245,16 +245,16 @@ def test_a_missed_target_says_why_from_the_figures_measured_beside_it() -> None:
         "measure 0.930"
     )
     assert why["exact batch of 16 / matmul floor"] == (
-        "the kernel's bf16 matmuls alone take 25.0 ms (0.62x the floor); selecting the top 10 from "
-        "their scores (compare, top-k, fp32 rescoring) takes the other 35.0 ms"
+        "the kernel's bf16 scoring alone, every score written out, takes 25.0 ms (0.62x the floor); "
+        "selecting the top 10 (compare, top-k, fp32 rescoring) takes the other 35.0 ms"
     )
     assert "selecting the top 1000" in why["exact batch of 16 at depth 1000 / matmul floor"]
     assert "the other 65.0 ms" in why["exact batch of 16 at depth 1000 / matmul floor"]
-    exact["depth_precision"] = "fp32"  # a bf16 kernel's search deeper than BF16_MAX_K
+    exact["batches"]["16"]["depth_precision"] = "fp32"  # a bf16 kernel's deep search of this batch
     why = {t["target"]: t["why"] for t in targets(report)}
     assert why["exact batch of 16 at depth 1000 / matmul floor"] == (
         "at this depth the kernel takes its fp32 pass, which scores, compares and keeps the top 1000 in "
-        "90.0 ms (the bf16 scan's candidates would cost more); its bf16 matmuls alone take 25.0 ms "
+        "90.0 ms (the bf16 scan's candidates would cost more); its bf16 scoring alone takes 25.0 ms "
         "(0.62x the floor)"
     )
     assert "selecting the top 10" in why["exact batch of 16 / matmul floor"]  # k = 10: the bf16 scan
@@ -282,6 +282,8 @@ def test_a_missed_target_says_why_from_the_figures_measured_beside_it() -> None:
     report["targets"] = targets(report)
     assert "| **no** | not broken down by this run |" in markdown(report)
     assert "| exact kernel (matrix-vector scan), 16 thread(s) | 1.00 | 33.00 | 38.00 |" in markdown(report)
+    # the batch's deep search names the scan it took (here fp32, though the kernel is bf16)
+    assert "| 16 | 40.00 | 60.00 | 1.50 | 266.00 | 90.0 (fp32) | 2.25 |" in markdown(report)
 
 
 def test_peers_run_every_engine_and_pick_the_fastest_setting_meeting_the_targets() -> None:

@@ -12,7 +12,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from icr.index.exact_kernel import BF16_MAX_K, ExactKernel
+from icr.core.score_tiles import bf16_tiles
+from icr.index.exact_kernel import BF16_MAX_K, BF16_TILES_MAX_PAIRS, ExactKernel
+
+
+def make_kernel(matrix: np.ndarray, scan: str, block: int) -> ExactKernel:
+    """``scan``: fp32, bf16 (the compiled bf16 tiles where this CPU has them, else torch), or
+    bf16-torch (torch multiplies the bf16 copy, as on a CPU without the tiles)."""
+    made = ExactKernel(matrix, "bf16" if scan.startswith("bf16") else "fp32", block=block)
+    if scan == "bf16-torch":
+        made._bits = None
+    return made
+
+
+SCANS = ["fp32", "bf16", "bf16-torch"]
 
 
 def brute_force(matrix: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -32,13 +45,13 @@ def brute_force(matrix: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.nda
     k=st.integers(1, 60),
     block=st.integers(1, 130),
     seed=st.integers(0, 2**16),
-    precision=st.sampled_from(["fp32", "bf16"]),
+    scan=st.sampled_from(SCANS),
 )
-def test_every_hit_matches_a_brute_force_loop(n, q, k, block, seed, precision):
+def test_every_hit_matches_a_brute_force_loop(n, q, k, block, seed, scan):
     rng = np.random.default_rng(seed)
     matrix = rng.integers(-2, 3, size=(n, 4)).astype(np.float32)  # few values: many tied scores
     queries = rng.integers(-2, 3, size=(q, 4)).astype(np.float32)
-    scores, ids = ExactKernel(matrix, precision, block=block).search(queries, k)
+    scores, ids = make_kernel(matrix, scan, block).search(queries, k)
     want_scores, want_ids = brute_force(matrix, queries, k)
     assert ids.shape == (q, min(k, n))
     np.testing.assert_array_equal(ids, want_ids)
@@ -74,17 +87,18 @@ def test_one_query_matches_a_brute_force_loop(n, k, block, seed, precision):
     k=st.integers(1, 80),
     block=st.integers(1, 200),
     seed=st.integers(0, 2**16),
+    scan=st.sampled_from(["bf16", "bf16-torch"]),
+    dim=st.sampled_from([15, 16]),
 )
-def test_the_bf16_scan_loses_no_true_neighbour(n, q, k, block, seed):
+def test_the_bf16_scan_loses_no_true_neighbour(n, q, k, block, seed, scan, dim):
     """Vectors bf16 cannot hold: the scan's scores are off by up to its error bound, yet every hit
     is a true top-k one (float64 brute force, ties within float32 rounding) with its fp32 score."""
     rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((5, 16))
-    matrix = (centres[rng.integers(0, 5, n)] + 0.05 * rng.standard_normal((n, 16))).astype(np.float32)
+    centres = rng.standard_normal((5, dim))
+    matrix = (centres[rng.integers(0, 5, n)] + 0.05 * rng.standard_normal((n, dim))).astype(np.float32)
     matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)  # clustered: many near-ties
-    queries = matrix[rng.integers(0, n, q)] + 0.01 * rng.standard_normal((q, 16)).astype(np.float32)
-    kernel = ExactKernel(matrix, "bf16", block=block)
-    scores, ids = kernel.search(queries, k)
+    queries = matrix[rng.integers(0, n, q)] + 0.01 * rng.standard_normal((q, dim)).astype(np.float32)
+    scores, ids = make_kernel(matrix, scan, block).search(queries, k)  # an odd dim: torch multiplies
     exact = queries.astype(np.float64) @ matrix.astype(np.float64).T  # (Q, N)
     kk = min(k, n)
     assert ids.shape == (q, kk)
@@ -96,27 +110,40 @@ def test_the_bf16_scan_loses_no_true_neighbour(n, q, k, block, seed):
         assert np.all(np.diff(scores[row]) <= 0)
 
 
-def test_the_bf16_error_bound_holds_for_the_scan_it_guards():
+@pytest.mark.parametrize("tiles", [False, True], ids=["torch", "compiled-tiles"])
+def test_the_bf16_error_bound_holds_for_the_scan_it_guards(tiles):
     import torch
 
+    if tiles and not bf16_tiles():
+        pytest.skip("this CPU has no AVX512-BF16 for the compiled bf16 tiles")
     rng = np.random.default_rng(0)
     matrix = rng.standard_normal((20000, 128)).astype(np.float32) * rng.uniform(0.1, 3, (20000, 1))
     queries = rng.standard_normal((32, 128)).astype(np.float32)
     m32 = matrix.astype(np.float32)
     kernel = ExactKernel(m32, "bf16", block=4096)
+    if not tiles:
+        kernel._bits = None  # torch multiplies the bf16 copy, as where the CPU has no bf16 tiles
+    assert (kernel._bits is not None) == tiles
     # the scoring pass the search selects from (and `icr bench` times alone), block by block: the
     # gallery in bf16, or in fp32 as it is; one buffer serves every block, so each is copied out
     blocks = [(start, s.clone()) for start, s in kernel.score_blocks(queries)]
     assert [start for start, _ in blocks] == list(range(0, 20000, 4096))
     scan = torch.cat([s for _, s in blocks])[:, :32].T.float().numpy()  # (32, 20000)
-    bf16 = (torch.from_numpy(m32).bfloat16() @ torch.from_numpy(queries).bfloat16().T).T.float().numpy()
-    assert np.array_equal(scan, bf16)
+    xb, qb = torch.from_numpy(m32).bfloat16(), torch.from_numpy(queries).bfloat16()
+    if tiles:  # exact products of the rounded inputs, summed in fp32
+        rounded = (qb.double() @ xb.double().T).numpy()  # (32, 20000)
+        assert scan.dtype == np.float32
+        assert np.abs(scan - rounded).max() <= 128 * 2.0**-23 * np.abs(rounded).max()
+    else:  # torch's bf16 matmul, rounded to bf16
+        assert np.array_equal(scan, (xb @ qb.T).T.float().numpy())
     fp32 = torch.cat([s.clone() for _, s in ExactKernel(m32, block=4096).score_blocks(queries)])
     assert fp32.dtype == torch.float32 and np.allclose(fp32.numpy().T, queries @ m32.T, atol=1e-4)
     exact = queries.astype(np.float64) @ matrix.astype(np.float64).T  # (32, 20000)
     error = np.abs(scan - exact).max(axis=1)  # (32,)
-    bound = kernel.error_bound(queries)
+    bound = kernel.error_bound(queries, rounded_scores=not tiles)
     assert np.all(error <= bound) and np.all(bound < 20 * error)  # holds, and is not vacuous
+    if tiles:  # the tiles' window is the narrower one
+        assert np.all(bound < kernel.error_bound(queries))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -135,26 +162,37 @@ def test_a_realistic_gallery_with_duplicates(precision):
     assert ids[0, 0] == 0 and ids[0, 1] == 4000  # a query equal to row 0 finds it, then its duplicate
 
 
-def test_a_bf16_kernel_searches_deeper_than_its_limit_with_the_fp32_pass(monkeypatch):
-    """Beyond BF16_MAX_K the bf16 candidates cost more than the scan saves: the fp32 pass answers,
-    bit for bit as an fp32 kernel does, and nothing is rescored; at the limit the bf16 scan still
-    answers, with the same ids."""
+@pytest.mark.parametrize("scan", ["bf16", "bf16-torch"])
+def test_a_bf16_kernel_searches_deeper_than_its_limit_with_the_fp32_pass(monkeypatch, scan):
+    """Beyond BF16_MAX_K the bf16 candidates cost more than the scan saves, unless the scan is the
+    compiled tiles' and the batch has at most BF16_TILES_MAX_PAIRS (query, rank) pairs: the fp32 pass
+    answers, bit for bit as an fp32 kernel does, and nothing is rescored; within the limits the bf16
+    scan answers, with the same ids."""
     rng = np.random.default_rng(1)
     matrix = rng.standard_normal((3000, 16)).astype(np.float32)
     queries = rng.standard_normal((5, 16)).astype(np.float32)
-    bf16, fp32 = ExactKernel(matrix, "bf16", block=700), ExactKernel(matrix, "fp32", block=700)
+    bf16, fp32 = make_kernel(matrix, scan, 700), ExactKernel(matrix, "fp32", block=700)
+    tiles = bf16._bits is not None
+    deep = BF16_TILES_MAX_PAIRS // len(queries) if tiles else BF16_MAX_K  # the deepest bf16 search
+    deep = min(deep, 2000)  # (a 3,000-row gallery)
+    assert bf16.precision_for(deep, len(queries)) == "bf16"
+    assert bf16.precision_for(BF16_MAX_K, 10**6) == "bf16"
+    assert bf16.precision_for(BF16_MAX_K + 1, 10**6) == "fp32"
+    assert bf16.precision_for(BF16_TILES_MAX_PAIRS, 1) == ("bf16" if tiles else "fp32")
+    assert fp32.precision_for(1, 2) == "fp32"
     at_limit = bf16.search(queries, BF16_MAX_K)
     np.testing.assert_array_equal(at_limit[1], fp32.search(queries, BF16_MAX_K)[1])
 
     def rescored(*args):
-        raise AssertionError("a search deeper than BF16_MAX_K went through the bf16 scan")
+        raise AssertionError("a search past the limits went through the bf16 scan")
 
     monkeypatch.setattr(bf16, "_rescored", rescored)
-    deeper = bf16.search(queries, BF16_MAX_K + 1)
-    want = fp32.search(queries, BF16_MAX_K + 1)
+    wide = np.concatenate([queries] * 7)  # 35 queries: 35 x 1,000 pairs, past BF16_TILES_MAX_PAIRS
+    deeper = bf16.search(wide, 1000)
+    want = fp32.search(wide, 1000)
     np.testing.assert_array_equal(deeper[0], want[0])
     np.testing.assert_array_equal(deeper[1], want[1])
-    with pytest.raises(AssertionError, match="deeper than"):
+    with pytest.raises(AssertionError, match="past the limits"):
         bf16.search(queries, BF16_MAX_K)  # the limit itself is the bf16 scan's
 
 
@@ -215,14 +253,20 @@ def test_warm_compiles_the_batch_pass_before_the_first_batch():
     """A fresh process has no compiled batch pass until something asks for one; ``warm`` (what the
     server calls when it loads a flat index) leaves it compiled, from numba's cache or from scratch."""
     script = """
+import sys
 import numpy as np
 from icr.core.threshold_scan import _fused
 from icr.index.exact_kernel import ExactKernel
-kernel = ExactKernel(np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32))
+kernel = ExactKernel(np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32), sys.argv[1])
 before = len(_fused.signatures)
 kernel.warm()
 print(before, len(_fused.signatures))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["0", "1"]
+    for precision in ("fp32", "bf16"):
+        done = subprocess.run(
+            [sys.executable, "-c", script, precision], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        # a bf16 kernel: the fp32 pass (deep searches), and the bf16 one where it is compiled tiles
+        want = "2" if precision == "bf16" and bf16_tiles() else "1"
+        assert done.stdout.split() == ["0", want]

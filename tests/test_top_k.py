@@ -116,10 +116,49 @@ def test_a_long_first_blocks_top_k_is_found_above_a_sampled_cut(layout: str, mon
     monkeypatch.setattr(torch, "topk", spy)
     top = RunningTopK(q, k, None)
     top.offer(torch.from_numpy(block), 0)
-    # a tie at the k-th: the comparison path's provisional cut is a whole top-k, as before
-    assert bool(whole) == (layout != "distinct")
+    # a tie at the k-th: the comparison path's provisional cut is the sampled top-k's k-th
+    assert bool(whole) == (layout in ("sampled_rows_best", "too_many_queries"))
     got_s, got_i = top.result()
     for i in range(q):
         ranked = sorted(range(n), key=lambda j: (-scores[j, i], j))[:k]
         assert got_i[i].tolist() == ranked
         assert got_s[i].tolist() == scores[ranked, i].tolist()
+
+
+@pytest.mark.parametrize("layout", ["distinct", "sampled_rows_best", "ties"])
+def test_a_window_keeps_everything_within_it_of_the_k_th_best(layout: str, monkeypatch) -> None:
+    """With a window (the bf16 scans' candidates), a long first block's provisional cut comes from
+    its sampled top k (no top-k over the whole block unless the sample misleads) and later blocks
+    compete: the candidates are exactly the ids whose score is within the window of the k-th best."""
+    rng = np.random.default_rng(3)
+    q, k = 4, 20
+    first = 2 * SAMPLE * (k + 1) + 11
+    n = first + 500
+    if layout == "ties":
+        scores = rng.integers(-6, 7, size=(n, q)).astype(np.float32) / 4
+    else:
+        scores = rng.standard_normal((n, q)).astype(np.float32)
+    if layout == "sampled_rows_best":
+        scores[:first:SAMPLE] += 100
+    window = np.array([0.0, 0.05, 0.25, 1.0], np.float32)  # (Q,)
+    padded_width = len(padded_queries(np.zeros((q, 1), np.float32)))
+    whole = []
+    real_topk = torch.topk
+
+    def spy(values, *args, **kwargs):
+        if values.shape[0] == first:
+            whole.append(values.shape)
+        return real_topk(values, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "topk", spy)
+    top = RunningTopK(q, k, window)
+    for start, stop in ((0, first), (first, n)):
+        block = np.full((stop - start, padded_width), 99.0, np.float32)
+        block[:, :q] = scores[start:stop]
+        top.offer(torch.from_numpy(block), start)
+    assert bool(whole) == (layout == "sampled_rows_best")
+    got = top.candidates()
+    for i in range(q):
+        kth = sorted(scores[:, i].tolist(), reverse=True)[k - 1]
+        want = {j for j in range(n) if scores[j, i] >= np.float32(kth - window[i])}
+        assert set(got[i][got[i] >= 0].tolist()) == want
