@@ -85,6 +85,14 @@ def _plus(builder: ir.IRBuilder, value: ir.Value, constant: int) -> ir.Value:
     return builder.add(value, ir.Constant(value.type, constant))
 
 
+def _tile_args(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> tuple[Any, ...]:
+    """A tile's arguments (x, i, qt, g, out, t): the arrays x, qt, out, then i, g, t as intp."""
+    types_ = signature.args
+    arrays = [context.make_array(types_[a])(context, builder, args[a]) for a in (0, 2, 4)]
+    starts = [_index(context, builder, args[a], types_[a]) for a in (1, 3, 5)]
+    return (*arrays, *starts)
+
+
 def _tile_intrinsic(rows: int, lanes: int = LANES) -> Any:
     """An intrinsic ``tile(x, i, qt, g, out, t)``: ``out[t + r, g : g + 16] = x[i + r] @ qt[:, g :
     g + 16]`` for r < ``rows``; x (N, D), qt (D, W), out (T, W), all float32 C-contiguous. Or, with
@@ -102,13 +110,7 @@ def _tile_intrinsic(rows: int, lanes: int = LANES) -> Any:
             return sig, functools.partial(_bf16_codegen, rows)
 
         def codegen(context: Any, builder: ir.IRBuilder, signature: Any, args: Any) -> Any:
-            xt, it, qtt, gt, ot, tt = signature.args
-            xa = context.make_array(xt)(context, builder, args[0])
-            qa = context.make_array(qtt)(context, builder, args[2])
-            oa = context.make_array(ot)(context, builder, args[4])
-            row0 = _index(context, builder, args[1], it)
-            col0 = _index(context, builder, args[3], gt)
-            out0 = _index(context, builder, args[5], tt)
+            xa, qa, oa, row0, col0, out0 = _tile_args(context, builder, signature, args)
             dim = builder.extract_value(xa.shape, 1)
             width = builder.extract_value(qa.shape, 1)
             out_width = builder.extract_value(oa.shape, 1)
@@ -152,13 +154,7 @@ def _bf16_codegen(rows: int, context: Any, builder: ir.IRBuilder, signature: Any
     """A bfloat16 tile: per pair of dimensions, one 32-bit load of each row (its two bf16 values)
     broadcast to 16 lanes, and ``vdpbf16ps`` against the 16 queries' pairs into one 16-lane fp32
     accumulator per row (``rows`` of AVX-512's 32 registers)."""
-    xt, it, qtt, gt, ot, tt = signature.args
-    xa = context.make_array(xt)(context, builder, args[0])
-    qa = context.make_array(qtt)(context, builder, args[2])
-    oa = context.make_array(ot)(context, builder, args[4])
-    row0 = _index(context, builder, args[1], it)
-    col0 = _index(context, builder, args[3], gt)
-    out0 = _index(context, builder, args[5], tt)
+    xa, qa, oa, row0, col0, out0 = _tile_args(context, builder, signature, args)
     two = ir.Constant(row0.type, 2)
     pairs = builder.udiv(builder.extract_value(xa.shape, 1), two)  # 32-bit words of a row
     width = builder.udiv(builder.extract_value(qa.shape, 1), two)  # 32-bit words of a qt row: W

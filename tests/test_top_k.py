@@ -84,6 +84,20 @@ def test_a_tie_at_the_first_blocks_cut_goes_to_the_lower_id() -> None:
     assert ids.tolist() == [[0, 1]] and scores.tolist() == [[5.0, 4.0]]
 
 
+def whole_block_topks(monkeypatch, rows: int) -> list:
+    """The shapes of the torch.topk calls from now on that rank every one of a block's ``rows``."""
+    whole = []
+    real_topk = torch.topk
+
+    def spy(values, *args, **kwargs):
+        if values.shape[0] == rows:
+            whole.append(values.shape)
+        return real_topk(values, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "topk", spy)
+    return whole
+
+
 @pytest.mark.parametrize("layout", ["distinct", "sampled_rows_best", "ties", "too_many_queries"])
 def test_a_long_first_blocks_top_k_is_found_above_a_sampled_cut(layout: str, monkeypatch) -> None:
     """A first block of at least 2 x SAMPLE x (k + 1) rows: its top k are looked for above a cut
@@ -105,15 +119,7 @@ def test_a_long_first_blocks_top_k_is_found_above_a_sampled_cut(layout: str, mon
     padded_width = len(padded_queries(np.zeros((q, 1), np.float32)))
     block = np.full((n, padded_width), 99.0, np.float32)
     block[:, :q] = scores
-    whole = []  # the top-k calls that ranked every row of the block
-    real_topk = torch.topk
-
-    def spy(values, *args, **kwargs):
-        if values.shape[0] == n:
-            whole.append(values.shape)
-        return real_topk(values, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "topk", spy)
+    whole = whole_block_topks(monkeypatch, n)
     top = RunningTopK(q, k, None)
     top.offer(torch.from_numpy(block), 0)
     # a tie at the k-th: the comparison path's provisional cut is the sampled top-k's k-th
@@ -142,15 +148,7 @@ def test_a_window_keeps_everything_within_it_of_the_k_th_best(layout: str, monke
         scores[:first:SAMPLE] += 100
     window = np.array([0.0, 0.05, 0.25, 1.0], np.float32)  # (Q,)
     padded_width = len(padded_queries(np.zeros((q, 1), np.float32)))
-    whole = []
-    real_topk = torch.topk
-
-    def spy(values, *args, **kwargs):
-        if values.shape[0] == first:
-            whole.append(values.shape)
-        return real_topk(values, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "topk", spy)
+    whole = whole_block_topks(monkeypatch, first)
     top = RunningTopK(q, k, window)
     for start, stop in ((0, first), (first, n)):
         block = np.full((stop - start, padded_width), 99.0, np.float32)
