@@ -150,7 +150,7 @@ def run(
     for size in (16, 64):
         batch = queries[np.arange(size) % len(queries)]
         row = {"floor_ms": search_floor_ms(n, dim, size, gbps, gflops)}
-        row["depth_precision"] = kernel.precision_for(depth, size)  # a bf16 kernel's deep search may be fp32
+        row["depth_precision"] = kernel.precision_for(depth)  # a bf16 kernel's deep search may be fp32
         # 7 runs: the host drifts (3 runs of one 16-query search once read 42, 73 and 74 ms)
         row["search"] = summary(repeat(lambda b=batch: kernel.search(b, K), 7))
         row["vs_floor"] = ratio(row["search"]["median_ms"], row["floor_ms"])

@@ -41,11 +41,18 @@ class RunningTopK:
     ``window`` (Q,) of the k-th best; unordered, -inf / -1 padded. ``threshold`` (Q,): what a new
     score must beat (fp32) or reach (with a window)."""
 
-    def __init__(self, q: int, k: int, window: np.ndarray | None):
+    def __init__(self, q: int, k: int, window: np.ndarray | None, floor: np.ndarray | None = None):
+        """``floor`` (Q,) float32: an optimistic cut (e.g. from a sample of the gallery): only
+        scores at or above it are ever offered. What it may have cut off is told by :meth:`unsure`."""
         self.q, self.k, self.window = q, k, window
         self.scores = np.full((q, 0), -np.inf, np.float32)
         self.ids = np.full((q, 0), -1, np.int64)
-        self.threshold = np.full(q, -np.inf, np.float32)
+        self.floor = None if floor is None else np.asarray(floor, np.float32)
+        # the threshold :meth:`cut` passes a score from: fp32 strictly above, a window from one float below
+        self._least = np.full(q, -np.inf, np.float32)
+        if self.floor is not None:
+            self._least = self.floor if window is not None else np.nextafter(self.floor, np.float32(-np.inf))
+        self.threshold = self._least.copy()
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, scores, ids)
         self._count = 0
         self._scan = ThresholdScan()  # its output buffers are reused block after block
@@ -55,9 +62,13 @@ class RunningTopK:
         padded to a multiple of 8 (columns past Q are ignored): one compiled pass compares it with
         each query's threshold (:mod:`icr.core.threshold_scan`) and keeps only what passes."""
         window = self.window is not None
-        fresh = not window and self.ids.shape[1] == 0 and not self._pending
+        fresh = not window and self.floor is None and self.ids.shape[1] == 0 and not self._pending
         # a long block's k + 1 best: the running k best outright, or its k-th a provisional cut
-        ranked = self._first_top(block) if len(block) > self.k and (fresh or not self.settled) else None
+        ranked = (
+            top_rows(block, self.q, self.k + 1, self._scan)
+            if len(block) > self.k and (fresh or not self.settled)
+            else None
+        )
         if fresh and ranked is not None and self._take_top(ranked, start):
             return
         if not self.settled and len(block) >= self.k:
@@ -111,28 +122,6 @@ class RunningTopK:
         self.threshold = self.scores[:, -1].copy()  # the k-th best: what a later score must beat
         return True
 
-    def _first_top(self, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``torch.topk(block[:, :Q], k + 1, dim=0)`` of a long fp32 block, found among the entries
-        that reach a cut taken from every SAMPLE-th row (one compiled comparison pass, then a top-k
-        of about 2 k candidates a query): a top-k of 1,001 over the 64,000 rows of a depth-1,000
-        search's first block cost 27 of its 165 ms for 64 queries. Falls back to the full top-k
-        where the cut lets fewer than k + 1 through, and for more than SAMPLED_MAX (query, rank)
-        pairs."""
-        k1, b = self.k + 1, len(block)
-        if block.dtype != torch.float32 or b < 2 * SAMPLE * k1 or self.q * k1 > SAMPLED_MAX:
-            return torch.topk(block[:, : self.q], k1, dim=0)
-        sample = block[::SAMPLE, : self.q]  # (b / SAMPLE, Q)
-        # about 2 (k + 1) rows of the block are expected at or above the sample's r-th best
-        rank = min(len(sample), 2 * -(-k1 // SAMPLE) + 8)
-        cut = np.full(block.shape[1], np.inf, np.float32)  # (Q8,) padding columns pass nothing
-        cut[: self.q] = torch.topk(sample, rank, dim=0).values[-1].numpy()
-        rows, cols, scores = self._scan.reaching(block.numpy(), cut)
-        if np.bincount(cols, minlength=self.q).min() < k1:  # an unlucky sample: rank everything
-            return torch.topk(block[:, : self.q], k1, dim=0)
-        pad_s, pad_r = grouped_by_row(cols, scores, rows, self.q)  # (Q, n) each
-        values, at = torch.topk(torch.from_numpy(pad_s), k1, dim=1)  # (Q, k+1) each
-        return values.T, torch.from_numpy(np.take_along_axis(pad_r, at.numpy(), 1)).T
-
     def _merge(self) -> None:
         if not self._pending:
             return
@@ -151,13 +140,15 @@ class RunningTopK:
             self.scores = np.take_along_axis(scores, keep, 1)
             self.ids = np.take_along_axis(ids, keep, 1)
             full = self.scores.shape[1] == self.k
-            self.threshold = self.scores.min(axis=1) if full else np.full(self.q, -np.inf, np.float32)
+            kth = self.scores.min(axis=1) if full else np.full(self.q, -np.inf, np.float32)
+            self.threshold = np.maximum(kth, self._least)
             return
         if n < self.k:  # not k yet: keep everything
             self.scores, self.ids = scores, ids
             return
         kth = np.partition(scores, n - self.k, axis=1)[:, n - self.k]  # (Q,) the k-th best
-        self.threshold = (kth - self.window).astype(np.float32)  # -inf while a row has padding in its k
+        # -inf while a row has padding in its k
+        self.threshold = np.maximum((kth - self.window).astype(np.float32), self._least)
         rows, cols = np.nonzero(scores >= self.threshold[:, None])
         self.scores, self.ids = grouped_by_row(rows, scores[rows, cols], ids[rows, cols], self.q)
 
@@ -167,10 +158,51 @@ class RunningTopK:
         order = np.lexsort((self.ids, -self.scores), axis=1)
         return np.take_along_axis(self.scores, order, 1), np.take_along_axis(self.ids, order, 1)
 
+    def unsure(self) -> np.ndarray:
+        """(Q,) bool: the queries whose floor may have cut off part of their answer (fewer than k
+        found, or a window reaching below the floor): search them again without one. Otherwise
+        every score not offered was below the floor, hence below the k-th best (or its window)."""
+        self._merge()
+        if self.floor is None:
+            return np.zeros(self.q, bool)
+        short: np.ndarray = (self.ids >= 0).sum(1) < self.k  # (Q,)
+        width = self.ids.shape[1]
+        if self.window is None or width < self.k:
+            return short
+        kth = np.partition(self.scores, width - self.k, axis=1)[:, width - self.k]  # (Q,)
+        unsure: np.ndarray = short | ((kth - self.window).astype(np.float32) < self.floor)
+        return unsure
+
     def candidates(self) -> np.ndarray:
         """bf16: (Q, W) the ids kept (-1 padding)."""
         self._merge()
         return self.ids
+
+
+def top_rows(
+    block: torch.Tensor, q: int, count: int, scan: ThresholdScan
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(block[:, :q], count, dim=0)`` (values, rows; (count, q) each, best first) of a
+    long fp32 block (b, Q8), found among the entries that reach a cut taken from every SAMPLE-th
+    row (one compiled comparison pass with ``scan``, then a top-k of about 2 ``count`` candidates a
+    query): a top-k of 1,001 over the 64,000 rows of a depth-1,000 search's first block cost 27 of
+    its 165 ms for 64 queries, and torch's top-k along the rows is slow at any count for 64 columns
+    (17 ms for 96 of 62,500 rows). Falls back to the full top-k where the cut lets fewer than
+    ``count`` through, and for more than SAMPLED_MAX (query, rank) pairs."""
+    b = len(block)
+    if block.dtype != torch.float32 or b < 2 * SAMPLE * count or q * count > SAMPLED_MAX:
+        return torch.topk(block[:, :q], count, dim=0)
+    sample = block[::SAMPLE, :q]  # (b / SAMPLE, Q)
+    # about 2 count rows of the block are expected at or above the sample's r-th best
+    rank = min(len(sample), 2 * -(-count // SAMPLE) + 8)
+    cut = np.full(block.shape[1], np.inf, np.float32)  # (Q8,) padding columns pass nothing
+    cut[:q] = torch.topk(sample, rank, dim=0).values[-1].numpy()
+    rows, cols, scores = scan.reaching(block.numpy(), cut)
+    if np.bincount(cols, minlength=q).min() < count:  # an unlucky sample: rank everything
+        return torch.topk(block[:, :q], count, dim=0)
+    pad_s, pad_r = grouped_by_row(cols, scores, rows, q)  # (Q, n) each
+    values, at = torch.topk(torch.from_numpy(pad_s), count, dim=1)  # (Q, count) each
+    return values.T, torch.from_numpy(np.take_along_axis(pad_r, at.numpy(), 1)).T
 
 
 def grouped_by_row(

@@ -16,24 +16,30 @@ top-k. Each fp32 score is summed in dimension order, unlike a BLAS's, so it may 
 flat search in the last bits (at most 6.1e-7 from a float64 product over the top 1,000 of 64
 captions on 1M demo-model vectors, with the same 1,000 ids), and two hits that close may swap.
 
+A deep search (k >= 256) does not wait for the first block to set the thresholds: it starts from a
+cut read off every 16th gallery row (:meth:`ExactKernel._sample_floor`), near the gallery's 1.5 k-th
+best score instead of the first block's k-th best (near the gallery's 16 k-th at 1M), so fewer
+candidates pass and are merged. A query whose sample cut came out above part of its answer (too few
+candidates reached it) is searched again without one: the answer is always exact, only its time
+depends on the sample.
+
 Two precisions of that scan, the same answer:
 
 * ``fp32``: the scores are the answer. A candidate must beat the query's k-th best so far.
-* ``bf16``: the scan multiplies a bfloat16 copy of the gallery (half the bytes) and keeps every id
-  whose bf16 score is within ``2 eps`` of the k-th best bf16 score, where ``eps`` bounds the bf16
-  error of one score (:meth:`ExactKernel.error_bound`, ``u = 2^-8``: inputs rounded to 8 significant
-  bits, ``(2u + u^2) |q| max|x|``, plus the fp32 sum's own error; ``3u + 4u^2`` where the scores are
+* ``bf16``: the scan reads a bfloat16 copy of the gallery (half the bytes) and keeps every id whose
+  bf16 score is within ``2 eps`` of the k-th best bf16 score, where ``eps`` bounds the bf16 error of
+  one score (:meth:`ExactKernel.error_bound`, ``u = 2^-8``: inputs rounded to 8 significant bits,
+  ``(2u + u^2) |q| max|x|``, plus the fp32 sum's own error; ``3u + 4u^2`` where the scores are
   rounded too). Every true top-k id is then among the kept ones, which are rescored from the fp32
-  vectors: exact, at the price of the bf16 copy (half the fp32 gallery's memory) and the rescoring
-  of the candidates. Where numba compiles for AVX512-BF16 (Zen 4, Sapphire Rapids and later) and D
-  is even, the scan is the fused pass in bfloat16 tiles (``vdpbf16ps``, :mod:`icr.core.score_tiles`;
-  scores not rounded); on a 2-core Zen 4 EPYC, 16 queries took 19.3 ms at k = 10 against 29.3 in
-  fp32 and 32.8 through torch (docs/results/2026-11-28-bf16-tiles.md). Elsewhere torch multiplies
-  (oneDNN: on CPUs with AMX reported 3-5x faster than fp32, not measured here), with its block of
-  bf16 scores compared by :class:`~icr.core.threshold_scan.ThresholdScan`. Searches deeper than
-  :data:`BF16_MAX_K` take the ``fp32`` pass (:meth:`ExactKernel.precision_for`): there the
-  candidates cost more than the scan saves, unless the batch is small and the scan is the compiled
-  one below.
+  vectors (:func:`icr.core.rescore.rescored_rows`): exact, at the price of the bf16 copy (half the
+  fp32 gallery's memory) and the rescoring. Where numba compiles for AVX512-BF16 (Zen 4, Sapphire
+  Rapids and later) and D is even, the scan is the fused pass in bfloat16 tiles (``vdpbf16ps``,
+  :mod:`icr.core.score_tiles`; scores not rounded): on a 2-core Zen 4 EPYC, 16 queries took 20.3 ms
+  at k = 10 against 30.8 in fp32 and 36.2 through torch (docs/results/2026-11-28-bf16-tiles.md).
+  Elsewhere torch multiplies (oneDNN; on CPUs with AMX reported 3-5x faster than fp32, not measured
+  here) and :class:`~icr.core.threshold_scan.ThresholdScan` compares its block of bf16 scores.
+  Through torch, searches deeper than :data:`BF16_MAX_K` take the ``fp32`` pass
+  (:meth:`ExactKernel.precision_for`): there the candidates cost more than that scan saves.
 
 One query is scored by a matrix-vector product over the fp32 vectors, whatever the precision:
 numpy's BLAS, whose product of the gallery with one vector is what ``icr bench`` measures the
@@ -56,14 +62,20 @@ import numba
 import numpy as np
 import torch
 
+from icr.core.rescore import rescored_rows
 from icr.core.score_tiles import bf16_tiles
-from icr.core.threshold_scan import FusedScan
-from icr.core.top_k import RunningTopK, best_columns, padded_queries
+from icr.core.threshold_scan import FusedScan, ThresholdScan
+from icr.core.top_k import RunningTopK, best_columns, padded_queries, top_rows
 
 BLOCK = 65_536  # gallery rows per multiply: 32 MiB at dim 128 in fp32
 # rows of a fused search's first block (at least 64 k, so its thresholds are tight enough for the next
 # blocks to pass little): scored in full, then ranked
 FIRST_BLOCK = 8_192
+# a deep search starts from a cut read off every SAMPLE_STRIDE-th row (:meth:`ExactKernel._sample_floor`;
+# 1/16 of the gallery scored twice, a copy of 1/16 of it kept), where the sample is expected to hold at
+# least SAMPLE_MIN_EXPECTED of a query's top k: k >= 256
+SAMPLE_STRIDE = 16
+SAMPLE_MIN_EXPECTED = 16
 BF16_UNIT = 2.0**-8  # bfloat16 keeps 8 significant bits: relative rounding error <= 2^-8
 # Deepest search the bf16 scan takes at any batch size: deeper, its candidate window (about 1.8 k ids a
 # query at k = 1,000) costs more to keep and rescore than the scan saves (the selection does not use
@@ -71,10 +83,9 @@ BF16_UNIT = 2.0**-8  # bfloat16 keeps 8 significant bits: relative rounding erro
 # fp32 ms: 16 queries 38 / 46 at k = 10, 45 / 51 at k = 300, 75 / 61 at k = 1,000; 64 queries 74 / 125,
 # 138 / 158, 212 / 165 (docs/results/2026-11-28-zen4-exact.md)
 BF16_MAX_K = 300
-# With the compiled bf16 tiles the scan is cheap enough that a small batch's candidates still pay at
-# any depth up to this many (query, rank) pairs. Same host, k = 1,000, tiles / fp32 ms: 8 queries
-# 28.9 / 35.6, 16: 38.5 / 39.3, 32: 78.8 / 91.2, 64: 158.4 / 139.4 (docs/results/2026-11-28-bf16-tiles.md)
-BF16_TILES_MAX_PAIRS = 32_000
+# With the compiled bf16 tiles (and the sampled cut and compiled rescoring) the bf16 scan wins at every
+# depth measured: same host, tiles / fp32 ms, 64 queries 97.7 / 126.4 at k = 1,000, 128 queries 189.0 /
+# 226.9, 16 queries 52.1 / 69.6 at k = 4,000 (docs/results/2026-11-28-bf16-tiles.md)
 Precision = Literal["fp32", "bf16"]
 
 
@@ -90,14 +101,15 @@ class ExactKernel:
         self.matrix = matrix
         self.precision = precision
         self.block = block
-        self._fp32 = torch.from_numpy(matrix)  # (N, D) shares the memory
-        self._scan = self._fp32.to(torch.bfloat16) if precision == "bf16" else self._fp32
+        fp32 = torch.from_numpy(matrix)  # (N, D) shares the memory
+        self._scan = fp32.to(torch.bfloat16) if precision == "bf16" else fp32
         # the bf16 copy's bits, for the compiled bf16 tiles where the CPU has them (else torch multiplies)
         self._bits = (
             self._scan.view(torch.int16).numpy().view(np.uint16)  # (N, D) the same memory
             if precision == "bf16" and bf16_tiles() and matrix.shape[1] % 2 == 0
             else None
         )
+        self._samples: dict[str, np.ndarray] = {}  # (N / SAMPLE_STRIDE, D) each, made when first used
         norms = np.linalg.norm(matrix, axis=1) if len(matrix) else np.zeros(1, np.float32)
         self._max_norm = float(norms.max())
 
@@ -118,7 +130,7 @@ class ExactKernel:
             return empty.astype(np.float32), empty.astype(np.int64)
         if len(queries) == 1:  # either precision: the fp32 scan of one query is bound by the read
             return self._search_one(queries[0], k)
-        if self.precision_for(k, len(queries)) == "fp32":
+        if self.precision_for(k) == "fp32":
             return self._search_fused(queries, k, None)
         if self._bits is not None:
             return self._search_fused(queries, k, self._bits)
@@ -128,12 +140,10 @@ class ExactKernel:
                 top.offer(scores, start)  # (b, Q8)
         return self._rescored(queries, top.candidates(), k)
 
-    def precision_for(self, k: int, queries: int) -> Precision:
-        """The scan a search of ``queries`` (> 1) at depth ``k`` takes: a bf16 kernel's up to
-        BF16_MAX_K, or, with the compiled bf16 tiles, up to BF16_TILES_MAX_PAIRS (query, rank) pairs."""
-        if self.precision != "bf16":
-            return "fp32"
-        if k <= BF16_MAX_K or (self._bits is not None and queries * k <= BF16_TILES_MAX_PAIRS):
+    def precision_for(self, k: int) -> Precision:
+        """The scan a batch search at depth ``k`` takes: a bf16 kernel's at any depth with the
+        compiled bf16 tiles, through torch only up to BF16_MAX_K."""
+        if self.precision == "bf16" and (k <= BF16_MAX_K or self._bits is not None):
             return "bf16"
         return "fp32"
 
@@ -149,13 +159,15 @@ class ExactKernel:
                 small._search_fused(rows[:2], 1, None)
 
     def _search_fused(
-        self, queries: np.ndarray, k: int, bits: np.ndarray | None
+        self, queries: np.ndarray, k: int, bits: np.ndarray | None, sampled: bool = True
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search` of several queries: each block scored and compared with the running k-th
         bests in one compiled pass (:class:`icr.core.threshold_scan.FusedScan`); only the first
         blocks, while some query has fewer than k candidates, are scored in full and offered.
         ``bits``: the bf16 copy's (N, D) uint16, scanned instead of the fp32 vectors; every id within
-        ``2 eps`` of a query's k-th best is kept and rescored in fp32."""
+        ``2 eps`` of a query's k-th best is kept and rescored in fp32.
+        A deep search (``sampled``) starts from a cut read off a sample of the gallery
+        (:meth:`_sample_floor`); the rare query it cut too high is searched again without one."""
         padded = padded_queries(queries)  # (Q8, D)
         # the block after the first passes about k per query: room for twice that, so the pass
         # seldom runs a block again for want of room
@@ -163,7 +175,8 @@ class ExactKernel:
         capacity = min(1 << 18, max(4096, 2 * len(queries) * k // parts))
         scan = FusedScan(padded, capacity, bf16=bits is not None)
         window = None if bits is None else 2 * self.error_bound(queries, rounded_scores=False)
-        top = RunningTopK(len(queries), k, window)
+        floor = self._sample_floor(scan, queries, k, bits, window) if sampled else None
+        top = RunningTopK(len(queries), k, window, floor)
         gallery = self.matrix if bits is None else bits  # (N, D)
         # a short first block: scored in full and ranked by torch, it sets every threshold
         first = min(self.block, max(FIRST_BLOCK, 64 * k))
@@ -178,7 +191,41 @@ class ExactKernel:
                     if len(out) < len(rows):
                         out = np.empty((len(rows), len(padded)), np.float32)
                     top.offer(torch.from_numpy(scan.scores(rows, out)), start)
-        return top.result() if bits is None else self._rescored(queries, top.candidates(), k)
+        scores, ids = top.result() if bits is None else self._rescored(queries, top.candidates(), k)
+        again = np.flatnonzero(top.unsure())
+        if len(again):  # the sample's cut was above part of these queries' answers
+            if scores.shape[1] < k:  # every query found fewer than k: room for the answers
+                scores = np.pad(scores, ((0, 0), (0, k - scores.shape[1])), constant_values=-np.inf)
+                ids = np.pad(ids, ((0, 0), (0, k - ids.shape[1])), constant_values=-1)
+            scores[again], ids[again] = self._search_fused(queries[again], k, bits, sampled=False)
+        return scores, ids
+
+    def _sample_floor(
+        self, scan: FusedScan, queries: np.ndarray, k: int, bits: np.ndarray | None, window: np.ndarray | None
+    ) -> np.ndarray | None:
+        """(Q,) a cut below each query's k-th best score (less its window) but for rare chance, or
+        None (a shallow search, a small gallery): the r-th best score over every SAMPLE_STRIDE-th
+        gallery row, where r is the expected number of sampled rows in the true top k plus four
+        standard deviations (Poisson) plus one. The first block's k-th best, the cut otherwise,
+        sits near the gallery's (k N / first block)-th best and lets through ten times as many."""
+        expected = k / SAMPLE_STRIDE  # of the sampled rows in a query's top k
+        if expected < SAMPLE_MIN_EXPECTED or self.ntotal < 2 * self.block:
+            return None
+        sample = self._sample_rows(bits)
+        rank = min(len(sample), int(np.ceil(expected + 4 * np.sqrt(expected) + 1)))
+        out = np.empty((len(sample), scan.queries.shape[0]), np.float32)  # (m, Q8)
+        scored = torch.from_numpy(scan.scores(sample, out))  # (m, Q8)
+        floor = top_rows(scored, len(queries), rank, ThresholdScan())[0][-1].numpy()  # (Q,)
+        return floor if window is None else (floor - window).astype(np.float32)
+
+    def _sample_rows(self, bits: np.ndarray | None) -> np.ndarray:
+        """Every SAMPLE_STRIDE-th gallery row (fp32, or the bf16 bits), a contiguous copy kept."""
+        key = "fp32" if bits is None else "bf16"
+        if key not in self._samples:
+            self._samples[key] = np.ascontiguousarray(
+                (self.matrix if bits is None else bits)[::SAMPLE_STRIDE]
+            )
+        return self._samples[key]
 
     def score_blocks(self, queries: np.ndarray) -> Iterator[tuple[int, torch.Tensor]]:
         """(first row, (b, Q8) scores) of each gallery block against (Q, D) float32 ``queries``, in
@@ -259,12 +306,7 @@ class ExactKernel:
 
     def _rescored(self, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k best of ``candidates`` (Q, W) ids (-1: padding) by their fp32 scores, ties by id."""
-        safe = torch.from_numpy(np.where(candidates >= 0, candidates, 0))  # (Q, W)
-        with torch.inference_mode():
-            # index_select, not self._fp32[ids]: advanced indexing gathers ~6x slower
-            vectors = torch.index_select(self._fp32, 0, safe.flatten()).view(*safe.shape, -1)  # (Q, W, D)
-            scores = torch.bmm(vectors, torch.from_numpy(queries)[:, :, None])[:, :, 0].numpy()  # (Q, W)
-        scores[candidates < 0] = -np.inf
+        scores = rescored_rows(self.matrix, queries, candidates)  # (Q, W) -inf at the padding
         keep = best_columns(scores, candidates, k)
         scores, ids = np.take_along_axis(scores, keep, 1), np.take_along_axis(candidates, keep, 1)
         order = np.lexsort((ids, -scores), axis=1)

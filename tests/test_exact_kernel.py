@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from icr.core.score_tiles import bf16_tiles
-from icr.index.exact_kernel import BF16_MAX_K, BF16_TILES_MAX_PAIRS, ExactKernel
+from icr.index import exact_kernel
+from icr.index.exact_kernel import BF16_MAX_K, ExactKernel
 
 
 def make_kernel(matrix: np.ndarray, scan: str, block: int) -> ExactKernel:
@@ -56,6 +57,71 @@ def test_every_hit_matches_a_brute_force_loop(n, q, k, block, seed, scan):
     assert ids.shape == (q, min(k, n))
     np.testing.assert_array_equal(ids, want_ids)
     np.testing.assert_array_equal(scores, want_scores)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(40, 600),
+    q=st.integers(2, 9),
+    k=st.integers(4, 80),
+    block=st.integers(1, 60),
+    seed=st.integers(0, 2**16),
+    scan=st.sampled_from(SCANS),
+    sorted_gallery=st.booleans(),
+)
+def test_a_deep_search_from_a_sampled_cut_matches_a_brute_force_loop(
+    n, q, k, block, seed, scan, sorted_gallery
+):
+    """The sample's cut (every 2nd row here, used from 2 expected sampled hits) and, where it was
+    too high for a query, that query searched again without it: the brute-force loop's answer. A
+    gallery with one query's best rows where the sample looks makes that cut too high."""
+    rng = np.random.default_rng(seed)
+    matrix = rng.integers(-3, 4, size=(n, 4)).astype(np.float32)  # few values: ties at every cut
+    queries = rng.integers(-3, 4, size=(q, 4)).astype(np.float32)
+    if sorted_gallery:  # query 0's best half on the sampled (even) rows: its cut comes out too high
+        ranked = matrix[np.argsort(-(matrix @ queries[0]), kind="stable")]
+        matrix = np.empty_like(matrix)
+        half = (n + 1) // 2
+        matrix[0::2], matrix[1::2] = ranked[:half], ranked[half:]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(exact_kernel, "SAMPLE_STRIDE", 2)
+        patch.setattr(exact_kernel, "SAMPLE_MIN_EXPECTED", 2)
+        made = make_kernel(matrix, scan, block)
+        floors = []
+        real = made._sample_floor
+        patch.setattr(made, "_sample_floor", lambda *a: floors.append(real(*a)) or floors[-1])
+        scores, ids = made.search(queries, k)
+    want_scores, want_ids = brute_force(matrix, queries, k)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(scores, want_scores)
+    if scan == "fp32" or made._bits is not None:  # a fused pass (torch's bf16 scan takes no sample)
+        assert len(floors) == 1 and (floors[0] is not None) == (n >= 2 * block)  # k / 2 >= 2 always
+
+
+def test_queries_the_sampled_cut_failed_are_searched_again_without_it(monkeypatch):
+    """A cut above every score (as a sample of unlucky rows would give): every query is searched
+    again without one, and the answer is still exact."""
+    rng = np.random.default_rng(2)
+    matrix = rng.standard_normal((5000, 16)).astype(np.float32)
+    queries = rng.standard_normal((6, 16)).astype(np.float32)
+    for scan in ("fp32", "bf16"):
+        made = make_kernel(matrix, scan, 500)
+        calls = []
+        real = made._search_fused
+
+        def spy(queries, k, bits, sampled=True, real=real, calls=calls):
+            calls.append((len(queries), sampled))
+            return real(queries, k, bits, sampled)
+
+        monkeypatch.setattr(made, "_search_fused", spy)
+        monkeypatch.setattr(made, "_sample_floor", lambda *_: np.full(len(queries), 100.0, np.float32))
+        scores, ids = made.search(queries, 300)
+        want_scores, want_ids = brute_force(matrix, queries, 300)
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+        if made.precision_for(300) == "bf16" and made._bits is None:
+            continue  # torch's bf16 scan: no fused pass, no sample
+        assert calls == [(6, True), (6, False)]
 
 
 @settings(max_examples=60, deadline=None)
@@ -164,36 +230,28 @@ def test_a_realistic_gallery_with_duplicates(precision):
 
 @pytest.mark.parametrize("scan", ["bf16", "bf16-torch"])
 def test_a_bf16_kernel_searches_deeper_than_its_limit_with_the_fp32_pass(monkeypatch, scan):
-    """Beyond BF16_MAX_K the bf16 candidates cost more than the scan saves, unless the scan is the
-    compiled tiles' and the batch has at most BF16_TILES_MAX_PAIRS (query, rank) pairs: the fp32 pass
-    answers, bit for bit as an fp32 kernel does, and nothing is rescored; within the limits the bf16
-    scan answers, with the same ids."""
+    """Through torch, beyond BF16_MAX_K the bf16 candidates cost more than the scan saves: the fp32
+    pass answers, bit for bit as an fp32 kernel does, and nothing is rescored. The compiled tiles
+    take every depth. Within its limit the bf16 scan answers, with the same ids."""
     rng = np.random.default_rng(1)
     matrix = rng.standard_normal((3000, 16)).astype(np.float32)
     queries = rng.standard_normal((5, 16)).astype(np.float32)
     bf16, fp32 = make_kernel(matrix, scan, 700), ExactKernel(matrix, "fp32", block=700)
     tiles = bf16._bits is not None
-    deep = BF16_TILES_MAX_PAIRS // len(queries) if tiles else BF16_MAX_K  # the deepest bf16 search
-    deep = min(deep, 2000)  # (a 3,000-row gallery)
-    assert bf16.precision_for(deep, len(queries)) == "bf16"
-    assert bf16.precision_for(BF16_MAX_K, 10**6) == "bf16"
-    assert bf16.precision_for(BF16_MAX_K + 1, 10**6) == "fp32"
-    assert bf16.precision_for(BF16_TILES_MAX_PAIRS, 1) == ("bf16" if tiles else "fp32")
-    assert fp32.precision_for(1, 2) == "fp32"
+    assert bf16.precision_for(BF16_MAX_K) == "bf16"
+    assert bf16.precision_for(BF16_MAX_K + 1) == ("bf16" if tiles else "fp32")
+    assert fp32.precision_for(1) == "fp32"
     at_limit = bf16.search(queries, BF16_MAX_K)
     np.testing.assert_array_equal(at_limit[1], fp32.search(queries, BF16_MAX_K)[1])
-
-    def rescored(*args):
-        raise AssertionError("a search past the limits went through the bf16 scan")
-
-    monkeypatch.setattr(bf16, "_rescored", rescored)
-    wide = np.concatenate([queries] * 7)  # 35 queries: 35 x 1,000 pairs, past BF16_TILES_MAX_PAIRS
-    deeper = bf16.search(wide, 1000)
-    want = fp32.search(wide, 1000)
-    np.testing.assert_array_equal(deeper[0], want[0])
+    rescored = []
+    real = bf16._rescored
+    monkeypatch.setattr(bf16, "_rescored", lambda *a: rescored.append(1) or real(*a))
+    deeper = bf16.search(queries, BF16_MAX_K + 1)
+    want = fp32.search(queries, BF16_MAX_K + 1)
+    assert bool(rescored) == tiles  # the tiles' candidates are rescored; the fp32 pass rescores nothing
+    if not tiles:  # the fp32 pass itself
+        np.testing.assert_array_equal(deeper[0], want[0])
     np.testing.assert_array_equal(deeper[1], want[1])
-    with pytest.raises(AssertionError, match="past the limits"):
-        bf16.search(queries, BF16_MAX_K)  # the limit itself is the bf16 scan's
 
 
 def test_bad_arguments_are_refused():

@@ -160,3 +160,37 @@ def test_a_window_keeps_everything_within_it_of_the_k_th_best(layout: str, monke
         kth = sorted(scores[:, i].tolist(), reverse=True)[k - 1]
         want = {j for j in range(n) if scores[j, i] >= np.float32(kth - window[i])}
         assert set(got[i][got[i] >= 0].tolist()) == want
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_floor_offers_only_what_reaches_it_and_says_where_it_was_too_high(seed: int) -> None:
+    """Scores below the floor are never kept; a query is unsure exactly when fewer than k reach the
+    floor, or (with a window) when its k-th best less the window is below it. A sure query's answer
+    is the naive loop's."""
+    rng = np.random.default_rng(seed)
+    q, k, n = 6, int(rng.integers(1, 30)), int(rng.integers(40, 400))
+    scores = rng.integers(-8, 9, size=(n, q)).astype(np.float32)  # ties at the floor and the k-th
+    floor = rng.integers(-8, 9, size=q).astype(np.float32)
+    for window in (None, np.full(q, 2.0, np.float32)):
+        top = RunningTopK(q, k, window, floor)
+        padded_width = len(padded_queries(np.zeros((q, 1), np.float32)))
+        for start in range(0, n, 37):
+            block = np.full((min(37, n - start), padded_width), 99.0, np.float32)
+            block[:, :q] = scores[start : start + 37]
+            top.offer(torch.from_numpy(block), start)
+        unsure = top.unsure()
+        got = top.result() if window is None else (None, top.candidates())
+        for i in range(q):
+            ranked = sorted(range(n), key=lambda j: (-scores[j, i], j))
+            kth = scores[ranked[k - 1], i]
+            reaching = (scores[:, i] >= floor[i]).sum()
+            short = reaching < k or (window is not None and kth - window[i] < floor[i])
+            assert unsure[i] == short
+            kept = got[1][i][got[1][i] >= 0]
+            assert all(scores[j, i] >= floor[i] for j in kept)
+            if short:
+                continue
+            if window is None:
+                assert kept.tolist() == ranked[:k]
+            else:
+                assert set(kept.tolist()) == {j for j in range(n) if scores[j, i] >= kth - window[i]}
