@@ -150,13 +150,17 @@ class ExactKernel:
     def warm(self) -> None:
         """Compiles the batch pass now (or loads it from numba's cache), on a few rows, so that the
         first batch a server answers does not wait for it: the bench's first 4-client exact round
-        once had a p99 of 4.6 s, when an edited module had to be compiled again."""
+        once had a p99 of 4.6 s, when an edited module had to be compiled again. Also the bf16
+        rescoring, the fp32 pass that deep searches through torch's bf16 scan take, and the deep
+        searches' sample of the gallery."""
         if self.ntotal >= 2:
             rows = self.matrix[:64]  # (<= 64, D)
             small = ExactKernel(rows, self.precision)
             small.search(rows[:2], 1)
-            if self.precision == "bf16":  # deep searches of large batches take the fp32 pass
+            if small.precision_for(BF16_MAX_K + 1) != small.precision:  # torch's bf16 scan
                 small._search_fused(rows[:2], 1, None)
+        if self.ntotal >= 2 * self.block:
+            self._sample_rows(self._bits)  # the rows the deep searches' cut is read off
 
     def _search_fused(
         self, queries: np.ndarray, k: int, bits: np.ndarray | None, sampled: bool = True

@@ -313,18 +313,20 @@ def test_warm_compiles_the_batch_pass_before_the_first_batch():
     script = """
 import sys
 import numpy as np
+from icr.core.rescore import _gathered
 from icr.core.threshold_scan import _fused
 from icr.index.exact_kernel import ExactKernel
-kernel = ExactKernel(np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32), sys.argv[1])
-before = len(_fused.signatures)
+kernel = ExactKernel(np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32), sys.argv[1], 8)
+before = len(_fused.signatures), len(_gathered.signatures), len(kernel._samples)
 kernel.warm()
-print(before, len(_fused.signatures))
+print(*before, len(_fused.signatures), len(_gathered.signatures), len(kernel._samples))
 """
     for precision in ("fp32", "bf16"):
         done = subprocess.run(
             [sys.executable, "-c", script, precision], capture_output=True, text=True, timeout=300
         )
         assert done.returncode == 0, done.stderr
-        # a bf16 kernel: the fp32 pass (deep searches), and the bf16 one where it is compiled tiles
-        want = "2" if precision == "bf16" and bf16_tiles() else "1"
-        assert done.stdout.split() == ["0", want]
+        # one fused pass: fp32, or the bf16 tiles (through torch's bf16 scan: the fp32 pass of deep
+        # searches); a bf16 kernel's rescoring; the sample
+        want = ["0", "0", "0", "1", "1" if precision == "bf16" else "0", "1"]
+        assert done.stdout.split() == want
