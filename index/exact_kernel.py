@@ -77,10 +77,10 @@ FIRST_BLOCK = 8_192
 SAMPLE_STRIDE = 16
 SAMPLE_MIN_EXPECTED = 16
 BF16_UNIT = 2.0**-8  # bfloat16 keeps 8 significant bits: relative rounding error <= 2^-8
-# Deepest search the bf16 scan takes at any batch size: deeper, its candidate window (about 1.8 k ids a
-# query at k = 1,000) costs more to keep and rescore than the scan saves (the selection does not use
-# bf16). 2-core AMD EPYC with AVX512-BF16 (Zen 4), 1M x 128 demo vectors, 2026-11-28, bf16 (torch) /
-# fp32 ms: 16 queries 38 / 46 at k = 10, 45 / 51 at k = 300, 75 / 61 at k = 1,000; 64 queries 74 / 125,
+# Deepest search torch's bf16 scan takes: deeper, its candidate window (about 1.8 k ids a query at
+# k = 1,000) costs more to keep and rescore than the scan saves (the selection does not use bf16).
+# 2-core AMD EPYC with AVX512-BF16 (Zen 4), 1M x 128 demo vectors, 2026-11-28, bf16 (torch) / fp32
+# ms: 16 queries 38 / 46 at k = 10, 45 / 51 at k = 300, 75 / 61 at k = 1,000; 64 queries 74 / 125,
 # 138 / 158, 212 / 165 (docs/results/2026-11-28-zen4-exact.md)
 BF16_MAX_K = 300
 # With the compiled bf16 tiles (and the sampled cut and compiled rescoring) the bf16 scan wins at every
@@ -224,11 +224,9 @@ class ExactKernel:
 
     def _sample_rows(self, bits: np.ndarray | None) -> np.ndarray:
         """Every SAMPLE_STRIDE-th gallery row (fp32, or the bf16 bits), a contiguous copy kept."""
-        key = "fp32" if bits is None else "bf16"
+        key, rows = ("fp32", self.matrix) if bits is None else ("bf16", bits)
         if key not in self._samples:
-            self._samples[key] = np.ascontiguousarray(
-                (self.matrix if bits is None else bits)[::SAMPLE_STRIDE]
-            )
+            self._samples[key] = np.ascontiguousarray(rows[::SAMPLE_STRIDE])  # (N / SAMPLE_STRIDE, D)
         return self._samples[key]
 
     def score_blocks(self, queries: np.ndarray) -> Iterator[tuple[int, torch.Tensor]]:
