@@ -109,13 +109,18 @@ class ExactKernel:
             if precision == "bf16" and bf16_tiles() and matrix.shape[1] % 2 == 0
             else None
         )
-        self._samples: dict[str, np.ndarray] = {}  # (N / SAMPLE_STRIDE, D) each, made when first used
+        self._sample: np.ndarray | None = None  # every 16th row the fused pass scans, made when first used
         norms = np.linalg.norm(matrix, axis=1) if len(matrix) else np.zeros(1, np.float32)
         self._max_norm = float(norms.max())
 
     @property
     def ntotal(self) -> int:
         return int(self.matrix.shape[0])
+
+    @property
+    def _fused_rows(self) -> np.ndarray:
+        """(N, D) what the fused pass scans: the bf16 bits with the tiles, else the fp32 vectors."""
+        return self.matrix if self._bits is None else self._bits
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (Q, k'), ids (Q, k')) with k' = min(k, N), best first, ties by id."""
@@ -130,10 +135,8 @@ class ExactKernel:
             return empty.astype(np.float32), empty.astype(np.int64)
         if len(queries) == 1:  # either precision: the fp32 scan of one query is bound by the read
             return self._search_one(queries[0], k)
-        if self.precision_for(k) == "fp32":
-            return self._search_fused(queries, k, None)
-        if self._bits is not None:
-            return self._search_fused(queries, k, self._bits)
+        if self.precision_for(k) == "fp32" or self._bits is not None:
+            return self._search_fused(queries, k)
         top = RunningTopK(len(queries), k, 2 * self.error_bound(queries))
         with torch.inference_mode():
             for start, scores in self.score_blocks(queries):
@@ -158,17 +161,17 @@ class ExactKernel:
             small = ExactKernel(rows, self.precision)
             small.search(rows[:2], 1)
             if small.precision_for(BF16_MAX_K + 1) != small.precision:  # torch's bf16 scan
-                small._search_fused(rows[:2], 1, None)
+                small._search_fused(rows[:2], 1)
         if self.ntotal >= 2 * self.block:
-            self._sample_rows(self._bits)  # the rows the deep searches' cut is read off
+            self._sample_rows()  # the rows the deep searches' cut is read off
 
     def _search_fused(
-        self, queries: np.ndarray, k: int, bits: np.ndarray | None, sampled: bool = True
+        self, queries: np.ndarray, k: int, sampled: bool = True
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search` of several queries: each block scored and compared with the running k-th
         bests in one compiled pass (:class:`icr.core.threshold_scan.FusedScan`); only the first
         blocks, while some query has fewer than k candidates, are scored in full and offered.
-        ``bits``: the bf16 copy's (N, D) uint16, scanned instead of the fp32 vectors; every id within
+        With the bf16 tiles it scans the bf16 copy's bits instead of the fp32 vectors: every id within
         ``2 eps`` of a query's k-th best is kept and rescored in fp32.
         A deep search (``sampled``) starts from a cut read off a sample of the gallery
         (:meth:`_sample_floor`); the rare query it cut too high is searched again without one."""
@@ -177,17 +180,17 @@ class ExactKernel:
         # seldom runs a block again for want of room
         parts = numba.get_num_threads()
         capacity = min(1 << 18, max(4096, 2 * len(queries) * k // parts))
-        scan = FusedScan(padded, capacity, bf16=bits is not None)
-        window = None if bits is None else 2 * self.error_bound(queries, rounded_scores=False)
-        floor = self._sample_floor(scan, queries, k, bits, window) if sampled else None
+        bf16 = self._bits is not None
+        scan = FusedScan(padded, capacity, bf16=bf16)
+        window = 2 * self.error_bound(queries, rounded_scores=False) if bf16 else None
+        floor = self._sample_floor(scan, queries, k, window) if sampled else None
         top = RunningTopK(len(queries), k, window, floor)
-        gallery = self.matrix if bits is None else bits  # (N, D)
         # a short first block: scored in full and ranked by torch, it sets every threshold
         first = min(self.block, max(FIRST_BLOCK, 64 * k))
         out = np.empty((0, len(padded)), np.float32)  # (b, Q8) allocated at the first full scoring
         with torch.inference_mode():
             for start in [0, *range(first, self.ntotal, self.block)]:
-                rows = gallery[start : start + (first if start == 0 else self.block)]  # (b, D)
+                rows = self._fused_rows[start : start + (first if start == 0 else self.block)]  # (b, D)
                 if top.settled:
                     r, c, s = scan.reaching(rows, top.cut(len(padded)))
                     top.add(c, s, r + start)
@@ -195,17 +198,17 @@ class ExactKernel:
                     if len(out) < len(rows):
                         out = np.empty((len(rows), len(padded)), np.float32)
                     top.offer(torch.from_numpy(scan.scores(rows, out)), start)
-        scores, ids = top.result() if bits is None else self._rescored(queries, top.candidates(), k)
+        scores, ids = self._rescored(queries, top.candidates(), k) if bf16 else top.result()
         again = np.flatnonzero(top.unsure())
         if len(again):  # the sample's cut was above part of these queries' answers
             if scores.shape[1] < k:  # every query found fewer than k: room for the answers
                 scores = np.pad(scores, ((0, 0), (0, k - scores.shape[1])), constant_values=-np.inf)
                 ids = np.pad(ids, ((0, 0), (0, k - ids.shape[1])), constant_values=-1)
-            scores[again], ids[again] = self._search_fused(queries[again], k, bits, sampled=False)
+            scores[again], ids[again] = self._search_fused(queries[again], k, sampled=False)
         return scores, ids
 
     def _sample_floor(
-        self, scan: FusedScan, queries: np.ndarray, k: int, bits: np.ndarray | None, window: np.ndarray | None
+        self, scan: FusedScan, queries: np.ndarray, k: int, window: np.ndarray | None
     ) -> np.ndarray | None:
         """(Q,) a cut below each query's k-th best score (less its window) but for rare chance, or
         None (a shallow search, a small gallery): the r-th best score over every SAMPLE_STRIDE-th
@@ -215,19 +218,19 @@ class ExactKernel:
         expected = k / SAMPLE_STRIDE  # of the sampled rows in a query's top k
         if expected < SAMPLE_MIN_EXPECTED or self.ntotal < 2 * self.block:
             return None
-        sample = self._sample_rows(bits)
+        sample = self._sample_rows()
         rank = min(len(sample), int(np.ceil(expected + 4 * np.sqrt(expected) + 1)))
         out = np.empty((len(sample), scan.queries.shape[0]), np.float32)  # (m, Q8)
         scored = torch.from_numpy(scan.scores(sample, out))  # (m, Q8)
         floor = top_rows(scored, len(queries), rank, ThresholdScan())[0][-1].numpy()  # (Q,)
         return floor if window is None else (floor - window).astype(np.float32)
 
-    def _sample_rows(self, bits: np.ndarray | None) -> np.ndarray:
-        """Every SAMPLE_STRIDE-th gallery row (fp32, or the bf16 bits), a contiguous copy kept."""
-        key, rows = ("fp32", self.matrix) if bits is None else ("bf16", bits)
-        if key not in self._samples:
-            self._samples[key] = np.ascontiguousarray(rows[::SAMPLE_STRIDE])  # (N / SAMPLE_STRIDE, D)
-        return self._samples[key]
+    def _sample_rows(self) -> np.ndarray:
+        """Every SAMPLE_STRIDE-th row the fused pass scans (fp32, or the bf16 bits), a contiguous copy
+        kept."""
+        if self._sample is None:
+            self._sample = np.ascontiguousarray(self._fused_rows[::SAMPLE_STRIDE])  # (N / SAMPLE_STRIDE, D)
+        return self._sample
 
     def score_blocks(self, queries: np.ndarray) -> Iterator[tuple[int, torch.Tensor]]:
         """(first row, (b, Q8) scores) of each gallery block against (Q, D) float32 ``queries``, in
@@ -240,17 +243,12 @@ class ExactKernel:
             for start, scores in self._gemv_blocks(padded[0]):
                 yield start, torch.from_numpy(scores)[:, None]  # (b, 1) the same memory
             return
-        if self.precision == "fp32":  # the scoring half of the fused pass, every score written
-            scan = FusedScan(padded)
+        if self.precision == "fp32" or self._bits is not None:  # the fused pass's scoring alone
+            scan = FusedScan(padded, bf16=self._bits is not None)
             buffer = np.empty((min(self.block, self.ntotal), len(padded)), np.float32)  # (b, Q8)
             for start in range(0, self.ntotal, self.block):
-                yield start, torch.from_numpy(scan.scores(self.matrix[start : start + self.block], buffer))
-            return
-        if self._bits is not None:  # the compiled bf16 tiles, as :meth:`search` scans them
-            scan = FusedScan(padded, bf16=True)
-            buffer = np.empty((min(self.block, self.ntotal), len(padded)), np.float32)  # (b, Q8)
-            for start in range(0, self.ntotal, self.block):
-                yield start, torch.from_numpy(scan.scores(self._bits[start : start + self.block], buffer))
+                block = self._fused_rows[start : start + self.block]  # (b, D)
+                yield start, torch.from_numpy(scan.scores(block, buffer))
             return
         q = torch.from_numpy(padded).to(self._scan.dtype)  # (Q8, D)
         # one output buffer for every block: a fresh 8 MiB tensor per block costs its page faults

@@ -109,9 +109,9 @@ def test_queries_the_sampled_cut_failed_are_searched_again_without_it(monkeypatc
         calls = []
         real = made._search_fused
 
-        def spy(queries, k, bits, sampled=True, real=real, calls=calls):
+        def spy(queries, k, sampled=True, real=real, calls=calls):
             calls.append((len(queries), sampled))
-            return real(queries, k, bits, sampled)
+            return real(queries, k, sampled)
 
         monkeypatch.setattr(made, "_search_fused", spy)
         monkeypatch.setattr(made, "_sample_floor", lambda *_: np.full(len(queries), 100.0, np.float32))
@@ -317,9 +317,9 @@ from icr.core.rescore import _gathered
 from icr.core.threshold_scan import _fused
 from icr.index.exact_kernel import ExactKernel
 kernel = ExactKernel(np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32), sys.argv[1], 8)
-before = len(_fused.signatures), len(_gathered.signatures), len(kernel._samples)
+before = len(_fused.signatures), len(_gathered.signatures), int(kernel._sample is not None)
 kernel.warm()
-print(*before, len(_fused.signatures), len(_gathered.signatures), len(kernel._samples))
+print(*before, len(_fused.signatures), len(_gathered.signatures), int(kernel._sample is not None))
 """
     for precision in ("fp32", "bf16"):
         done = subprocess.run(
