@@ -337,10 +337,12 @@ def _gpu(g: dict[str, Any]) -> list[str]:
 def _per_query_table(first: str, honesty: dict[str, Any]) -> list[str]:
     """One per-query honesty report (query_honesty's) as a table: pooled, then each group."""
     rows = [
-        [name, g["queries"], g["mae"], g["over"], g["under"], g["withheld"], g["promised"], g["delivered"]]
+        [name, g["queries"], g["mae"], g.get("chance_mae"), g.get("outside")]
+        + [g["over"], g["under"], g["withheld"], g["promised"], g["delivered"]]
         for name, g in [("pooled", honesty["pooled"]), *sorted(honesty["by_kind"].items())]
     ]
-    return _table([first, "n", "mean abs. gap", "over", "under", "no promise", "promised", "delivered"], rows)
+    head = [first, "n", "mean abs. gap", "of it chance", "outside 95 %", "over", "under", "no promise"]
+    return _table([*head, "promised", "delivered"], rows)
 
 
 def _query_honesty_tables(ev: dict[str, Any]) -> list[str]:
@@ -350,7 +352,9 @@ def _query_honesty_tables(ev: dict[str, Any]) -> list[str]:
     if honesty:
         lines += [
             f"Per query, top {honesty['k']}: promised (mean relevance shown; no promise = 0) against "
-            f"delivered (share truly relevant); over / under: promised - delivered beyond "
+            f"delivered (share truly relevant); of it chance: the mean gap if every value shown were "
+            f"exactly right (hits independent); outside 95 %: share of queries whose delivered count lies "
+            f"outside their promise's central 95 %; over / under: promised - delivered beyond "
             f"+/- {honesty['slack']:g}.",
             "",
             *_per_query_table("queries", honesty),

@@ -33,6 +33,17 @@ def _target(
 # Why a target was missed, from the figures the same run measured beside it (None: none to read).
 
 
+def _why_query_mae(worst: dict[str, Any] | None) -> str | None:
+    if worst is None:
+        return None
+    return (
+        f"worst kind {worst['kind']}: {worst['chance_mae']:.3f} of its {worst['mae']:.3f} is chance alone "
+        f"(the MAE if each relevance shown were exactly right and its hits independent: only sharper values, "
+        f"from a model that tells relevant hits from near misses, lower it); {worst['outside']:.1%} of its "
+        f"queries fall outside their promise's 95 % range (5 % expected of an honest map)"
+    )
+
+
 def _why_http_p99(search: Any, http: Any) -> str | None:
     lat, inproc = _get(http, "ann", "1", "latency"), _get(search, "end_to_end", "total", "p99_ms")
     if lat is None or inproc is None:
@@ -401,6 +412,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                     relevance["worst_kind_query_mae"],
                     0.05,
                     True,
+                    why=_why_query_mae(relevance.get("worst_query_kind")),
                 ),
                 _target(
                     "per query, top 20: share over-promised by > 0.2", relevance["over_promised"], 0.02, True

@@ -75,13 +75,16 @@ def _per_query_summary(honesty: dict[str, Any] | None, ood: dict[str, Any] | Non
     queries' share passing any hit; None where a calibration predates them."""
     if not honesty:
         return {}
-    kinds = [g for g in honesty["by_kind"].values() if g["queries"] >= MIN_KIND_QUERIES]
+    kinds = {k: g for k, g in honesty["by_kind"].items() if g["queries"] >= MIN_KIND_QUERIES}
+    worst = max(kinds, key=lambda k: kinds[k]["mae"], default=None)
     out = {
         "query_mae": honesty["pooled"]["mae"],
-        "worst_kind_query_mae": max((g["mae"] for g in kinds), default=None),
+        "worst_kind_query_mae": None if worst is None else kinds[worst]["mae"],
         "over_promised": honesty["pooled"]["over"],
         "under_promised": honesty["pooled"]["under"],
     }
+    if worst is not None and "chance_mae" in kinds[worst]:  # calibrations since 2026-11-28
+        out["worst_query_kind"] = {"kind": worst, **kinds[worst]}
     if ood:
         out.update({f"ood_passing_at_{t}": share for t, share in ood["all"]["passing_any"].items()})
     return out

@@ -416,7 +416,8 @@ def test_relevance_targets_hold_every_kind_with_enough_queries() -> None:
 
     # with per-query honesty (the worst kind among those with >= 20 queries) and out-of-domain queries
     def figures(queries: int, mae: float, over: float) -> dict:
-        return {"queries": queries, "mae": mae, "over": over, "under": 0.01, "withheld": 0.0}
+        chance = {"chance_mae": mae - 0.02, "outside": 0.15}
+        return {"queries": queries, "mae": mae, "over": over, "under": 0.01, "withheld": 0.0, **chance}
 
     evaluation["maps"]["per_query"]["queries"] = {
         "k": 20,
@@ -437,10 +438,14 @@ def test_relevance_targets_hold_every_kind_with_enough_queries() -> None:
     assert summary["over_promised"] == 0.01 and summary["ood_passing_at_0.5"] == 0.016
     met = {t["target"]: t["met"] for t in targets(report)}
     assert met["per query, top 20: mean absolute gap promised - delivered, worst kind"] is False  # 0.07
+    why = {t["target"]: t["why"] for t in targets(report)}
+    assert why["per query, top 20: mean absolute gap promised - delivered, worst kind"].startswith(
+        "worst kind count: 0.050 of its 0.070 is chance alone"
+    )
     assert met["per query, top 20: share over-promised by > 0.2"] is True
     assert met["out-of-domain queries passing any hit at 0.5"] is True
     text = markdown({**report, "targets": targets(report)})
-    assert "Per query, top 20" in text and "| count | 390 | 0.07" in text
+    assert "Per query, top 20" in text and "| count | 390 | 0.07 | 0.05 | 0.15 |" in text
     assert "| held_out_kind | 100 |" in text
 
 

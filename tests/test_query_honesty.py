@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from icr.training.evaluation.metrics.query_honesty import (
+    chance_figures,
     ood_figures,
+    poisson_binomial,
     promised_delivered,
     query_honesty,
 )
@@ -46,6 +50,9 @@ def test_figures_per_kind_match_a_loop() -> None:
         assert got["over"] == pytest.approx(sum(promised[i] - delivered[i] > 0.2 for i in rows) / len(rows))
         assert got["under"] == pytest.approx(sum(delivered[i] - promised[i] > 0.2 for i in rows) / len(rows))
         assert got["withheld"] == pytest.approx(sum(bool(withheld[i]) for i in rows) / len(rows))
+        chance, p_value = chance_figures(relevant, relevance, 10)
+        assert got["chance_mae"] == pytest.approx(sum(chance[i] for i in rows) / len(rows))
+        assert got["outside"] == pytest.approx(sum(p_value[i] < 0.05 for i in rows) / len(rows))
     assert report["k"] == 10 and set(report["by_kind"]) == {"count", "relation", "one_object"}
 
 
@@ -77,3 +84,57 @@ def test_shapes_are_checked() -> None:
         promised_delivered(np.zeros((2, 3), bool), np.zeros((2, 4)))
     with pytest.raises(ValueError):
         promised_delivered(np.zeros((2, 3), bool), np.zeros((2, 3)), k=0)
+
+
+def _outcomes(p: list[float]) -> list[tuple[int, float]]:
+    """Every outcome of independent events with probabilities p: (how many occur, its probability)."""
+    out = []
+    for bits in itertools.product((0, 1), repeat=len(p)):
+        prob = 1.0
+        for b, pi in zip(bits, p, strict=True):
+            prob *= pi if b else 1.0 - pi
+        out.append((sum(bits), prob))
+    return out
+
+
+def test_poisson_binomial_matches_every_outcome_enumerated() -> None:
+    rng = np.random.default_rng(3)
+    p = rng.random((6, 8))
+    p[0, :3], p[1, 2:5] = 0.0, 1.0  # certain events both ways
+    dist = poisson_binomial(p)
+    for q in range(len(p)):
+        want = np.zeros(p.shape[1] + 1)
+        for count, prob in _outcomes(list(p[q])):
+            want[count] += prob
+        np.testing.assert_allclose(dist[q], want, atol=1e-12)
+    with pytest.raises(ValueError):
+        poisson_binomial(np.zeros(3))
+
+
+def test_chance_figures_match_every_outcome_enumerated() -> None:
+    relevant, relevance, _ = _lists(4, q=12, depth=9)
+    k = 7
+    chance, p_value = chance_figures(relevant, relevance, k)
+    for q in range(len(relevant)):
+        p = [0.0 if np.isnan(v) else float(v) for v in relevance[q, :k]]  # no promise = 0
+        promised, seen = sum(p) / k, int(relevant[q, :k].sum())
+        outcomes = _outcomes(p)
+        assert chance[q] == pytest.approx(sum(prob * abs(c / k - promised) for c, prob in outcomes))
+        low = sum(prob for c, prob in outcomes if c <= seen)
+        high = sum(prob for c, prob in outcomes if c >= seen)
+        assert p_value[q] == pytest.approx(min(1.0, 2 * min(low, high)))
+
+
+def test_an_honest_map_is_inside_its_range_and_a_miscalibrated_one_is_not() -> None:
+    rng = np.random.default_rng(5)
+    relevance = np.sort(rng.uniform(0.2, 0.9, (4000, 20)), axis=1)[:, ::-1].copy()
+    relevant = rng.random(relevance.shape) < relevance  # each value exactly right, hits independent
+    honest = query_honesty(relevant, relevance)["pooled"]
+    assert honest["outside"] <= 0.05  # the two-sided test of a discrete count is conservative
+    assert honest["mae"] == pytest.approx(honest["chance_mae"], abs=0.005)  # the whole gap is chance
+    # the same hits promised 0.2 higher: the gap is now mostly not chance, and many queries are outside
+    shifted = query_honesty(relevant, np.clip(relevance + 0.2, 0, 1))["pooled"]
+    assert shifted["outside"] > 0.3 and shifted["mae"] > shifted["chance_mae"] + 0.1
+    # a certain promise (0 or 1 per hit) that is right has no chance gap and no query outside
+    certain = query_honesty(relevant, relevant.astype(float))["pooled"]
+    assert certain["chance_mae"] == 0.0 and certain["outside"] == 0.0 and certain["mae"] == 0.0

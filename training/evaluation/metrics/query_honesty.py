@@ -15,6 +15,19 @@ Per group of queries (pooled, and per query kind where kinds are known): ``mae``
 shapes" shown 0.48 while all its top 20 are right is a defect too), ``withheld`` = share given no
 promise, and the means of both.
 
+A gap is not all miscalibration: a hit shown relevance 0.7 is relevant or not, so even a map whose
+every value were exactly right would miss by chance. Where the hits of a query are independent, its
+count of relevant hits in the top ``k`` is Poisson-binomial with the shown values as probabilities
+(:func:`poisson_binomial`). Two figures read it (:func:`chance_figures`):
+
+* ``chance_mae``: the mean ``|promised - delivered|`` that distribution gives, i.e. the MAE a map with
+  these very values would still show if each were exactly right. A kind whose values sit near 0.5
+  cannot reach a small MAE however honest: only sharper values (a model that tells its relevant hits
+  from near misses) lower it;
+* ``outside``: the share of queries whose delivered count is outside the central 95 % of that
+  distribution (two-sided p < 0.05). About 5 % or fewer for an honest map with independent hits; more
+  means the promise itself is off for those queries (or their hits fail together).
+
 Out-of-domain queries (:func:`ood_figures`) have no labels: what matters is whether anything passes
 a threshold, so per group the share of queries with at least one hit at relevance >= each target.
 """
@@ -28,6 +41,7 @@ import numpy as np
 
 TOP_K = 20
 SLACK = 0.2
+OUTSIDE_P = 0.05  # a query is outside its promise's range when its two-sided p-value is below this
 OOD_TARGETS: tuple[float, ...] = (0.5, 0.9)
 
 
@@ -52,10 +66,47 @@ def promised_delivered(
     return promised, delivered, withheld
 
 
+def poisson_binomial(p: np.ndarray) -> np.ndarray:
+    """(Q, k) probabilities of independent events -> (Q, k + 1): row q, column s = P(exactly s occur)."""
+    p = np.asarray(p, dtype=np.float64)
+    if p.ndim != 2:
+        raise ValueError(f"p must be (Q, k), got shape {p.shape}")
+    dist = np.zeros((p.shape[0], p.shape[1] + 1))  # (Q, k + 1)
+    dist[:, 0] = 1.0
+    for j in range(p.shape[1]):
+        pj = p[:, j : j + 1]  # (Q, 1)
+        # one more event: s stays with 1 - p, s - 1 moves up with p (the right side is read first)
+        dist[:, 1 : j + 2] = dist[:, 1 : j + 2] * (1.0 - pj) + dist[:, : j + 1] * pj
+        dist[:, 0] *= 1.0 - p[:, j]
+    return dist
+
+
+def chance_figures(
+    relevant: np.ndarray, relevance: np.ndarray, k: int = TOP_K
+) -> tuple[np.ndarray, np.ndarray]:
+    """(chance MAE, two-sided p-value), each (Q,), of each query's top ``k`` under its own promise
+    (the module docstring; no promise = values of 0, as :func:`promised_delivered` counts it)."""
+    promised, _, _ = promised_delivered(relevant, relevance, k)
+    top = np.nan_to_num(np.asarray(relevance, dtype=np.float64)[:, :k], nan=0.0)  # (Q, k')
+    dist = poisson_binomial(top)  # (Q, k' + 1)
+    share = np.arange(top.shape[1] + 1) / max(top.shape[1], 1)  # (k' + 1,): delivered for each count
+    chance_mae = (dist * np.abs(share[None, :] - promised[:, None])).sum(axis=1)  # (Q,)
+    count = np.asarray(relevant, dtype=bool)[:, :k].sum(axis=1)  # (Q,)
+    rows = np.arange(len(top))
+    at_most = np.cumsum(dist, axis=1)[rows, count]  # (Q,) P(S <= count)
+    at_least = 1.0 - at_most + dist[rows, count]  # (Q,) P(S >= count)
+    return chance_mae, np.minimum(1.0, 2.0 * np.minimum(at_most, at_least))
+
+
 def honesty_figures(
-    promised: np.ndarray, delivered: np.ndarray, withheld: np.ndarray, slack: float = SLACK
+    promised: np.ndarray,
+    delivered: np.ndarray,
+    withheld: np.ndarray,
+    chance: tuple[np.ndarray, np.ndarray],
+    slack: float = SLACK,
 ) -> dict[str, Any]:
-    """The module docstring's figures for one group of queries."""
+    """The module docstring's figures for one group of queries; ``chance``: their
+    :func:`chance_figures`."""
     if len(promised) == 0:
         return {"queries": 0}
     gap = promised - delivered  # (Q,)
@@ -67,6 +118,8 @@ def honesty_figures(
         "withheld": float(np.mean(withheld)),
         "promised": float(promised.mean()),
         "delivered": float(delivered.mean()),
+        "chance_mae": float(chance[0].mean()),
+        "outside": float(np.mean(chance[1] < OUTSIDE_P)),
     }
 
 
@@ -79,10 +132,11 @@ def query_honesty(
 ) -> dict[str, Any]:
     """``{"k", "slack", "pooled": figures, "by_kind": {kind: figures}}`` (see the module docstring)."""
     promised, delivered, withheld = promised_delivered(relevant, relevance, k)
+    chance_mae, p_value = chance_figures(relevant, relevance, k)
     out: dict[str, Any] = {
         "k": int(k),
         "slack": float(slack),
-        "pooled": honesty_figures(promised, delivered, withheld, slack),
+        "pooled": honesty_figures(promised, delivered, withheld, (chance_mae, p_value), slack),
         "by_kind": {},
     }
     if kinds is not None:
@@ -90,7 +144,7 @@ def query_honesty(
         for kind in sorted(set(kinds.tolist())):
             rows = kinds == kind
             out["by_kind"][str(kind)] = honesty_figures(
-                promised[rows], delivered[rows], withheld[rows], slack
+                promised[rows], delivered[rows], withheld[rows], (chance_mae[rows], p_value[rows]), slack
             )
     return out
 
@@ -116,14 +170,20 @@ def format_query_honesty(report: dict[str, Any]) -> str:
     lines = [
         f"  per query, top {k} (served map; no promise = 0): promised vs delivered, "
         f"over/under by > {slack:g}",
-        f"    {'queries':<16} {'n':>5} {'MAE':>6} {'over':>6} {'under':>6} {'no prom.':>8} {'promised':>8} "
-        f"{'delivered':>9}",
+        "    (chance: the MAE if every relevance shown were exactly right and the hits independent; "
+        "outside: share of queries outside their promise's central 95 %)",
+        f"    {'queries':<16} {'n':>5} {'MAE':>6} {'chance':>6} {'outside':>7} {'over':>6} {'under':>6} "
+        f"{'no prom.':>8} {'promised':>8} {'delivered':>9}",
     ]
     for kind, g in [("pooled", report["pooled"]), *sorted(report["by_kind"].items())]:
         if not g["queries"]:
             continue
+        chance = "".join(  # absent from calibrations written before the figures existed
+            f" {g[key]:>{width}.3f}" if key in g else f" {'-':>{width}}"
+            for key, width in (("chance_mae", 6), ("outside", 7))
+        )
         lines.append(
-            f"    {kind:<16} {g['queries']:>5} {g['mae']:>6.3f} {g['over']:>6.3f} {g['under']:>6.3f} "
+            f"    {kind:<16} {g['queries']:>5} {g['mae']:>6.3f}{chance} {g['over']:>6.3f} {g['under']:>6.3f} "
             f"{g['withheld']:>8.3f} {g['promised']:>8.3f} {g['delivered']:>9.3f}"
         )
     return "\n".join(lines)
