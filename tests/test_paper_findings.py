@@ -1,6 +1,7 @@
-"""Paper findings: the verdict rule against a naive computation written here, the transcribed paper
-numbers against the markdown papers (skipped when ../shared/papers is absent), the findings' references
-(paper numbers, variant names, metric paths) and build_findings / write_findings on synthetic reports."""
+"""Paper findings: the verdict rule against a naive computation written here (scipy's t tests), the
+transcribed paper numbers against the markdown papers (skipped when ../shared/papers is absent), the
+findings' references (paper numbers, variant names, metric paths), build_findings / write_findings on
+synthetic reports, the regime differences and the papers' stopping rule."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import itertools
 import json
 import math
 import re
+import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from icr.training.analysis import paper_numbers as pn
 from icr.training.analysis.cocos import SYMBOLS
@@ -21,21 +25,24 @@ from icr.training.analysis.findings_catalogue import FINDINGS
 from icr.training.analysis.findings_report import build_findings, write_findings
 from icr.training.analysis.findings_verdict import (
     ABOVE,
+    ALPHA,
     ANTI_RANKED,
     AT_LEAST,
-    BELOW,
-    DIFFERS,
     EQUALS,
+    EQUIVALENCE,
     GREATER,
+    INCONCLUSIVE,
     INVERTED,
-    MIXED,
+    MIN_SEEDS,
+    NOT_REPRODUCED,
     NOT_RUN,
-    ONE_SEED,
+    NOT_TESTABLE,
     PAIRWISE,
     REPRODUCED,
+    SIMILAR,
     SINGLE,
+    TESTABLE,
     VERDICTS,
-    WITHIN_NOISE,
     Finding,
     evaluate,
 )
@@ -52,6 +59,7 @@ OUR_VARIANTS = {
     "snm",
     "ntxent+ltd:dual",
     "ntxent+ltd:constraint",
+    "ntxent+itd:dual",
     "ntxent+itd:constraint",
 }
 GOAL_NAME = re.compile(r"^goal\[triplet_weight=(\w+),pair_weight=(\w+)\]$")
@@ -59,35 +67,57 @@ PAPERS_DIR = pn.papers_dir(Path(__file__).resolve().parents[1])
 
 
 # --- the verdict rule, naively ------------------------------------------------------------------------
-def naive_verdict(kind: str, a: tuple[float, float], b: tuple[float, float]) -> tuple[str, float]:
-    """The rule as the issue states it, written out without the module's helpers."""
-    d = a[0] - b[0]
-    s = ((a[1] ** 2 + b[1] ** 2) / 2) ** 0.5
-    if s == 0:
-        s = 1e-9
-    margin = min(1000.0, max(-1000.0, d / s))
+def naive_pairwise(kind: str, a: list[float], b: list[float]) -> str:
+    """The rule as the issue states it, with scipy's paired t test standing in for ours: one-sided
+    tests, TOST within 2 % of the larger mean, and fewer than 5 seeds deciding only beyond the spread."""
+    n = min(len(a), len(b))
+    d = statistics.fmean(a) - statistics.fmean(b)
+    bound = 0.02 * max(abs(statistics.fmean(a)), abs(statistics.fmean(b)))
+    spread = max(a) - min(a) + max(b) - min(b)
+
+    def p(alternative: str, shift: float) -> float:  # H1: A - B (alternative) shift
+        return float(scipy_stats.ttest_rel(np.array(a) - shift, b, alternative=alternative).pvalue)
+
+    def decides(p_value: float, distance: float) -> bool:
+        return p_value < 0.05 and (n >= 5 or distance > spread)
+
+    tost = max(p("greater", -bound), p("less", bound))
     if kind == GREATER:
-        verdict = (
-            "reproduced" if margin >= 1 else "inverted" if margin <= -1 else "not reproduced (within noise)"
-        )
-    elif kind == AT_LEAST:
-        verdict = "inverted" if margin <= -1 else "reproduced"
-    else:
-        verdict = "reproduced" if abs(margin) < 1 else "not reproduced (differs)"
-    return verdict, margin
+        if decides(p("greater", 0), d):
+            return REPRODUCED
+        if decides(p("less", 0), -d):
+            return INVERTED
+        return NOT_REPRODUCED if decides(tost, bound - abs(d)) else INCONCLUSIVE
+    if kind == AT_LEAST:
+        if decides(p("greater", -bound), d + bound):
+            return REPRODUCED
+        return INVERTED if decides(p("less", -bound), -(d + bound)) else INCONCLUSIVE
+    if decides(tost, bound - abs(d)):
+        return REPRODUCED
+    beyond = min(p("greater", bound), p("less", -bound))
+    return NOT_REPRODUCED if decides(beyond, abs(d) - bound) else INCONCLUSIVE
 
 
-def report(values: dict[str, dict[str, Any]], runs: int = 3, **extra: Any) -> dict[str, Any]:
-    """A compare-style report: ``values[variant]["annotations/rsum"] = [mean, std]`` and so on."""
+def _put(root: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split("/")
+    for part in parents:
+        root = root.setdefault(part, {})
+    root[last] = value
+
+
+def report(
+    values: dict[str, dict[str, Any]], seeds: dict[str, list[int]] | None = None, **extra: Any
+) -> dict[str, Any]:
+    """A compare-style report: ``values[variant]["annotations/rsum"] = [one value per seed]`` (or None)
+    gives that variant's ``per_seed`` lists, its ``seeds`` (0, 1, ... unless ``seeds`` names them) and
+    the [mean, std] entry."""
     variants: dict[str, Any] = {}
     for name, metrics in values.items():
-        entry: dict[str, Any] = {"runs": runs}
+        n = max((len(v) for v in metrics.values() if isinstance(v, list)), default=0)
+        entry: dict[str, Any] = {"runs": n, "seeds": (seeds or {}).get(name, list(range(n))), "per_seed": {}}
         for path, value in metrics.items():
-            node = entry
-            *parents, leaf = path.split("/")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
+            _put(entry["per_seed"], path, value)
+            _put(entry, path, [float(np.mean(value)), float(np.std(value))] if value else None)
         variants[name] = entry
     return {
         "command": "icr analyze compare --test",
@@ -97,7 +127,7 @@ def report(values: dict[str, dict[str, Any]], runs: int = 3, **extra: Any) -> di
     }
 
 
-def pair_finding(kind: str, metric: str = "annotations/rsum", encoder: str = "vsepp") -> Finding:
+def pair_finding(kind: str, metric: str = "annotations/rsum", encoder: str = "vsepp", **kw: Any) -> Finding:
     return Finding(
         "test",
         "ecir",
@@ -108,159 +138,215 @@ def pair_finding(kind: str, metric: str = "annotations/rsum", encoder: str = "vs
         ("triplet_hardest", "ntxent"),
         (metric,),
         (("ecir.t1.f30k.vsepp.triplet_sh.rsum", "ecir.t1.f30k.vsepp.ntxent.rsum"),),
+        **kw,
     )
 
 
-CASES = [  # (A, B): reproduced, inverted, within noise, exactly equal, zero std both ways
-    ((350.0, 2.0), (330.0, 3.0)),
-    ((300.0, 2.0), (330.0, 3.0)),
-    ((331.0, 2.0), (330.0, 3.0)),
-    ((330.0, 1.0), (330.0, 1.0)),
-    ((1.0, 0.0), (0.5, 0.0)),
-    ((0.5, 0.0), (1.0, 0.0)),
-    ((2.0, 0.0), (2.0, 0.0)),
-    ((10.0, 1.0), (9.0, 1.0)),  # margin exactly 1
-    ((9.0, 1.0), (10.0, 1.0)),  # margin exactly -1
+def two(a: list[float], b: list[float], metric: str = "annotations/rsum") -> dict[str, Any]:
+    return {"vsepp": report({"triplet_hardest": {metric: a}, "ntxent": {metric: b}})}
+
+
+NOISE = [0.0, 1.3, -0.7, 2.1, -1.9]
+CASES = [  # (A, B) per seed
+    ([350 + e for e in NOISE], [330 - e / 2 for e in NOISE]),  # A clearly above, 5 seeds
+    ([300 + e for e in NOISE], [330 - e / 2 for e in NOISE]),  # A clearly below
+    ([330.4 + e for e in NOISE], [330 - e / 5 for e in NOISE]),  # equal within 2 %
+    ([331 + 9 * e for e in NOISE], [330 - 8 * e for e in NOISE]),  # noise
+    ([340.0, 341.5, 338.7], [330.0, 345.2, 318.9]),  # 3 seeds, spreads overlap
+    ([360.0, 361.5, 358.7], [330.0, 331.2, 328.9]),  # 3 seeds, beyond every spread
+    ([330.0, 335.0, 325.0], [336.5, 341.0, 331.5]),  # 3 seeds, a small significant step
+    ([322.0, 325.5, 320.7], [330.0, 331.2, 328.9]),  # 3 seeds, just below
 ]
 
 
 @pytest.mark.parametrize("kind", PAIRWISE)
 @pytest.mark.parametrize(("a", "b"), CASES)
-def test_pairwise_verdicts_match_the_naive_rule(
-    kind: str, a: tuple[float, float], b: tuple[float, float]
-) -> None:
-    reports = {
-        "vsepp": report(
-            {"triplet_hardest": {"annotations/rsum": list(a)}, "ntxent": {"annotations/rsum": list(b)}}
-        )
-    }
-    out = evaluate(pair_finding(kind), reports)
-    verdict, margin = naive_verdict(kind, a, b)
-    assert out.verdict == verdict
-    assert out.margin == pytest.approx(margin)
-    assert [o["mean"] for o in out.ours] == [a[0], b[0]]
+def test_pairwise_verdicts_match_the_naive_rule(kind: str, a: list[float], b: list[float]) -> None:
+    out = evaluate(pair_finding(kind), two(a, b))
+    assert out.verdict == naive_pairwise(kind, a, b)
+    assert out.test is not None and out.test["name"] == "paired t" and out.test["n"] == [len(a), len(b)]
+    assert out.test["estimate"] == pytest.approx(statistics.fmean(a) - statistics.fmean(b))
+    assert [o["mean"] for o in out.ours] == pytest.approx([statistics.fmean(a), statistics.fmean(b)])
+    assert [o["std"] for o in out.ours] == pytest.approx([statistics.stdev(a), statistics.stdev(b)])
 
 
-def test_zero_std_gives_a_capped_margin() -> None:
-    reports = {
-        "vsepp": report(
-            {"triplet_hardest": {"annotations/rsum": [1.0, 0.0]}, "ntxent": {"annotations/rsum": [0.5, 0.0]}}
-        )
+def test_the_cases_cover_every_verdict_and_the_seed_rule() -> None:
+    seen = {naive_pairwise(k, a, b) for k in PAIRWISE for a, b in CASES}
+    assert seen == set(TESTABLE)
+    overlap = evaluate(pair_finding(GREATER), two(*CASES[6]))  # significantly below, within the spread
+    assert overlap.verdict == INCONCLUSIVE and overlap.test is not None
+    held_back = r"inverted held back: p = [0-9.e-]+ < 0.05, but 3 seeds on a side and the effect"
+    assert re.search(held_back, overlap.detail)
+    assert scipy_stats.ttest_rel(*CASES[6], alternative="less").pvalue < ALPHA
+    beyond = evaluate(pair_finding(GREATER), two(*CASES[5]))
+    assert beyond.verdict == REPRODUCED and "exceeds every seed's spread combined" in beyond.detail
+    assert MIN_SEEDS == 5 and EQUIVALENCE == 0.02
+
+
+def test_a_stated_bound_replaces_the_default() -> None:
+    a, b = CASES[0]  # A above B by about 20: equal within a bound of 40, not within 2 %
+    assert evaluate(pair_finding(SIMILAR), two(a, b)).verdict == NOT_REPRODUCED
+    wide = evaluate(pair_finding(SIMILAR, bound=40.0), two(a, b))
+    assert wide.verdict == REPRODUCED and "δ 40" in wide.detail
+
+
+def test_different_seed_sets_are_compared_by_welch() -> None:
+    values = {
+        "triplet_hardest": {"annotations/rsum": [350.0, 352.0, 351.0]},
+        "ntxent": {"annotations/rsum": [330.0, 333.0]},
     }
+    reports = {"vsepp": report(values, seeds={"ntxent": [0, 3]})}
     out = evaluate(pair_finding(GREATER), reports)
-    assert (out.verdict, out.margin) == (REPRODUCED, 1000.0)
-    _, md = build_findings(reports)
-    assert "+∞ (std 0)" in md
+    assert out.test is not None and out.test["name"] == "Welch t" and out.test["n"] == [3, 2]
+    expected = scipy_stats.ttest_ind(
+        [350.0, 352.0, 351.0], [330.0, 333.0], equal_var=False, alternative="greater"
+    )
+    assert out.p == pytest.approx(expected.pvalue)
 
 
-def test_two_single_seed_sides_are_not_decided() -> None:
-    """With one seed on each side the zero stds say nothing about noise: no verdict, the difference shown."""
-    values = {"triplet_hardest": {"annotations/rsum": [1.0, 0.0]}, "ntxent": {"annotations/rsum": [0.5, 0.0]}}
-    out = evaluate(pair_finding(GREATER), {"vsepp": report(values, runs=1)})
-    assert (out.verdict, out.margin, out.detail) == (ONE_SEED, None, "difference +0.5")
-    _, md = build_findings({"vsepp": report(values, runs=1)})
-    assert ONE_SEED in md
+def test_one_seed_on_a_side_is_not_tested() -> None:
+    out = evaluate(pair_finding(GREATER), two([1.0], [0.5]))
+    assert (out.verdict, out.p, out.test) == (INCONCLUSIVE, None, None)
+    assert out.detail == "fewer than 2 seeds on a side: no test (difference +0.5)"
 
 
 @pytest.mark.parametrize(
     ("reports", "why"),
     [
         ({}, "no vsepp report"),
-        ({"gpo": report({"triplet_hardest": {"annotations/rsum": [1, 0]}})}, "no vsepp report"),
+        ({"gpo": report({"triplet_hardest": {"annotations/rsum": [1.0, 2.0]}})}, "no vsepp report"),
         (
-            {"vsepp": report({"triplet_hardest": {"annotations/rsum": [1.0, 0.1]}})},
+            {"vsepp": report({"triplet_hardest": {"annotations/rsum": [1.0, 1.1]}})},
             "ntxent not in the vsepp report",
         ),
+        (two([1.0, 1.1], None), "ntxent: annotations/rsum is null"),  # type: ignore[arg-type]
+        (two([1.0, 1.1], [math.nan, math.nan]), "ntxent: annotations/rsum is null"),
         (
             {
                 "vsepp": report(
-                    {
-                        "triplet_hardest": {"annotations/rsum": [1.0, 0.1]},
-                        "ntxent": {"annotations/rsum": None},
-                    }
+                    {"triplet_hardest": {"annotations/rsum": [1.0, 1.1]}, "ntxent": {"cocos/x": [1, 2]}}
                 )
             },
-            "ntxent: annotations/rsum is null",
-        ),
-        (
-            {
-                "vsepp": report(
-                    {
-                        "triplet_hardest": {"annotations/rsum": [1.0, 0.1]},
-                        "ntxent": {"annotations/rsum": [math.nan, 0.0]},
-                    }
-                )
-            },
-            "ntxent: annotations/rsum is null",
-        ),
-        (
-            {"vsepp": report({"triplet_hardest": {"annotations/rsum": [1.0, 0.1]}, "ntxent": {"cocos": {}}})},
             "ntxent: no annotations/rsum",
+        ),
+        (
+            {"vsepp": {"variants": {"triplet_hardest": {"annotations": {"rsum": [1.0, 0.1]}}, "ntxent": {}}}},
+            "no per-seed values (rebuild it with --report-only)",
         ),
     ],
 )
 def test_absent_data_is_not_run(reports: dict[str, Any], why: str) -> None:
     out = evaluate(pair_finding(GREATER), reports)
-    assert out.verdict == NOT_RUN and out.margin is None
+    assert out.verdict == NOT_RUN and out.p is None
     assert why in out.detail
 
 
+@pytest.mark.parametrize("kind", SINGLE)
 @pytest.mark.parametrize(
-    ("kind", "mean", "verdict"),
+    "values",
     [
-        (EQUALS, 1.0, REPRODUCED),
-        (EQUALS, 1.4, REPRODUCED),
-        (EQUALS, 1.6, DIFFERS),
-        (EQUALS, 0.4, DIFFERS),
-        (ABOVE, 1.6, REPRODUCED),
-        (ABOVE, 1.2, WITHIN_NOISE),
-        (ABOVE, 0.4, INVERTED),
-        (BELOW, 0.4, REPRODUCED),
-        (BELOW, 0.8, WITHIN_NOISE),
-        (BELOW, 1.6, INVERTED),
+        [1.0, 1.1, 0.9, 1.05, 0.95],
+        [1.6, 1.7, 1.5, 1.65, 1.55],
+        [0.4, 0.5, 0.3, 0.45, 0.35],
+        [1.2, 1.9, 0.6, 1.4],
     ],
 )
-def test_single_quantities_use_the_stated_tolerance(kind: str, mean: float, verdict: str) -> None:
+def test_single_quantities_match_the_naive_one_sample_rule(kind: str, values: list[float]) -> None:
     finding = Finding(
         "one", "ecir", "Table 2", "x vs 1", "gpo", kind, ("triplet",), ("cocos/i2t_Cq",),
-        (("ecir.t2.f30k.vsrn.triplet.i2t_Cq",),), target=1.0, tolerance=0.5,
+        (("ecir.t2.f30k.vsrn.triplet.i2t_Cq",),), target=1.0, tolerance=0.2,
     )  # fmt: skip
-    out = evaluate(finding, {"gpo": report({"triplet": {"cocos/i2t_Cq": [mean, 0.2]}})})
-    assert out.verdict == verdict
-    assert out.margin == pytest.approx((mean - 1.0) / 0.2)
+    out = evaluate(finding, {"gpo": report({"triplet": {"cocos/i2t_Cq": values}})})
+    x, n = np.array(values), len(values)
+    d, spread = x.mean() - 1.0, x.max() - x.min()
+
+    def p(alternative: str, shift: float) -> float:
+        return float(scipy_stats.ttest_1samp(x, 1.0 + shift, alternative=alternative).pvalue)
+
+    def decides(p_value: float, distance: float) -> bool:
+        return p_value < 0.05 and (n >= 5 or distance > spread)
+
+    within = max(p("greater", -0.2), p("less", 0.2))
+    if kind == EQUALS:
+        beyond = min(p("greater", 0.2), p("less", -0.2))
+        naive = (
+            REPRODUCED
+            if decides(within, 0.2 - abs(d))
+            else NOT_REPRODUCED
+            if decides(beyond, abs(d) - 0.2)
+            else INCONCLUSIVE
+        )
+    else:
+        sign = 1 if kind == ABOVE else -1
+        toward, away = ("greater", "less") if sign > 0 else ("less", "greater")
+        naive = (
+            REPRODUCED if decides(p(toward, 0), sign * d)
+            else INVERTED if decides(p(away, 0), -sign * d)
+            else NOT_REPRODUCED if decides(within, 0.2 - abs(d))
+            else INCONCLUSIVE
+        )  # fmt: skip
+    assert out.verdict == naive
+    assert out.test is not None and out.test["name"] == "one-sample t"
 
 
-def naive_anti_ranked(count: dict[str, tuple[float, float]], score: dict[str, tuple[float, float]]) -> str:
+def naive_anti_ranked(count: dict[str, list[float]], score: dict[str, list[float]]) -> str:
     concordant = discordant = 0
     for a, b in itertools.combinations(count, 2):
-        _, mx = naive_verdict(GREATER, count[a], count[b])
-        _, my = naive_verdict(GREATER, score[a], score[b])
-        if abs(mx) >= 1 and abs(my) >= 1:
-            if (mx > 0) == (my > 0):
+        signs = []
+        for values in (count, score):
+            x, y = values[a], values[b]
+            d = statistics.fmean(x) - statistics.fmean(y)
+            p = scipy_stats.ttest_rel(x, y).pvalue
+            spread = max(x) - min(x) + max(y) - min(y)
+            signs.append((1 if d > 0 else -1) if p < 0.05 and (len(x) >= 5 or abs(d) > spread) else 0)
+        if all(signs):
+            if signs[0] == signs[1]:
                 discordant += 1
             else:
                 concordant += 1
     if concordant and discordant:
-        return MIXED
-    return REPRODUCED if concordant else INVERTED if discordant else WITHIN_NOISE
+        return NOT_REPRODUCED
+    return REPRODUCED if concordant else INVERTED if discordant else INCONCLUSIVE
 
 
 @pytest.mark.parametrize(
     "scores",
     [
-        {"triplet": (300.0, 1.0), "triplet_hardest": (350.0, 1.0), "smoothap": (340.0, 1.0)},  # as the paper
-        {"triplet": (360.0, 1.0), "triplet_hardest": (300.0, 1.0), "smoothap": (320.0, 1.0)},  # reversed
-        {"triplet": (300.0, 1.0), "triplet_hardest": (350.0, 1.0), "smoothap": (360.0, 1.0)},  # mixed
-        {"triplet": (300.0, 50.0), "triplet_hardest": (301.0, 50.0), "smoothap": (302.0, 50.0)},  # noise
+        {"triplet": 300.0, "triplet_hardest": 350.0, "smoothap": 340.0},  # as the paper
+        {"triplet": 360.0, "triplet_hardest": 300.0, "smoothap": 320.0},  # reversed
+        {"triplet": 300.0, "triplet_hardest": 350.0, "smoothap": 360.0},  # mixed
+        {"triplet": 300.0, "triplet_hardest": 300.5, "smoothap": 301.0},  # within noise
     ],
 )
-def test_anti_ranked_matches_a_pairwise_count(scores: dict[str, tuple[float, float]]) -> None:
-    counts = {"triplet": (6.0, 0.5), "triplet_hardest": (1.0, 0.0), "smoothap": (1.3, 0.05)}
+def test_anti_ranked_matches_a_pairwise_count(scores: dict[str, float]) -> None:
+    counts = {"triplet": 6.0, "triplet_hardest": 1.0, "smoothap": 1.3}
+    jitter = [0.0, 0.02, -0.01, 0.015, -0.02]
+    count = {v: [counts[v] + (k + 1) * e for e in jitter] for k, v in enumerate(counts)}
+    score = {
+        v: [scores[v] + 40 * (k + 1) * e * (1 if i % 2 else -1) for i, e in enumerate(jitter)]
+        for k, v in enumerate(scores)
+    }
     finding = next(f for f in FINDINGS if f.kind == ANTI_RANKED and f.encoder == "vsepp")
-    values = {v: {"cocos/i2t_Cq": list(counts[v]), "annotations/rsum": list(scores[v])} for v in counts}
+    values = {v: {"cocos/i2t_Cq": count[v], "annotations/rsum": score[v]} for v in counts}
     out = evaluate(finding, {"vsepp": report(values)})
-    assert out.verdict == naive_anti_ranked(counts, scores)
-    assert out.margin is None and "of 3 pairs" in out.detail
+    assert out.verdict == naive_anti_ranked(count, score)
+    assert out.p is None and "of 3 pairs" in out.detail
+
+
+def test_a_collapsed_variant_and_untestable_claims_are_not_testable() -> None:
+    values = {
+        v: {"annotations/rsum": [340.0 + i, 345.0 - i, 338.0]}
+        for i, v in enumerate(["ntxent", "triplet", "smoothap"])
+    }
+    values["triplet_hardest"] = {"annotations/rsum": [38.4, 42.0, 35.1], "cocos/i2t_Cq": [1.0, 1.0, 1.0]}
+    out = evaluate(pair_finding(GREATER), {"vsepp": report(values)})
+    assert out.verdict == NOT_TESTABLE and "triplet_hardest collapsed on vsepp (rsum 38.5" in out.detail
+    healthy = Finding(
+        "h", "ecir", "Table 1", "x", "vsepp", GREATER, ("ntxent", "triplet"), ("annotations/rsum",), ()
+    )
+    assert evaluate(healthy, {"vsepp": report(values)}).verdict != NOT_TESTABLE
+    tautology = next(f for f in FINDINGS if f.id == "ecir-t2-sh-cq-is-one-gpo")
+    assert tautology.untestable and evaluate(tautology, {}).verdict == NOT_TESTABLE
 
 
 # --- the findings' references ----------------------------------------------------------------------
@@ -445,24 +531,26 @@ def test_goal_tables_match_the_markdown() -> None:
 
 # --- build_findings / write_findings -----------------------------------------------------------------
 def synthetic_reports() -> dict[str, dict[str, Any]]:
+    jitter = [0.0, 1.0, -1.0, 0.5, -0.5]
+
+    def seeds(level: float, scale: float = 1.0) -> list[float]:
+        return [level + scale * e for e in jitter]
+
     vsepp = report(
         {
-            "triplet": {
-                "annotations/rsum": [300.0, 2.0],
-                "cocos/i2t_Cq": [6.0, 0.5],
-                "best_epoch": [20.0, 1.0],
-            },
-            "triplet_hardest": {"annotations/rsum": [350.0, 2.0], "cocos/i2t_Cq": [1.0, 0.0]},
-            "ntxent": {"annotations/rsum": [351.0, 2.0]},  # within noise of SH
-            "sampled_softmax": {"calibration/PR-AUC (annotations)": [0.30, 0.01]},
-            "cross_example_softmax": {"calibration/PR-AUC (annotations)": [0.20, 0.01]},  # inverted
-            "ntxent+ltd:constraint": {"annotations/rsum": [360.0, 2.0]},
+            "triplet": {"annotations/rsum": seeds(300.0), "cocos/i2t_Cq": seeds(6.0, 0.2)},
+            "triplet_hardest": {"annotations/rsum": seeds(350.0, 2.0), "cocos/i2t_Cq": [1.0] * 5},
+            "ntxent": {"annotations/rsum": [351.0, 341.0, 361.0, 340.0, 362.0]},  # no clear order to SH
+            "sampled_softmax": {"calibration/PR-AUC (annotations)": seeds(0.30, 0.01)},
+            "cross_example_softmax": {"calibration/PR-AUC (annotations)": seeds(0.20, 0.01)},  # inverted
+            "ntxent+ltd:constraint": {"annotations/rsum": seeds(380.0)},
         }
     )
+    vsepp["variants"]["triplet"]["best_epoch"] = [20.0, 1.0]
     gpo = report(
         {
-            "goal[triplet_weight=cir,pair_weight=sig_ms]": {"annotations/i2t R@1": [60.0, 0.5]},
-            "goal[triplet_weight=con,pair_weight=con]": {"annotations/i2t R@1": [55.0, 0.5]},
+            "goal[triplet_weight=cir,pair_weight=sig_ms]": {"annotations/i2t R@1": seeds(60.0, 0.5)},
+            "goal[triplet_weight=con,pair_weight=con]": {"annotations/i2t R@1": [55.0, 54.0, 56.0]},
         },
         command="icr analyze compare --encoder gpo",
     )
@@ -476,22 +564,26 @@ def by_id(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_build_findings_on_synthetic_reports() -> None:
     data, md = build_findings(synthetic_reports(), "Synthetic images, 2 epochs.")
     found = by_id(data)
-    assert found["ecir-t1-sh-beats-triplet-vsepp"]["verdict"] == REPRODUCED
-    assert found["ecir-t1-sh-beats-triplet-vsepp"]["margin"] == pytest.approx(25.0)
-    assert found["ecir-t1-sh-beats-ntxent-vsepp"]["verdict"] == WITHIN_NOISE
+    sh_triplet = found["ecir-t1-sh-beats-triplet-vsepp"]
+    assert sh_triplet["verdict"] == REPRODUCED and sh_triplet["test"]["name"] == "paired t"
+    assert sh_triplet["test"]["estimate"] == pytest.approx(50.0) and sh_triplet["p"] < 0.001
+    assert found["ecir-t1-sh-beats-ntxent-vsepp"]["verdict"] == INCONCLUSIVE
     assert found["ecir-t1-ntxent-beats-triplet-vsepp"]["verdict"] == REPRODUCED
     assert found["ecir-t2-triplet-counts-more-i2t-vsepp"]["verdict"] == REPRODUCED
-    assert found["ecir-t2-sh-cq-is-one-vsepp"]["verdict"] == REPRODUCED
+    assert found["ecir-t2-sh-cq-is-one-vsepp"]["verdict"] == NOT_TESTABLE  # true by definition
+    assert found["ecir-t4-smoothap-t2i-idle-vsepp"]["verdict"] == NOT_TESTABLE  # the seed code's bug
     assert found["ces-t1-ces-calibrates-vsepp"]["verdict"] == INVERTED
     assert found["ltd-t1-constraint-beats-baseline-vsepp"]["verdict"] == REPRODUCED
     assert found["ltd-t1-ltd-beats-itd-vsepp"]["verdict"] == NOT_RUN
-    assert found["goal-t5-cir-sigms-beats-con-con-i2t-gpo"]["verdict"] == REPRODUCED
+    # 5 seeds against 3 (different seed sets): Welch, and 3 seeds decide only beyond every spread
+    goal = found["goal-t5-cir-sigms-beats-con-con-i2t-gpo"]
+    assert goal["test"]["name"] == "Welch t" and goal["verdict"] == REPRODUCED
     assert found["ecir-t1-sh-beats-triplet-gpo"]["verdict"] == NOT_RUN
-    evidence = found["ecir-t1-sh-beats-triplet-vsepp"]["evidence"]
+    evidence = sh_triplet["evidence"]
     assert [[n["mean"] for n in group] for group in evidence] == [[353.8, 309.4], [298.8, 240.0]]
     counts = data["summary"]["all"]
     assert sum(counts.values()) == len(FINDINGS) and set(counts) == set(VERDICTS)
-    assert counts[REPRODUCED] >= 6 and counts[INVERTED] >= 1
+    assert counts[REPRODUCED] >= 5 and counts[INVERTED] >= 1 and counts[NOT_TESTABLE] >= 3
     assert data["commands"] == {
         "vsepp": "icr analyze compare --test",
         "gpo": "icr analyze compare --encoder gpo",
@@ -504,17 +596,23 @@ def test_build_findings_on_synthetic_reports() -> None:
         heading = f"## {paper.short}: "
         assert heading in md
         after = md.split(heading, 1)[1].splitlines()
-        assert after[2] == "| finding | paper's numbers | ours | margin (stds) | verdict |"
+        assert after[2] == "| finding | paper's numbers | ours | test | verdict |"
     rows = [line for line in md.splitlines() if re.match(r"\| \*\*[a-z0-9]+-", line)]
     assert len(rows) == len(FINDINGS)
     assert all(line.count(" | ") == 4 for line in rows)  # no stray pipe in a cell
-    assert "| **all** |" in md
+    assert "paired t: 50.00 [49.25, 50.75], df 4.0, p < 0.001" in md and "over batches ± " in md
+    # the summary counts testable findings only
+    testable = sum(counts[v] for v in TESTABLE)
+    all_row = next(line for line in md.splitlines() if line.startswith("| **all** |"))
+    assert all_row.split(" | ")[len(TESTABLE) + 1] == str(testable)
     assert md.rstrip().endswith("## What differs in the regime\n\nSynthetic images, 2 epochs.")
 
 
 def test_build_findings_without_reports_does_not_crash() -> None:
     data, md = build_findings({})
-    assert {f["verdict"] for f in data["findings"]} == {NOT_RUN}
+    untestable = {f.id for f in FINDINGS if f.untestable}
+    assert {f["id"] for f in data["findings"] if f["verdict"] == NOT_TESTABLE} == untestable
+    assert {f["verdict"] for f in data["findings"] if f["id"] not in untestable} == {NOT_RUN}
     assert "every finding is *not run*" in md
 
 
@@ -572,3 +670,108 @@ def test_suite_cost_counts_cpu_seconds_and_projects_the_missing_variants(tmp_pat
     _, md = build_findings(synthetic_reports(), cost=cost)
     assert "## Cost" in md and "| vsepp | `ntxent` | 1 (1) | 200.0 | 200.0 |" in md
     assert f"about {expected:.1f} core-hours" in md
+
+
+def test_regime_differences_are_read_from_the_runs() -> None:
+    """Early stops counted against each variant's own learning-rate step (+ 5, within the cap), LTD's
+    temperature and Cross-Example Softmax's steps read from the report, SmoothAP's unscaled step."""
+    from icr.training.analysis.regime_differences import differences, early_stops
+
+    regime = {
+        "data": "/nowhere/features",
+        "base_config": "synthetic-paper-vsepp",
+        "epochs": 20,
+        "batch_size": 128,
+        "smoothap_epoch_factor": 5,
+        "overrides": ["train.threads=1"],
+        "distractors": 0,
+        "cocos_batches": 20,
+        "patience": 2,
+    }
+
+    def entry(
+        epochs: list[int], stopped: list[bool], params: dict[str, Any], best: list[int]
+    ) -> dict[str, Any]:
+        return {
+            "runs": len(epochs),
+            "seeds": list(range(len(epochs))),
+            "objective": {"name": "x", "params": params},
+            "per_seed": {
+                "convergence": {
+                    "epochs_completed": epochs,
+                    "stopped_by_patience": stopped,
+                    "best_epoch": best,
+                    "best_step": [390 * b for b in best],
+                }
+            },
+        }
+
+    report = {
+        "regime": regime,
+        "variants": {
+            # lr step at 15: due by epoch 20 (the cap); 12 and 18 stopped early, 20 did not
+            "ntxent": entry(
+                [12, 18, 20], [True, True, False], {"mask_duplicates": True, "temperature": 0.1}, [10, 16, 20]
+            ),
+            # SmoothAP: step at 15 of its 100 epochs, due by 20; 33 is not early, 19 is
+            "smoothap": entry([33, 19], [True, True], {"mask_duplicates": True}, [31, 17]),
+            "ntxent+ltd:constraint": entry([20, 20], [False, False], {"temperature": 0.1}, [20, 19]),
+            "cross_example_softmax": entry([10, 16], [True, True], {"mask_duplicates": True}, [8, 14]),
+        },
+    }
+    stopped, total, which = early_stops(report)
+    assert (stopped, total) == (5, 9)  # ntxent 12, 18; smoothap 19; cross_example_softmax 10, 16
+    assert which["ntxent"] == "2/3 at epochs 12, 18" and which["smoothap"] == "1/2 at epochs 19"
+    assert which["cross_example_softmax"] == "2/2 at epochs 10, 16" and "ntxent+ltd:constraint" not in which
+    rows = {r.setting: r for r in differences({"vsepp": report})}
+    assert "5 of 9 runs stopped before their learning-rate step + 5 epochs" in rows["stopping (vsepp)"].ours
+    assert "τ 0.1; uni-GRU (128)" in rows["`ntxent+ltd:constraint`"].ours
+    assert "not scaled" in rows["SmoothAP schedule (vsepp)"].ours
+    # steps: best step / best epoch x epochs = 390 x epochs; mean of 10 and 16 epochs
+    assert "about 5.1k steps" in rows["`cross_example_softmax`"].ours
+    assert "`mask_duplicates` on in 3 of 4 variants" in rows["false negatives (vsepp)"].ours
+    assert differences({}) == []
+
+
+def test_the_papers_stopping_rule_in_the_run_configs() -> None:
+    """No early stop before the learning-rate step + hold (SmoothAP: its scaled step and hold), each
+    config's own epochs with --epochs 0, and regimes without the new fields keep their old keys."""
+    from icr.training.analysis.compare import Regime, Variant, run_config
+
+    regime = Regime(
+        data="/nowhere",
+        base_config="synthetic-paper-vsepp",
+        epochs=0,
+        patience=5,
+        hold=5,
+        scale_schedule=True,
+    )
+    ntxent = run_config(regime, Variant.parse("ntxent"), 0, Path("out"))
+    assert (ntxent.train.epochs, ntxent.optim.lr_update, ntxent.train.min_epochs) == (30, 15, 20)
+    smoothap = run_config(regime, Variant.parse("smoothap"), 0, Path("out"))
+    assert (smoothap.train.epochs, smoothap.optim.lr_update, smoothap.train.min_epochs) == (150, 75, 100)
+    assert smoothap.train.patience == 25  # 5 caption-level epochs of steps
+    moved = Regime(
+        data="/nowhere",
+        base_config="synthetic-paper-vsepp",
+        epochs=20,
+        hold=5,
+        overrides=("optim.lr_update=18",),
+    )
+    assert (
+        run_config(moved, Variant.parse("ntxent"), 0, Path("out")).train.min_epochs == 20
+    )  # 18 + 5, capped at 20
+    old = Regime(data="/nowhere", base_config="synthetic-paper-vsepp", epochs=20)
+    plain = run_config(old, Variant.parse("smoothap"), 0, Path("out"))
+    assert (plain.optim.lr_update, plain.train.min_epochs) == (15, 0)
+    # the committed runs' regime still has the key they were trained under
+    result = json.loads(
+        (
+            Path(__file__).resolve().parents[1] / "docs/paper-regime/runs/gpo/triplet/seed0/result.json"
+        ).read_text()
+    )
+    report = json.loads(
+        (Path(__file__).resolve().parents[1] / "docs/paper-regime/gpo/report.json").read_text()
+    )
+    fields = {**report["regime"], "overrides": tuple(report["regime"]["overrides"])}
+    assert Regime(**fields).key() == result["regime_key"]

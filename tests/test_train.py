@@ -399,6 +399,20 @@ def test_patience_stops_when_validation_stops_improving_and_resume_keeps_it(data
     assert again is not None and again["epochs_completed"] == 3 and again["steps"] == summary["steps"]
 
 
+def test_min_epochs_holds_patience_back(data, tmp_path):
+    # the same flat run as above: patience 2 alone would stop after epoch 3; min_epochs 5 runs 5
+    cfg = tiny_config(
+        data, tmp_path / "run", "train.epochs=10", "train.patience=2", "train.min_epochs=5", "optim.lr=1e-12"
+    )
+    summary = train(cfg, progress=False)
+    assert summary is not None
+    assert (summary["best_epoch"], summary["epochs_completed"], summary["stopped_by_patience"]) == (
+        1,
+        5,
+        True,
+    )
+
+
 def test_learning_rate_schedules_against_their_formulas():
     import math
 

@@ -97,6 +97,12 @@ class TrainSection(BaseModel):
         "epochs): the papers' 'until validation stops improving'; epochs stays the upper bound and "
         "the length the lr schedule is laid out over",
     )
+    min_epochs: int = Field(
+        0,
+        ge=0,
+        description="patience cannot stop a run before this many epochs (the papers' regime: the "
+        "learning-rate step + 5), so no run is cut short by a noisy dip before its lr decay",
+    )
     log_every: int = Field(20, ge=1, description="steps between metrics.jsonl lines")
     save_every: int = Field(500, ge=1, description="steps between resumable training-state saves")
     swa: bool = Field(False, description="average snapshots from the last swa_fraction of every epoch (LTD)")

@@ -425,9 +425,11 @@ class Trainer:
         self.save_state()
 
     def _out_of_patience(self) -> bool:
-        """``train.patience`` epochs have passed since validation rsum last improved."""
+        """``train.patience`` epochs have passed since validation rsum last improved, and at least
+        ``train.min_epochs`` have run."""
         patience = self.config.train.patience
-        if patience <= 0:  # every process knows this from the config: no collective needed
+        # every process knows both from the config and the shared epoch: no collective needed
+        if patience <= 0 or self.state.epoch < self.config.train.min_epochs:
             return False
         best = self.state.best_epoch  # validation runs on rank 0 only: it decides for all
         return dist.main_decides(best >= 0 and self.state.epoch - (best + 1) >= patience)

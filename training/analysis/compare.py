@@ -109,18 +109,25 @@ class Regime:
     # Stop a run once validation rsum has not improved for this many epochs (0: train all epochs,
     # which then are a fixed budget rather than an upper bound).
     patience: int = 0
+    # Patience cannot end a run before its learning-rate step + ``hold`` epochs (0: from the start).
+    hold: int = 0
+    # SmoothAP's lr_update times its epoch factor, as ECIR's 150-epoch runs step at 75 / 50.
+    scale_schedule: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def key(self) -> str:
-        # patience joined later: leaving it out at 0 keeps older run folders valid
-        fields = {k: v for k, v in self.__dict__.items() if k != "extra" and (k, v) != ("patience", 0)}
+        # fields joined later are left out at their old behaviour, so older run folders stay valid
+        later = {("patience", 0), ("hold", 0), ("scale_schedule", False)}
+        fields = {k: v for k, v in self.__dict__.items() if k != "extra" and (k, v) not in later}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
     def _factor(self, variant: Variant) -> int:
         return self.smoothap_epoch_factor if variant.objective == "smoothap" else 1
 
     def epochs_for(self, variant: Variant) -> int:
-        return self.epochs * self._factor(variant)
+        """``epochs`` (0: the base config's own) times SmoothAP's factor."""
+        epochs = self.epochs or load_config(self.base_config, [f'data.path="{self.data}"']).train.epochs
+        return epochs * self._factor(variant)
 
     def patience_for(self, variant: Variant) -> int:
         """SmoothAP's epochs are 1/factor as long, so its patience is as many steps, not epochs."""
@@ -128,19 +135,22 @@ class Regime:
 
 
 def run_config(regime: Regime, variant: Variant, seed: int, out: Path) -> TrainConfig:
-    return load_config(
-        regime.base_config,
-        [
-            f'data.path="{regime.data}"',
-            f'train.out="{out}"',
-            f"train.epochs={regime.epochs_for(variant)}",
-            f"train.patience={regime.patience_for(variant)}",
-            f"train.batch_size={regime.batch_size}",
-            f"train.seed={seed}",
-            *regime.overrides,
-            *variant.overrides(),
-        ],
-    )
+    overrides = [
+        f'data.path="{regime.data}"',
+        f'train.out="{out}"',
+        f"train.epochs={regime.epochs_for(variant)}",
+        f"train.patience={regime.patience_for(variant)}",
+        f"train.batch_size={regime.batch_size}",
+        f"train.seed={seed}",
+    ]
+    if regime.scale_schedule and regime._factor(variant) > 1:
+        base = load_config(regime.base_config, overrides[:1])
+        overrides.append(f"optim.lr_update={base.optim.lr_update * regime._factor(variant)}")
+    config = load_config(regime.base_config, [*overrides, *regime.overrides, *variant.overrides()])
+    if regime.hold:  # after every override, so a --set optim.lr_update moves the hold with it
+        held = min(config.optim.lr_update + regime.hold * regime._factor(variant), config.train.epochs)
+        config = config.model_copy(update={"train": config.train.model_copy(update={"min_epochs": held})})
+    return config
 
 
 def _summary_of_eval(report: dict[str, Any]) -> dict[str, Any]:
@@ -297,9 +307,17 @@ CALIBRATION_COLUMNS = [
     ("best F1 (ground truth)", "eval/ground_truth/global/best_f1", 3),
     ("ECE (ground truth, isotonic on val)", "eval/ground_truth/calibration/ece", 4),
     ("t2i R@1 +distractors (annot.)", "eval/distractors/annotations/t2i_r1", 2),
+    ("t2i R@5 +distractors (annot.)", "eval/distractors/annotations/t2i_r5", 2),
     ("t2i R@10 +distractors (annot.)", "eval/distractors/annotations/t2i_r10", 2),
+    ("t2i R@100 +distractors (annot.)", "eval/distractors/annotations/t2i_r100", 2),
     ("t2i R@10 +distractors (truth)", "eval/distractors/ground_truth/t2i_r10", 2),
 ]
+
+SECTIONS = (
+    ("annotations", MAIN_COLUMNS),
+    ("ground_truth", TRUTH_COLUMNS),
+    ("calibration", CALIBRATION_COLUMNS),
+)
 
 
 def _by_variant(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -337,11 +355,13 @@ def build_report(results: list[dict[str, Any]], regime: Regime, command: str) ->
         "",
         f"Produced by `{command}`.",
         "",
-        f"Regime: base config `{regime.base_config}`, {regime.epochs} epochs "
+        f"Regime: base config `{regime.base_config}`, {regime.epochs_for(Variant('ntxent'))} epochs "
         f"(SmoothAP x{regime.smoothap_epoch_factor}: "
         f"image-level batches, same number of steps), batch {regime.batch_size}, seeds {seeds}, "
         f"overrides {list(regime.overrides) or 'none'}"
         + (f", early stopping after {regime.patience} epochs without improvement" if regime.patience else "")
+        + (f", never before the learning-rate step + {regime.hold} epochs" if regime.hold else "")
+        + (", SmoothAP's learning-rate step scaled with its epochs" if regime.scale_schedule else "")
         + f". Test split of `{regime.data}`; "
         "mean ± std over seeds. "
         "Recall in percent, AP-type metrics on a 0-1 scale. "
@@ -365,7 +385,7 @@ def build_report(results: list[dict[str, Any]], regime: Regime, command: str) ->
         "Best epoch: where validation rsum peaked (the checkpoint evaluated above); epochs run: "
         + (
             f"until {regime.patience} epochs without improvement (SmoothAP x{regime.smoothap_epoch_factor}) "
-            f"or the cap of {regime.epochs}."
+            f"or the cap of {regime.epochs_for(Variant('ntxent'))}."
             if regime.patience
             else "all of them (no early stopping)."
         ),
@@ -389,13 +409,26 @@ def build_report(results: list[dict[str, Any]], regime: Regime, command: str) ->
         "variants": {
             name: {
                 "runs": len(rs),
+                # the unit of the findings' tests: one value per seed (COCOS: that seed's batch mean)
+                "seeds": [r["seed"] for r in rs],
+                "per_seed": {
+                    **{label: {c: [_get(r, p) for r in rs] for c, p, _ in cols} for label, cols in SECTIONS},
+                    "cocos": {
+                        k: [r["cocos"]["metrics"][k].get("mean") for r in rs]
+                        for k in rs[0]["cocos"]["metrics"]
+                    },
+                    "convergence": {
+                        **{k: [r.get(k) for r in rs] for k in ("best_epoch", "epochs_completed")},
+                        "stopped_by_patience": [bool(r.get("stopped_by_patience")) for r in rs],
+                        "best_step": [r["checkpoint"].get("step") for r in rs],
+                    },
+                },
+                # the objective's resolved parameters and the decoding, as the runs trained them
+                "objective": rs[0]["checkpoint"].get("objective"),
+                "decoding": rs[0]["checkpoint"].get("decoding"),
                 **{
                     label: {c: _mean_std([_get(r, p) for r in rs]) for c, p, _ in cols}
-                    for label, cols in (
-                        ("annotations", MAIN_COLUMNS),
-                        ("ground_truth", TRUTH_COLUMNS),
-                        ("calibration", CALIBRATION_COLUMNS),
-                    )
+                    for label, cols in SECTIONS
                 },
                 "cocos": {
                     k: _pooled([r["cocos"]["metrics"][k] for r in rs]) for k in rs[0]["cocos"]["metrics"]

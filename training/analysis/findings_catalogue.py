@@ -20,6 +20,7 @@ from icr.training.analysis.findings_verdict import (
     ABOVE,
     ANTI_RANKED,
     AT_LEAST,
+    BEST_ALSO,
     ENCODERS,
     EQUALS,
     GREATER,
@@ -37,6 +38,11 @@ ECIR_VARIANT = {
     "smoothap": "smoothap",
 }
 RSUM = "annotations/rsum"
+SMOOTHAP_T2I_BUG = (
+    "The paper's t2i values come from a wrong slice in the seed code's counter (seed-code notes 1.3): an "
+    "artefact of that bug, not a property of SmoothAP. Ours counts caption queries correctly (C^0 is a "
+    "count per batch and t2i has 5x more queries than i2t in image-level batches)."
+)
 
 
 def goal_variant(triplet_weight: str, pair_weight: str) -> str:
@@ -137,6 +143,49 @@ def _ecir_findings() -> list[Finding]:
                 col="i2t_ar",
                 note="Paper observation (4): SmoothAP is similar to SH only for VSE++ i2t.",
             )
+        for d in ("i2t", "t2i"):
+            t1(
+                f"sh-beats-triplet-{d}",
+                f"Triplet loss SH outperforms the Triplet loss on {d} too ({label}, {d} average recall)",
+                "triplet_sh",
+                "triplet",
+                col=f"{d}_ar",
+                note="Observation (1): SH gives the best scores 'regardless of dataset, method or task'.",
+            )
+            t1(
+                f"sh-beats-ntxent-{d}",
+                f"NT-Xent underperforms Triplet loss SH on {d} too ({label}, {d} average recall)",
+                "triplet_sh",
+                "ntxent",
+                col=f"{d}_ar",
+                note="Sect. 5: SH outperforms NT-Xent 'regardless of the method, dataset or sub-task'.",
+            )
+        t1(
+            "smoothap-not-above-sh-t2i",
+            f"SmoothAP does not outperform Triplet loss SH on t2i ({label}, t2i average recall)",
+            "triplet_sh",
+            "smoothap",
+            AT_LEAST,
+            col="t2i_ar",
+            note="Observation (5), per task; on i2t the paper has SmoothAP similar to SH for VSE++ only.",
+        )
+        enc = ECIR_ENCODER[method]
+        out.append(
+            Finding(
+                f"ecir-t1-best-recall-best-map-{enc}",
+                "ecir",
+                "Table 1",
+                f"The loss with the best recall also has the highest mAP@5 ({label}, best rsum -> i2t mAP@5)",
+                enc,
+                BEST_ALSO,
+                tuple(ECIR_VARIANT[x] for x in ECIR_VARIANT),
+                (RSUM, "annotations/i2t mAP@5 (ECIR)"),
+                _ecir_t1(method, tuple(ECIR_VARIANT), "rsum")
+                + _ecir_t1(method, tuple(ECIR_VARIANT), "i2t_map5"),
+                note="Observation (6): 'The method with the best Recall@k score also has the highest mAP@k "
+                "score.' Tested as: the variant with the highest mean rsum is not below any other on mAP@5.",
+            )
+        )
     # COCOS (Tables 2-4)
     t2 = "ecir.t2.{ds}.{m}.{loss}.{col}"
 
@@ -192,8 +241,8 @@ def _ecir_findings() -> list[Finding]:
                 ev(t2, method, [("triplet_sh", "i2t_Cq")]),
                 target=1.0,
                 tolerance=1e-6,
-                note="True by definition of the counter whenever a query contributes: a check of the "
-                "counter.",
+                untestable="True by definition of the counter whenever a query contributes: a check of "
+                "the counter, not a finding.",
             )
         )
     out.append(
@@ -260,26 +309,43 @@ def _ecir_findings() -> list[Finding]:
             ),
         )
     )
-    out.append(
-        Finding(
-            "ecir-t4-smoothap-t2i-idle-vsepp",
-            "ecir",
-            "Table 4",
-            "SmoothAP t2i (one positive per query): barely any query has a gradient at convergence, "
-            "C^0(t2i) >> C^0(i2t)",
-            "vsepp",
-            GREATER,
-            ("smoothap", "smoothap"),
-            ("cocos/t2i_C0", "cocos/i2t_C0"),
-            tuple(
-                (f"ecir.t4.{ds}.vsepp.smoothap.t2i_C0", f"ecir.t4.{ds}.vsepp.smoothap.i2t_C0")
-                for ds in ("f30k", "coco")
-            ),
-            note="The paper's t2i values come from a wrong slice in the seed counter (seed-code notes 1.3); "
-            "ours counts caption queries correctly, so this is not expected to reproduce. C^0 is a count "
-            "per batch and t2i has 5x more queries than i2t in image-level batches.",
+    for enc, method in (("vsepp", "vsepp"), ("gpo", "vsrn")):
+        out.append(
+            Finding(
+                f"ecir-t4-smoothap-cq-near-one-{enc}",
+                "ecir",
+                "Table 4",
+                "At the optimal convergence point SmoothAP takes approximately one triplet into account "
+                "per query, C^q(SmoothAP) ≈ 1 (i2t)",
+                enc,
+                EQUALS,
+                ("smoothap",),
+                ("cocos/i2t_Cq",),
+                tuple((f"ecir.t4.{ds}.{method}.smoothap.i2t_Cq",) for ds in ("f30k", "coco")),
+                target=1.0,
+                tolerance=0.5,
+                note="Tolerance 0.5 covers the paper's VSE++ values (1.27, 1.48); VSRN on Flickr30k (2.33) "
+                "lies outside it, the one case the paper singles out.",
+            )
         )
-    )
+        out.append(
+            Finding(
+                f"ecir-t4-smoothap-t2i-idle-{enc}",
+                "ecir",
+                "Table 4",
+                "SmoothAP t2i (one positive per query): barely any query has a gradient at convergence, "
+                "C^0(t2i) >> C^0(i2t)",
+                enc,
+                GREATER,
+                ("smoothap", "smoothap"),
+                ("cocos/t2i_C0", "cocos/i2t_C0"),
+                tuple(
+                    (f"ecir.t4.{ds}.{method}.smoothap.t2i_C0", f"ecir.t4.{ds}.{method}.smoothap.i2t_C0")
+                    for ds in ("f30k", "coco")
+                ),
+                untestable=SMOOTHAP_T2I_BUG,
+            )
+        )
     for enc, method in (("vsepp", "vsepp"), ("gpo", "vsrn")):
         losses = ("triplet", "triplet_sh", "smoothap")
         out.append(
@@ -312,7 +378,8 @@ def _ecir_findings() -> list[Finding]:
 
 def _ltd_findings() -> list[Finding]:
     bl, dual, lag, itd = "ntxent", "ntxent+ltd:dual", "ntxent+ltd:constraint", "ntxent+itd:constraint"
-    rows = {bl: "bl_con", dual: "ltd_dual", lag: "ltd_lag", itd: "itd_lag"}
+    itd_dual = "ntxent+itd:dual"
+    rows = {bl: "bl_con", dual: "ltd_dual", lag: "ltd_lag", itd: "itd_lag", itd_dual: "itd_dual"}
 
     def f(
         slug: str, claim: str, a: str, b: str, kind: str = GREATER, metric: str = RSUM, **kw: Any
@@ -364,6 +431,24 @@ def _ltd_findings() -> list[Finding]:
             itd,
         ),
         f(
+            "itd-dual-not-above-baseline",
+            "ITD as a dual loss does not result in improved recall over the baseline (rsum)",
+            bl,
+            itd_dual,
+            AT_LEAST,
+            note="Sect. 5: 'implementing ITD as a dual loss does not result in improved recall@k scores, "
+            "for most values of k'.",
+        ),
+        f(
+            "itd-constraint-below-dual",
+            "ITD as an optimization constraint scores even lower than ITD as a dual loss (rsum)",
+            itd_dual,
+            itd,
+            note="Sect. 5: 'when we implement ITD as an optimization constraint ... the evaluation scores "
+            "are "
+            "even lower ... than when implemented as a dual loss'.",
+        ),
+        f(
             "constraint-beats-baseline-cxc",
             "Constraint-based LTD beats the baseline also with extended relevance (CxC; our ground truth, "
             "rsum)",
@@ -403,7 +488,7 @@ def _ces_findings() -> list[Finding]:
         return Finding(
             f"ces-t1-{slug}-vsepp",
             "ces",
-            "Table 1" if not any(c.startswith("t2.") for c in cols) else "Tables 1-2",
+            "Table 2" if all(c.startswith("t2.") for c in cols) else "Table 1",
             claim,
             "vsepp",
             kind,
@@ -461,26 +546,46 @@ def _ces_findings() -> list[Finding]:
             ces,
             ss,
             "annotations/t2i R@1",
-            ("t2i_r1", "t2.t2i_r1"),
+            ("t2i_r1",),
             AT_LEAST,
         ),
-        f(
-            "ces-beats-ss-distractors",
-            "With many distractor images, Cross-Example Softmax clearly outperforms Sampled Softmax "
-            "(t2i R@10 with distractors)",
-            ces,
-            ss,
-            "calibration/t2i R@10 +distractors (annot.)",
-            ("t2i_r10_distr", "t2i_r1_distr"),
+        *(
+            f(
+                f"{slug}-distractors{'' if k == 10 else f'-r{k}'}",
+                f"{claim} (t2i R@{k} with distractors)",
+                a,
+                b,
+                f"calibration/t2i R@{k} +distractors (annot.)",
+                (f"t2i_r{k}_distr",),
+            )
+            for k in (1, 5, 10, 100)
+            for slug, claim, a, b in (
+                (
+                    "ces-beats-ss",
+                    "With many distractor images, Cross-Example Softmax clearly outperforms Sampled Softmax "
+                    "across all levels of k",
+                    ces,
+                    ss,
+                ),
+                (
+                    "mining-beats-ces",
+                    "Cross-Example Negative Mining further improves on Cross-Example Softmax with "
+                    "distractors",
+                    mining,
+                    ces,
+                ),
+            )
         ),
         f(
-            "mining-beats-ces-distractors",
-            "Cross-Example Negative Mining further improves on Cross-Example Softmax with distractors "
-            "(t2i R@10 with distractors)",
-            mining,
+            "ces-beats-ss-zero-shot",
+            "Trained on Conceptual Captions and tested on Flickr30k without fine-tuning, Cross-Example "
+            "Softmax outperforms the baselines across all levels of k (t2i R@1)",
             ces,
-            "calibration/t2i R@10 +distractors (annot.)",
-            ("t2i_r10_distr", "t2i_r1_distr"),
+            ss,
+            "annotations/t2i R@1",
+            ("t2.t2i_r1", "t2.t2i_r5", "t2.t2i_r10"),
+            untestable="Zero-shot transfer from one dataset to another: the embedded benchmark has one "
+            "domain, so no run here trains on one collection and tests on another.",
         ),
         f(
             "snm-similar-ss-prauc",
@@ -499,6 +604,9 @@ def _ces_findings() -> list[Finding]:
 def _goal_findings() -> list[Finding]:
     out: list[Finding] = []
     settings = (("t5", "vseinf_butd"), ("t5", "vseinf_wsl"), ("t3", "vsepp_r152"))
+    # the triplet-weight claims are the paper's for the fine-tuning step and VSE-infinity (Table 5);
+    # on the frozen VSE++ rows of Table 3 its own numbers go the other way for some of them
+    table5 = (("t5", "vseinf_butd"), ("t5", "vseinf_wsl"))
 
     def f(
         slug: str,
@@ -509,9 +617,11 @@ def _goal_findings() -> list[Finding]:
         kind: str = GREATER,
         table: str = "Tables 3-5",
         note: str = "",
+        settings: tuple[tuple[str, str], ...] = settings,
+        prefix: str = "goal-t5",
     ) -> Finding:
         return Finding(
-            f"goal-t5-{slug}-{direction}-gpo",
+            f"{prefix}-{slug}-{direction}-gpo",
             "goal",
             table,
             claim + f" ({direction} R@1)",
@@ -611,6 +721,8 @@ def _goal_findings() -> list[Finding]:
             ("cir", "sig_ms"),
             ("con", "sig_ms"),
             "i2t",
+            table="Table 5",
+            settings=table5,
         )
     )
     out.append(
@@ -620,9 +732,37 @@ def _goal_findings() -> list[Finding]:
             ("nca", "sig_ms"),
             ("con", "sig_ms"),
             "i2t",
+            table="Table 5",
+            settings=table5,
         )
     )
-    out.append(f("nca-beats-con", "With P_con, T_NCA beats T_con", ("nca", "con"), ("con", "con"), "i2t"))
+    out.append(
+        f(
+            "nca-beats-con",
+            "With P_con, T_NCA beats T_con",
+            ("nca", "con"),
+            ("con", "con"),
+            "i2t",
+            table="Table 5",
+            settings=table5,
+        )
+    )
+    for d in ("i2t", "t2i"):
+        out.append(
+            f(
+                "circle-beats-triplet",
+                "Circle loss (T_cir x P_lin), one of the DML losses of Table 1, performs better than the "
+                "triplet loss (T_con x P_con)",
+                ("cir", "lin"),
+                ("con", "con"),
+                d,
+                table="Tables 1, 3",
+                settings=(("t3", "vsepp_r152"), ("t3", "vsepp_r152_ft")),
+                prefix="goal-t3",
+                note="'All DML loss functions mentioned in Table 1 perform better than triplet loss in "
+                "both steps' (Sect. 5, Table 3: frozen and fine-tuned VSE++).",
+            )
+        )
     return out
 
 

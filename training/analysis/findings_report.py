@@ -21,21 +21,24 @@ from icr.training.analysis.findings_verdict import (
     ANTI_RANKED,
     AT_LEAST,
     BELOW,
+    BEST_ALSO,
     ENCODERS,
     EQUALS,
     GREATER,
-    MARGIN_CAP,
+    NOT_RUN,
+    NOT_TESTABLE,
     PAIRWISE,
     SIMILAR,
+    TESTABLE,
     VERDICT_RULE,
     VERDICTS,
     Finding,
     Outcome,
-    as_mean_std,
     evaluate,
-    pairwise_margin,
 )
 from icr.training.analysis.paper_numbers import NUMBERS, PAPERS
+from icr.training.analysis.regime_differences import differences
+from icr.training.analysis.regime_differences import markdown as regime_markdown
 
 
 def _fmt(x: float | None, like: float | None = None) -> str:
@@ -46,12 +49,8 @@ def _fmt(x: float | None, like: float | None = None) -> str:
     return f"{x:.{digits}f}"
 
 
-def _fmt_margin(m: float | None) -> str:
-    if m is None:
-        return "–"
-    if abs(m) >= MARGIN_CAP:
-        return f"{'+' if m > 0 else '−'}∞ (std 0)"
-    return f"{m:+.1f}"
+def _fmt_p(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
 
 
 def _paper_group(keys: Sequence[str], finding: Finding) -> str:
@@ -64,10 +63,7 @@ def _paper_group(keys: Sequence[str], finding: Finding) -> str:
     if finding.kind in PAIRWISE and len(numbers) == 2 and all(n.mean is not None for n in numbers):
         a, b = numbers
         assert a.mean is not None and b.mean is not None
-        if a.std is not None and b.std is not None:
-            text += f" (margin {_fmt_margin(pairwise_margin((a.mean, a.std), (b.mean, b.std)))})"
-        else:
-            text += f" (Δ {a.mean - b.mean:+.{1 if abs(a.mean) >= 10 else 2}f})"
+        text += f" (Δ {a.mean - b.mean:+.{1 if abs(a.mean) >= 10 else 2}f})"
     return text
 
 
@@ -79,10 +75,28 @@ def _ours_cell(outcome: Outcome) -> str:
     shared = len({o["metric"] for o in outcome.ours}) == 1
     cells = []
     for o in outcome.ours:
-        value = "not run" if o["mean"] is None else f"{_fmt(o['mean'])} ± {_fmt(o['std'], o['mean'])}"
-        runs = f" ({o['runs']} runs)" if o["runs"] is not None and o["mean"] is not None else ""
-        cells.append(f"`{o['variant']}`{'' if shared else ' ' + o['metric']}: {value}{runs}")
+        if o["mean"] is None:
+            value = "not run"
+        else:
+            std = "" if o["std"] is None else f" ± {_fmt(o['std'], o['mean'])}"
+            value = f"{_fmt(o['mean'])}{std} ({o['runs']} seeds)"
+            if o.get("batch_std") is not None:
+                value += f"; over batches ± {_fmt(o['batch_std'], o['mean'])}"
+        cells.append(f"`{o['variant']}`{'' if shared else ' ' + o['metric']}: {value}")
     return "<br>".join(cells)
+
+
+def _test_cell(outcome: Outcome) -> str:
+    test = outcome.test
+    if test is None:
+        return "–"
+    lo, hi = test["interval_90"]
+    ref = max(abs(lo), abs(hi), abs(test["estimate"]))
+    cell = (
+        f"{test['name']}: {_fmt(test['estimate'], ref)} [{_fmt(lo, ref)}, {_fmt(hi, ref)}], "
+        f"df {test['df']:.1f}"
+    )
+    return cell + (f", p {_fmt_p(outcome.p)}" if outcome.p is not None else "")
 
 
 def _escape(text: str) -> str:
@@ -98,6 +112,7 @@ def _claim_cell(finding: Finding) -> str:
         ABOVE: f"> {finding.target:g} (tol. {finding.tolerance:g})" if finding.target is not None else ">",
         BELOW: f"< {finding.target:g} (tol. {finding.tolerance:g})" if finding.target is not None else "<",
         ANTI_RANKED: "more counted ⇒ lower score",
+        BEST_ALSO: "best on the first ⇒ not below any on the second",
     }[finding.kind]
     metrics = ", ".join(f"`{m}`" for m in dict.fromkeys(finding.metrics))
     cell = f"**{finding.id}** ({finding.table})<br>{finding.claim}<br>{finding.encoder}: {metrics}; {kind}"
@@ -121,6 +136,11 @@ def _summary(rows: Sequence[tuple[Finding, Outcome]]) -> dict[str, dict[str, int
     return out
 
 
+def _mean_std(node: Any) -> tuple[float, float] | None:
+    ok = isinstance(node, list | tuple) and len(node) == 2 and all(isinstance(x, int | float) for x in node)
+    return (float(node[0]), float(node[1])) if ok else None
+
+
 def _convergence(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """Per encoder and variant: best epoch (validation rsum peak) and epochs run, [mean, std] or None."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -130,7 +150,7 @@ def _convergence(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str
             continue
         out[enc] = {
             name: {
-                key: as_mean_std(entry.get(key)) if isinstance(entry, Mapping) else None
+                key: _mean_std(entry.get(key)) if isinstance(entry, Mapping) else None
                 for key in ("best_epoch", "epochs_completed")
             }
             for name, entry in (report.get("variants") or {}).items()
@@ -199,12 +219,13 @@ def build_findings(
         md += [f"Regime ({enc}): {_regime_text(reports[enc])}.", ""]
     md += [
         "Each row is a claim of a paper, its numbers (as printed; `*` marks a number read from a cell "
-        "whose structure the conversion lost, or computed from printed ones), ours (mean ± std over "
-        "seeds, from the comparison report of the named encoder), the margin of our difference in "
-        "standard deviations, and the verdict. Paper margins use the same formula with the paper's "
-        "stds. Only directions and margins are compared, never levels: the papers train on Flickr30k, "
-        "MS-COCO or Conceptual Captions, we on the embedded synthetic benchmark, and scales can differ "
-        "(the Cross-Example Softmax paper prints PR-AUC in percent, we on a 0-1 scale).",
+        "whose structure the conversion lost, or computed from printed ones), ours (mean ± sample std "
+        "over seeds, from the comparison report of the named encoder), the test of our difference "
+        "(its estimate, 90 % interval, which matches one-sided tests at 0.05, degrees of freedom and "
+        "the p-value behind the verdict) and the "
+        "verdict. Only directions are compared, never levels: the papers train on Flickr30k, MS-COCO "
+        "or Conceptual Captions, we on the embedded synthetic benchmark, and scales can differ (the "
+        "Cross-Example Softmax paper prints PR-AUC in percent, we on a 0-1 scale).",
         "",
         "## Verdict rule",
         "",
@@ -218,7 +239,7 @@ def build_findings(
         md += [
             f"## {paper.short}: {paper.title} ({paper.citation})",
             "",
-            "| finding | paper's numbers | ours | margin (stds) | verdict |",
+            "| finding | paper's numbers | ours | test | verdict |",
             "|---|---|---|---:|---|",
         ]
         for f, o in sel:
@@ -231,20 +252,26 @@ def build_findings(
                         _claim_cell(f),
                         _paper_cell(f),
                         _ours_cell(o),
-                        _fmt_margin(o.margin),
+                        _test_cell(o),
                         verdict,
                     )
                 )
                 + " |"
             )
         md.append("")
-    md += ["## Summary", "", "| paper | " + " | ".join(VERDICTS) + " | total |"]
-    md.append("|---|" + "---:|" * (len(VERDICTS) + 1))
+    md += [
+        "## Summary",
+        "",
+        f"Testable findings only; {NOT_TESTABLE} and {NOT_RUN} rows are counted apart and listed above.",
+        "",
+        "| paper | " + " | ".join(TESTABLE) + f" | testable | {NOT_TESTABLE} | {NOT_RUN} |",
+    ]
+    md.append("|---|" + "---:|" * (len(TESTABLE) + 3))
     for key, counts in summary.items():
         label = "**all**" if key == "all" else PAPERS[key].short
-        md.append(
-            f"| {label} | " + " | ".join(str(counts[v]) for v in VERDICTS) + f" | {sum(counts.values())} |"
-        )
+        cells = [str(counts[v]) for v in TESTABLE]
+        cells += [str(sum(counts[v] for v in TESTABLE)), str(counts[NOT_TESTABLE]), str(counts[NOT_RUN])]
+        md.append(f"| {label} | " + " | ".join(cells) + " |")
     md.append("")
     if any(ms is not None for per in convergence.values() for row in per.values() for ms in row.values()):
         md += ["## Convergence (mean ± std over seeds)", ""]
@@ -264,6 +291,9 @@ def build_findings(
         md.append("")
     if cost is not None:
         md += _cost_lines(cost)
+    regime_rows = differences(reports)
+    if regime_rows:
+        md += regime_markdown(regime_rows, PAPERS)
     md += ["## What differs in the regime", "", regime_notes.strip() or "(not given)", ""]
 
     def number_json(key: str) -> dict[str, Any]:
@@ -279,7 +309,8 @@ def build_findings(
                 **{k: v for k, v in asdict(f).items() if k != "evidence"},
                 "evidence": [[number_json(k) for k in group] for group in f.evidence],
                 "verdict": o.verdict,
-                "margin": o.margin,
+                "p": o.p,
+                "test": o.test,
                 "detail": o.detail,
                 "ours": list(o.ours),
             }
@@ -287,6 +318,7 @@ def build_findings(
         ],
         "summary": summary,
         "convergence": convergence,
+        "regime_differences": [asdict(r) for r in regime_rows],
         "regime_notes": regime_notes,
         "cost": cost,
     }

@@ -133,11 +133,22 @@ def paper_command(
     variants: Annotated[
         str, typer.Option(help="Run only these variants of each encoder's suite (default: all of them).")
     ] = "",
-    seeds: Annotated[str, typer.Option(help="Comma-separated training seeds.")] = "0,1,2",
-    epochs: Annotated[int, typer.Option(help="Cap on epochs per run (SmoothAP x5).")] = 30,
+    seeds: Annotated[str, typer.Option(help="Comma-separated training seeds.")] = "0,1,2,3,4",
+    epochs: Annotated[
+        int,
+        typer.Option(help="Cap on epochs per run (SmoothAP x5); 0: each config's own (vsepp 30, gpo 25)."),
+    ] = 0,
     patience: Annotated[
         int, typer.Option(help="Stop a run after this many epochs without a better validation rsum.")
-    ] = 3,
+    ] = 5,
+    hold: Annotated[
+        int,
+        typer.Option(help="Never stop a run before its learning-rate step + this many epochs (0: no hold)."),
+    ] = 5,
+    scale_smoothap_schedule: Annotated[
+        bool,
+        typer.Option(help="SmoothAP's learning-rate step times its epoch factor (ECIR: 75 of 150 epochs)."),
+    ] = True,
     batch_size: Annotated[int, typer.Option(help="Batch size (the papers': 128).")] = 128,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override for every run, e.g. --set train.threads=1.")
@@ -162,7 +173,8 @@ def paper_command(
     ] = False,
 ) -> None:
     """The papers' findings under the papers' regime: every objective on frozen pretrained features,
-    trained until validation stops improving, 3 seeds; verdicts side by side with the papers.
+    trained until validation stops improving (never before the learning-rate step + --hold epochs),
+    5 seeds; verdicts (t tests over seeds) side by side with the papers.
 
     Runs `icr analyze compare` once per encoder (VSE++-style precomp and VSE-infinity GPO) and writes
     docs/paper-findings.md + .json from every report present. Interrupt and re-run to continue; run
@@ -181,17 +193,31 @@ def paper_command(
       icr analyze paper --quick --runs /tmp/pq --docs /tmp/pq/docs --out /tmp/pq/findings.md
 
       icr analyze paper --report-only                 # findings from the runs finished so far
+
+      # the committed 3-seed runs of 2026-11-24 (their regime: cap 20, patience 2, no hold)
+      icr analyze paper --report-only --runs docs/paper-regime/runs --epochs 20 --patience 2 --hold 0 \
+          --no-scale-smoothap-schedule --seeds 0,1,2 --set train.threads=1 --features /work/exp/features
     """
     from icr.training.analysis.paper_regime import PaperSuite, quick_suite, run_paper_suite
     from icr.training.analysis.variants import split_variants
 
-    if epochs < 1 or batch_size < 1 or patience < 0:
-        raise ValueError("--epochs and --batch-size must be >= 1, --patience >= 0")
+    if epochs < 0 or batch_size < 1 or patience < 0 or hold < 0:
+        raise ValueError("--batch-size must be >= 1; --epochs, --patience and --hold >= 0")
     seed_list, overrides, only = _seed_list(seeds), tuple(set_ or ()), tuple(split_variants(variants))
     suite = (
         quick_suite(features, overrides, batch_size, only)
         if quick
-        else PaperSuite(features, seed_list, epochs, batch_size, patience, overrides=overrides, only=only)
+        else PaperSuite(
+            features,
+            seed_list,
+            epochs,
+            batch_size,
+            patience,
+            hold,
+            scale_smoothap_schedule,
+            overrides=overrides,
+            only=only,
+        )
     )
     findings = run_paper_suite(
         suite,
