@@ -731,6 +731,9 @@ def test_regime_differences_are_read_from_the_runs() -> None:
     assert "about 5.1k steps" in rows["`cross_example_softmax`"].ours
     assert "`mask_duplicates` on in 3 of 4 variants" in rows["false negatives (vsepp)"].ours
     assert differences({}) == []
+    held = {**report, "regime": {**regime, "epochs": 0, "hold": 5, "scale_schedule": True}}
+    stopping = next(r for r in differences({"vsepp": held}) if r.setting == "stopping (vsepp)")
+    assert "a cap of 30 epochs" in stopping.ours and "never before the learning-rate step + 5:" in stopping.ours
 
 
 def test_the_papers_stopping_rule_in_the_run_configs() -> None:

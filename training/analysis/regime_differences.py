@@ -96,9 +96,11 @@ def differences(reports: Mapping[str, Mapping[str, Any]]) -> list[Difference]:
                 f"stopping ({enc})",
                 "a fixed number of epochs (ECIR 30, SmoothAP 150; VSE-infinity / GOAL 25; LTD 60), "
                 "keeping the best validation checkpoint",
-                f"a cap of {regime.epochs} epochs (SmoothAP x{regime.smoothap_epoch_factor}) and a stop "
-                f"after {regime.patience} epochs without a better validation rsum: {stopped} of {total} "
-                "runs stopped before their learning-rate step + 5 epochs"
+                f"a cap of {regime.epochs_for(Variant('ntxent'))} epochs (SmoothAP "
+                f"x{regime.smoothap_epoch_factor}) and a stop after {regime.patience} epochs without a "
+                "better validation rsum"
+                + (f", never before the learning-rate step + {regime.hold}" if regime.hold else "")
+                + f": {stopped} of {total} runs stopped before their learning-rate step + 5 epochs"
                 + (f" ({'; '.join(f'`{v}` {t}' for v, t in which.items())})" if which else ""),
                 "a run stopped before its learning-rate decay scores lower; two variants stopped at "
                 "different points compare stopping, not losses",
