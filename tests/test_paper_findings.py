@@ -61,6 +61,8 @@ OUR_VARIANTS = {
     "ntxent+ltd:constraint",
     "ntxent+itd:dual",
     "ntxent+itd:constraint",
+    "ntxent[temperature=0.05]",
+    "ntxent[temperature=0.05]+ltd:constraint",
 }
 GOAL_NAME = re.compile(r"^goal\[triplet_weight=(\w+),pair_weight=(\w+)\]$")
 PAPERS_DIR = pn.papers_dir(Path(__file__).resolve().parents[1])

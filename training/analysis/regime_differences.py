@@ -70,10 +70,6 @@ def _steps(entry: Mapping[str, Any]) -> float | None:
     return statistics.fmean(steps) if steps else None
 
 
-def _variants(report: Mapping[str, Any], prefix: str) -> list[str]:
-    return [v for v in report["variants"] if v.startswith(prefix)]
-
-
 def differences(reports: Mapping[str, Mapping[str, Any]]) -> list[Difference]:
     """The rows for the reports present ({"vsepp": report, "gpo": report}); a row whose evidence is
     absent (its encoder or variants not run) is left out."""
@@ -176,7 +172,7 @@ def differences(reports: Mapping[str, Mapping[str, Any]]) -> list[Difference]:
                     "ECIR's VSRN findings are tested on another architecture and optimiser",
                 )
             )
-        for name in _variants(report, "ntxent+ltd"):
+        for name in (v for v in report["variants"] if Variant.parse(v).decoder == "ltd"):
             entry, config = report["variants"][name], _config(report, name)
             params = (entry.get("objective") or {}).get("params") or {}
             text = config.model.get("text", {})
@@ -196,7 +192,7 @@ def differences(reports: Mapping[str, Mapping[str, Any]]) -> list[Difference]:
                     "the contrastive baseline and LTD may converge to different points than in the paper",
                 )
             )
-        for name in _variants(report, "cross_example"):
+        for name in (v for v in report["variants"] if v.startswith("cross_example")):
             steps = _steps(report["variants"][name])
             rows.append(
                 Difference(
