@@ -194,9 +194,9 @@ def paper_command(
 
       icr analyze paper --report-only                 # findings from the runs finished so far
 
-      # the committed 3-seed runs of 2026-11-24 (their regime: cap 20, patience 2, no hold)
-      icr analyze paper --report-only --runs docs/paper-regime/runs --epochs 20 --patience 2 --hold 0 \
-          --no-scale-smoothap-schedule --seeds 0,1,2 --set train.threads=1 --features /work/exp/features
+      icr analyze paper --report-only --runs docs/paper-regime/runs --epochs 20 --patience 2
+      --hold 0 --no-scale-smoothap-schedule --seeds 0,1,2 --set train.threads=1
+      --features /work/exp/features      # the committed runs of 2026-11-24, in their regime
     """
     from icr.training.analysis.paper_regime import PaperSuite, quick_suite, run_paper_suite
     from icr.training.analysis.variants import split_variants
