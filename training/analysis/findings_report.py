@@ -34,6 +34,7 @@ from icr.training.analysis.findings_verdict import (
     VERDICTS,
     Finding,
     Outcome,
+    as_mean_std,
     evaluate,
 )
 from icr.training.analysis.paper_numbers import NUMBERS, PAPERS
@@ -136,11 +137,6 @@ def _summary(rows: Sequence[tuple[Finding, Outcome]]) -> dict[str, dict[str, int
     return out
 
 
-def _mean_std(node: Any) -> tuple[float, float] | None:
-    ok = isinstance(node, list | tuple) and len(node) == 2 and all(isinstance(x, int | float) for x in node)
-    return (float(node[0]), float(node[1])) if ok else None
-
-
 def _convergence(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """Per encoder and variant: best epoch (validation rsum peak) and epochs run, [mean, std] or None."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -150,7 +146,7 @@ def _convergence(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str
             continue
         out[enc] = {
             name: {
-                key: _mean_std(entry.get(key)) if isinstance(entry, Mapping) else None
+                key: as_mean_std(entry.get(key)) if isinstance(entry, Mapping) else None
                 for key in ("best_epoch", "epochs_completed")
             }
             for name, entry in (report.get("variants") or {}).items()

@@ -151,6 +151,23 @@ def _path(node: Any, path: str) -> tuple[Any, bool]:
     return node, True
 
 
+def as_mean_std(node: Any) -> tuple[float, float] | None:
+    """(mean, std) of a report value (``[mean, std]``, or a bare number with std 0); None for a
+    null, a boolean, any other shape or a non-finite value."""
+    if isinstance(node, bool):
+        return None
+    if isinstance(node, int | float):
+        pair: tuple[Any, Any] = (node, 0.0)
+    elif isinstance(node, list | tuple) and len(node) == 2:
+        pair = (node[0], node[1])
+    else:
+        return None
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in pair):
+        return None
+    mean, std = float(pair[0]), float(pair[1])
+    return (mean, std) if math.isfinite(mean) and math.isfinite(std) else None
+
+
 def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -290,9 +307,7 @@ def collapsed(reports: Mapping[str, Mapping[str, Any]], encoder: str, variant: s
     rsums = {
         name: value[0]
         for name, entry in entries.items()
-        if isinstance(value := _path(entry, "annotations/rsum")[0], list | tuple)
-        and value
-        and _finite(value[0])
+        if (value := as_mean_std(_path(entry, "annotations/rsum")[0])) is not None
     }
     if variant not in rsums or len(rsums) < 3:
         return ""
@@ -417,6 +432,7 @@ __all__ = [
     "VERDICT_RULE",
     "Finding",
     "Outcome",
+    "as_mean_std",
     "compare_sides",
     "evaluate",
     "judge",

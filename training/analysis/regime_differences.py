@@ -151,7 +151,8 @@ def differences(reports: Mapping[str, Mapping[str, Any]]) -> list[Difference]:
                     f"a cap of {config.train.epochs} epochs with `lr_update` {config.optim.lr_update}: "
                     + (
                         "scaled"
-                        if config.optim.lr_update >= 5 * _config(report, "ntxent").optim.lr_update
+                        if config.optim.lr_update
+                        >= regime.smoothap_epoch_factor * _config(report, "ntxent").optim.lr_update
                         else f"not scaled, so its learning rate drops after about "
                         f"{config.optim.lr_update / regime.smoothap_epoch_factor:g} caption-level epochs' "
                         "worth of steps"
