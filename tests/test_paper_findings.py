@@ -28,6 +28,8 @@ from icr.training.analysis.findings_verdict import (
     ALPHA,
     ANTI_RANKED,
     AT_LEAST,
+    BELOW,
+    BEST_ALSO,
     EQUALS,
     EQUIVALENCE,
     GREATER,
@@ -384,6 +386,44 @@ def test_findings_reference_existing_numbers_variants_and_metrics() -> None:
         else:
             assert len(f.variants) >= 2 and len(f.metrics) == 2
     assert papers_seen == set(pn.PAPERS)
+
+
+def _claim_holds_in_paper(f: Finding, group: tuple[float, ...]) -> bool:
+    """The finding's claim, written out again on one setting's printed means."""
+    if f.kind in (SIMILAR, AT_LEAST):
+        bound = f.bound if f.bound is not None else EQUIVALENCE * max(group)
+        return abs(group[0] - group[1]) <= bound if f.kind == SIMILAR else group[0] >= group[1] - bound
+    assert f.target is not None or f.kind == GREATER
+    return {
+        GREATER: lambda: group[0] > group[1],
+        EQUALS: lambda: abs(group[0] - f.target) <= f.tolerance,
+        ABOVE: lambda: group[0] > f.target,
+        BELOW: lambda: group[0] < f.target,
+    }[f.kind]()
+
+
+def test_every_claim_holds_in_the_papers_own_numbers_or_its_note_says_where_not() -> None:
+    """A paraphrase stronger than the paper's table is caught here: each setting's printed means must
+    bear the claim out, or the finding's note must quote the number that does not."""
+    for f in FINDINGS:
+        groups = [tuple(pn.NUMBERS[k].mean for k in g) for g in f.evidence]
+        groups = [g for g in groups if None not in g]  # cells the paper does not print
+        assert groups, f.id
+        if f.kind == ANTI_RANKED:
+            # evidence: the count groups, then the score groups, one per setting
+            half = len(groups) // 2
+            for counts, scores in zip(groups[:half], groups[half:], strict=True):
+                for i, j in itertools.combinations(range(len(f.variants)), 2):
+                    assert (counts[i] - counts[j]) * (scores[i] - scores[j]) < 0, (f.id, i, j)
+        elif f.kind == BEST_ALSO:
+            half = len(groups) // 2
+            for first, second in zip(groups[:half], groups[half:], strict=True):
+                best = max(range(len(first)), key=first.__getitem__)
+                assert second[best] == max(second), f.id
+        else:
+            for g in groups:
+                if not _claim_holds_in_paper(f, g):
+                    assert f"{g[0]:.1f}" in f.note, (f.id, g, "the note must say where the paper differs")
 
 
 def test_paper_numbers_are_well_formed() -> None:

@@ -37,6 +37,7 @@ ECIR_VARIANT = {
     "ntxent": "ntxent",
     "smoothap": "smoothap",
 }
+ECIR_NAME = {"triplet": "Triplet", "triplet_sh": "Triplet SH", "smoothap": "SmoothAP"}
 RSUM = "annotations/rsum"
 
 
@@ -219,7 +220,7 @@ def _ecir_findings() -> list[Finding]:
             ev(t2, "vsrn", [("triplet", "i2t_Cq")]),
             target=1.0,
             tolerance=0.5,
-            note="Tolerance 0.5 covers the paper's VSRN values (1.15-1.39).",
+            note="Tolerance 0.5 covers the paper's VSRN values (i2t: 1.39, 1.21).",
         )
     )
     for enc, method in (("vsepp", "vsepp"), ("gpo", "vsrn")):
@@ -251,8 +252,9 @@ def _ecir_findings() -> list[Finding]:
             ("triplet", "triplet_hardest"),
             ("cocos/i2t_CB",),
             ev(t2, "vsepp", [("triplet", "i2t_CB"), ("triplet_sh", "i2t_CB")]),
-            note="The text says 'for both datasets'; for VSRN on MS-COCO Table 2 has the reverse "
-            "(29.88 < 33.24).",
+            note="Sect. 5, of VSE++ (rows 1.1/1.2, 2.1/2.2): C^q and C^B of the Triplet loss are 'both "
+            "much greater' than SH's 'for both dataset and both the the i2t and t2i task'. Not claimed for "
+            "VSRN, where MS-COCO has the reverse (29.88 < 33.24).",
         )
     )
     out.append(
@@ -291,7 +293,7 @@ def _ecir_findings() -> list[Finding]:
         Finding(
             "ecir-t4-smoothap-fewer-than-triplet-vsepp",
             "ecir",
-            "Table 4",
+            "Tables 2, 4",
             "SmoothAP takes about one triplet per query into account, far fewer than the Triplet loss "
             "(C^q, VSE++, i2t)",
             "vsepp",
@@ -302,25 +304,44 @@ def _ecir_findings() -> list[Finding]:
                 (f"ecir.t2.{ds}.vsepp.triplet.i2t_Cq", f"ecir.t4.{ds}.vsepp.smoothap.i2t_Cq")
                 for ds in ("f30k", "coco")
             ),
+            note="Read from Tables 2 and 4 (SmoothAP 1.27 / 1.48 against the Triplet loss's 6.79 / 3.51); "
+            "the text only says Table 4 is 'in line with the observations in Table 2'.",
         )
     )
+    # The text's "approximately one triplet" fits its VSE++ values; its VSRN values (2.33, 1.67) do
+    # not, so for VSRN the finding is the table's "a few", around 2.
+    smoothap_cq = {
+        "vsepp": (
+            "At the optimal convergence point SmoothAP takes approximately one triplet into account per "
+            "query, C^q(SmoothAP) ≈ 1 (i2t)",
+            1.0,
+            "Tolerance 0.5 covers the paper's VSE++ values (1.27, 1.48).",
+        ),
+        "gpo": (
+            "For VSRN, SmoothAP takes a few triplets per query into account at convergence, "
+            "C^q(SmoothAP) ≈ 2 (i2t)",
+            2.0,
+            "Read from Table 4 (2.33 on Flickr30k, 1.67 on MS-COCO; tolerance 0.5 covers both). The "
+            "text's 'approximately one triplet' holds for VSE++ only; it singles out VSRN on Flickr30k as "
+            "the run where SmoothAP counts the most negatives.",
+        ),
+    }
     for enc, method in (("vsepp", "vsepp"), ("gpo", "vsrn")):
+        claim, target, note = smoothap_cq[enc]
         out.append(
             Finding(
                 f"ecir-t4-smoothap-cq-near-one-{enc}",
                 "ecir",
                 "Table 4",
-                "At the optimal convergence point SmoothAP takes approximately one triplet into account "
-                "per query, C^q(SmoothAP) ≈ 1 (i2t)",
+                claim,
                 enc,
                 EQUALS,
                 ("smoothap",),
                 ("cocos/i2t_Cq",),
                 tuple((f"ecir.t4.{ds}.{method}.smoothap.i2t_Cq",) for ds in ("f30k", "coco")),
-                target=1.0,
+                target=target,
                 tolerance=0.5,
-                note="Tolerance 0.5 covers the paper's VSE++ values (1.27, 1.48); VSRN on Flickr30k (2.33) "
-                "lies outside it, the one case the paper singles out.",
+                note=note,
             )
         )
         out.append(
@@ -344,31 +365,38 @@ def _ecir_findings() -> list[Finding]:
                 "in image-level batches).",
             )
         )
-    for enc, method in (("vsepp", "vsepp"), ("gpo", "vsrn")):
-        losses = ("triplet", "triplet_sh", "smoothap")
+    # For VSRN the paper calls the relation with the Triplet loss 'less clear' (its C^q, 1.39 / 1.21, is
+    # below SmoothAP's 2.33 / 1.67 while its rsum is lower too); what it keeps there is SH vs SmoothAP
+    for enc, method, losses in (
+        ("vsepp", "vsepp", ("triplet", "triplet_sh", "smoothap")),
+        ("gpo", "vsrn", ("triplet_sh", "smoothap")),
+    ):
         out.append(
             Finding(
                 f"ecir-cocos-more-contributors-lower-score-{enc}",
                 "ecir",
                 "Tables 1, 2, 4",
                 "The more negatives contribute to the gradient at convergence (C^q), the lower the score "
-                "(rsum): Triplet, Triplet SH, SmoothAP",
+                f"(rsum): {', '.join(ECIR_NAME[x] for x in losses)}",
                 enc,
                 ANTI_RANKED,
                 tuple(ECIR_VARIANT[x] for x in losses),
                 ("cocos/i2t_Cq", RSUM),
                 tuple(
-                    (
-                        f"ecir.t2.{ds}.{method}.triplet.i2t_Cq",
-                        f"ecir.t2.{ds}.{method}.triplet_sh.i2t_Cq",
-                        f"ecir.t4.{ds}.{method}.smoothap.i2t_Cq",
-                    )
+                    # SmoothAP's counts are in Table 4, the triplet losses' in Table 2
+                    tuple(f"ecir.t{4 if x == 'smoothap' else 2}.{ds}.{method}.{x}.i2t_Cq" for x in losses)
                     for ds in ("f30k", "coco")
                 )
                 + _ecir_t1(method, losses, "rsum"),
-                note="Upshot of Sect. 5. NT-Xent is left out: its count is another quantity (C^{qv-}) "
-                "and the paper says the relation does not hold for it."
-                + (" The paper calls the relation 'less clear' for VSRN." if method == "vsrn" else ""),
+                note="Sect. 5 (the SmoothAP paragraph). NT-Xent is left out: its count is another quantity "
+                "(C^{qv-}) and the paper says the relation does not hold for it."
+                + (
+                    " For VSRN the Triplet loss is left out too: the paper calls its relation 'less clear', "
+                    "and keeps 'the only experiment where the Triplet loss SH outperforms SmoothAP with a "
+                    "large margin ... takes the highest number of negatives into account'."
+                    if method == "vsrn"
+                    else ""
+                ),
             )
         )
     return out
@@ -409,6 +437,7 @@ def _ltd_findings() -> list[Finding]:
             "Constraint-based LTD outperforms the contrastive-only baseline by a large margin (rsum)",
             lag,
             bl,
+            note="Sect. 5.1. At ECIR's InfoNCE temperature 0.1; the paper uses 0.05 (the next row).",
         ),
         f(
             "constraint-beats-baseline-paper-tau",
@@ -431,6 +460,9 @@ def _ltd_findings() -> list[Finding]:
             "Latent target decoding beats input target decoding, both as constraints (rsum)",
             lag,
             itd,
+            note="Read from Table 1 (341.4 against 400.9, 313.7 against 329.7); the text says 'unlike "
+            "reconstructing the input caption, LTD reduces shortcut learning'. The paper's thresholds "
+            "differ: η = 6 for ITD, 0.2 for LTD.",
         ),
         f(
             "itd-constraint-hurts",
@@ -439,13 +471,14 @@ def _ltd_findings() -> list[Finding]:
             itd,
         ),
         f(
-            "itd-dual-not-above-baseline",
-            "ITD as a dual loss does not result in improved recall over the baseline (rsum)",
-            bl,
+            "itd-dual-similar-baseline",
+            "ITD as a dual loss gives no clear recall improvement over the baseline (rsum)",
             itd_dual,
-            AT_LEAST,
-            note="Sect. 5: 'implementing ITD as a dual loss does not result in improved recall@k scores, "
-            "for most values of k'.",
+            bl,
+            SIMILAR,
+            note="Sect. 5.2: 'implementing ITD as a dual loss does not result in improved recall@k scores, "
+            "for most values of k'. Table 1 goes both ways (rsum 375.2 < 381.9 on Flickr30k, 320.8 > 317.7 "
+            "on MS-COCO), so the claim is ≈, not 'not above'.",
         ),
         f(
             "itd-constraint-below-dual",
