@@ -821,3 +821,23 @@ def test_the_papers_stopping_rule_in_the_run_configs() -> None:
     )
     fields = {**report["regime"], "overrides": tuple(report["regime"]["overrides"])}
     assert Regime(**fields).key() == result["regime_key"]
+
+
+def test_committed_reruns_are_in_the_default_stopping_rule_regime() -> None:
+    """The reruns' findings are rebuilt by the command docs/evaluation.md quotes (the defaults plus
+    train.threads=1 on /work/exp/features): every committed rerun carries that regime's key, and no
+    run ended before its learning-rate step + hold epochs."""
+    from icr.training.analysis.compare import Variant, run_config
+    from icr.training.analysis.paper_regime import PaperSuite
+
+    root = Path(__file__).resolve().parents[1] / "docs/paper-regime/rerun"
+    suite = PaperSuite(Path("/work/exp/features"), overrides=("train.threads=1",))
+    results = sorted((root / "runs").glob("*/*/seed*/result.json"))
+    assert results
+    for path in results:
+        encoder = path.parts[-4]
+        result = json.loads(path.read_text())
+        regime = suite.regime(encoder)
+        assert result["regime_key"] == regime.key(), path
+        config = run_config(regime, Variant.parse(result["variant"]), result["seed"], Path("out"))
+        assert config.train.min_epochs >= 20 and result["epochs_completed"] >= config.train.min_epochs, path
