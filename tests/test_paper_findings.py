@@ -390,16 +390,20 @@ def test_findings_reference_existing_numbers_variants_and_metrics() -> None:
 
 def _claim_holds_in_paper(f: Finding, group: tuple[float, ...]) -> bool:
     """The finding's claim, written out again on one setting's printed means."""
-    if f.kind in (SIMILAR, AT_LEAST):
-        bound = f.bound if f.bound is not None else EQUIVALENCE * max(group)
-        return abs(group[0] - group[1]) <= bound if f.kind == SIMILAR else group[0] >= group[1] - bound
-    assert f.target is not None or f.kind == GREATER
-    return {
-        GREATER: lambda: group[0] > group[1],
-        EQUALS: lambda: abs(group[0] - f.target) <= f.tolerance,
-        ABOVE: lambda: group[0] > f.target,
-        BELOW: lambda: group[0] < f.target,
-    }[f.kind]()
+    bound = f.bound if f.bound is not None else EQUIVALENCE * max(group)
+    if f.kind == GREATER:
+        return group[0] > group[1]
+    if f.kind == AT_LEAST:
+        return group[0] >= group[1] - bound
+    if f.kind == SIMILAR:
+        return abs(group[0] - group[1]) <= bound
+    assert f.target is not None and f.tolerance is not None, f.id
+    if f.kind == EQUALS:
+        return abs(group[0] - f.target) <= f.tolerance
+    if f.kind == ABOVE:
+        return group[0] > f.target
+    assert f.kind == BELOW, f.id
+    return group[0] < f.target
 
 
 def test_every_claim_holds_in_the_papers_own_numbers_or_its_note_says_where_not() -> None:

@@ -28,7 +28,7 @@ from icr.training.analysis.findings_verdict import (
     SIMILAR,
     Finding,
 )
-from icr.training.analysis.paper_numbers import NUMBERS, PAPERS
+from icr.training.analysis.paper_numbers import ECIR_LOSSES, NUMBERS, PAPERS
 
 ECIR_ENCODER = {"vsepp": "vsepp", "vsrn": "gpo"}
 ECIR_VARIANT = {
@@ -37,7 +37,6 @@ ECIR_VARIANT = {
     "ntxent": "ntxent",
     "smoothap": "smoothap",
 }
-ECIR_NAME = {"triplet": "Triplet", "triplet_sh": "Triplet SH", "smoothap": "SmoothAP"}
 RSUM = "annotations/rsum"
 
 
@@ -377,7 +376,7 @@ def _ecir_findings() -> list[Finding]:
                 "ecir",
                 "Tables 1, 2, 4",
                 "The more negatives contribute to the gradient at convergence (C^q), the lower the score "
-                f"(rsum): {', '.join(ECIR_NAME[x] for x in losses)}",
+                f"(rsum): {', '.join(ECIR_LOSSES[x] for x in losses)}",
                 enc,
                 ANTI_RANKED,
                 tuple(ECIR_VARIANT[x] for x in losses),
