@@ -654,6 +654,15 @@ def test_build_findings_on_synthetic_reports() -> None:
     assert md.rstrip().endswith("## What differs in the regime\n\nSynthetic images, 2 epochs.")
 
 
+def test_regime_line_says_what_epochs_zero_means() -> None:
+    """The reruns train each config's own epochs (epochs 0); the regime line says so."""
+    reports = synthetic_reports()
+    reports["vsepp"] = {**reports["vsepp"], "regime": {"epochs": 0, "batch_size": 128}}
+    _, md = build_findings(reports)
+    assert "Regime (vsepp): epochs `0` (the base config's own), batch_size `128`." in md
+    assert "Regime (gpo): epochs `30`, batch_size `128`." in md
+
+
 def test_build_findings_without_reports_does_not_crash() -> None:
     data, md = build_findings({})
     untestable = {f.id for f in FINDINGS if f.untestable}
@@ -845,3 +854,35 @@ def test_committed_reruns_are_in_the_default_stopping_rule_regime() -> None:
         assert result["regime_key"] == regime.key(), path
         config = run_config(regime, Variant.parse(result["variant"]), result["seed"], Path("out"))
         assert config.train.min_epochs >= 20 and result["epochs_completed"] >= config.train.min_epochs, path
+
+
+def test_committed_findings_are_rebuilt_from_the_committed_reruns(tmp_path: Path) -> None:
+    """docs/paper-findings.md and its JSON follow from the committed reruns by the command they quote:
+    rebuilding them from docs/paper-regime/rerun/runs (finished runs only, nothing trained) gives the
+    committed JSON and the committed reports, number for number."""
+    from icr.training.analysis.paper_regime import SUITES, PaperSuite, run_paper_suite
+
+    root = Path(__file__).resolve().parents[1]
+    command = (
+        "icr analyze paper --report-only --runs docs/paper-regime/rerun/runs --docs docs/paper-regime/rerun "
+        "--set train.threads=1 --features /work/exp/features --quiet"
+    )
+    committed = json.loads((root / "docs/paper-findings.json").read_text())
+    assert set(committed["commands"].values()) == {command}
+    suite = PaperSuite(Path("/work/exp/features"), overrides=("train.threads=1",))
+    rebuilt = run_paper_suite(
+        suite,
+        list(SUITES),
+        root / "docs/paper-regime/rerun/runs",
+        tmp_path / "docs",
+        tmp_path / "paper-findings.md",
+        command=command,
+        progress=False,
+        log=lambda _: None,
+        finished_only=True,
+    )
+    assert json.loads(json.dumps(rebuilt)) == committed
+    assert (tmp_path / "paper-findings.md").read_text() == (root / "docs/paper-findings.md").read_text()
+    for encoder in SUITES:
+        report = json.loads((tmp_path / "docs" / encoder / "report.json").read_text())
+        assert report == json.loads((root / "docs/paper-regime/rerun" / encoder / "report.json").read_text())

@@ -194,9 +194,12 @@ def paper_command(
 
       icr analyze paper --report-only                 # findings from the runs finished so far
 
+      icr analyze paper --report-only --runs docs/paper-regime/rerun/runs --docs docs/paper-regime/rerun
+      --set train.threads=1 --features /work/exp/features   # docs/paper-findings.md, committed runs
+
       icr analyze paper --report-only --runs docs/paper-regime/runs --epochs 20 --patience 2
       --hold 0 --no-scale-smoothap-schedule --seeds 0,1,2 --set train.threads=1
-      --features /work/exp/features      # the committed runs of 2026-11-24, in their regime
+      --features /work/exp/features --out /tmp/findings-2026-11-24.md   # the runs of 2026-11-24
     """
     from icr.training.analysis.paper_regime import PaperSuite, quick_suite, run_paper_suite
     from icr.training.analysis.variants import split_variants
