@@ -836,16 +836,25 @@ def test_the_papers_stopping_rule_in_the_run_configs() -> None:
     assert Regime(**fields).key() == result["regime_key"]
 
 
+RERUNS = Path(__file__).resolve().parents[1] / "docs/paper-regime/rerun"
+
+
+def _rerun_suite() -> Any:
+    """The suite of the command the committed findings quote: the defaults plus train.threads=1 on
+    /work/exp/features."""
+    from icr.training.analysis.paper_regime import PaperSuite
+
+    return PaperSuite(Path("/work/exp/features"), overrides=("train.threads=1",))
+
+
 def test_committed_reruns_are_in_the_default_stopping_rule_regime() -> None:
     """The reruns' findings are rebuilt by the command docs/evaluation.md quotes (the defaults plus
     train.threads=1 on /work/exp/features): every committed rerun carries that regime's key, and no
     run ended before its learning-rate step + hold epochs."""
     from icr.training.analysis.compare import Variant, run_config
-    from icr.training.analysis.paper_regime import PaperSuite
 
-    root = Path(__file__).resolve().parents[1] / "docs/paper-regime/rerun"
-    suite = PaperSuite(Path("/work/exp/features"), overrides=("train.threads=1",))
-    results = sorted((root / "runs").glob("*/*/seed*/result.json"))
+    suite = _rerun_suite()
+    results = sorted((RERUNS / "runs").glob("*/*/seed*/result.json"))
     assert results
     for path in results:
         encoder = path.parts[-4]
@@ -860,7 +869,7 @@ def test_committed_findings_are_rebuilt_from_the_committed_reruns(tmp_path: Path
     """docs/paper-findings.md and its JSON follow from the committed reruns by the command they quote:
     rebuilding them from docs/paper-regime/rerun/runs (finished runs only, nothing trained) gives the
     committed JSON and the committed reports, number for number."""
-    from icr.training.analysis.paper_regime import SUITES, PaperSuite, run_paper_suite
+    from icr.training.analysis.paper_regime import SUITES, run_paper_suite
 
     root = Path(__file__).resolve().parents[1]
     command = (
@@ -869,11 +878,10 @@ def test_committed_findings_are_rebuilt_from_the_committed_reruns(tmp_path: Path
     )
     committed = json.loads((root / "docs/paper-findings.json").read_text())
     assert set(committed["commands"].values()) == {command}
-    suite = PaperSuite(Path("/work/exp/features"), overrides=("train.threads=1",))
     rebuilt = run_paper_suite(
-        suite,
+        _rerun_suite(),
         list(SUITES),
-        root / "docs/paper-regime/rerun/runs",
+        RERUNS / "runs",
         tmp_path / "docs",
         tmp_path / "paper-findings.md",
         command=command,
@@ -885,4 +893,4 @@ def test_committed_findings_are_rebuilt_from_the_committed_reruns(tmp_path: Path
     assert (tmp_path / "paper-findings.md").read_text() == (root / "docs/paper-findings.md").read_text()
     for encoder in SUITES:
         report = json.loads((tmp_path / "docs" / encoder / "report.json").read_text())
-        assert report == json.loads((root / "docs/paper-regime/rerun" / encoder / "report.json").read_text())
+        assert report == json.loads((RERUNS / encoder / "report.json").read_text())

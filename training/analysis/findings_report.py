@@ -126,8 +126,10 @@ def _regime_text(report: Mapping[str, Any]) -> str:
     regime = report.get("regime")
     if isinstance(regime, Mapping):
         # epochs 0 means "the base config's own", which a bare `0` would hide from a reader
-        own = {"epochs": " (the base config's own)"} if regime.get("epochs") == 0 else {}
-        return ", ".join(f"{k} `{json.dumps(v)}`{own.get(k, '')}" for k, v in regime.items())
+        return ", ".join(
+            f"{k} `{json.dumps(v)}`" + (" (the base config's own)" if (k, v) == ("epochs", 0) else "")
+            for k, v in regime.items()
+        )
     return "–" if regime is None else str(regime)
 
 
