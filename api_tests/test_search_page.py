@@ -97,16 +97,16 @@ def _gallery_caption(url: str) -> str:
 
 
 def _hits(driver) -> list[dict[str, float | str]]:
-    from selenium.webdriver.common.by import By
-
+    # One script reads every card at once: the page re-renders its cards (labels arrive after the
+    # hits), so element handles found first and read one by one can go stale in between.
+    cards = driver.execute_script(
+        "return [...document.querySelectorAll('#results .hit')]"
+        ".map(c => [c.dataset.id, c.dataset.score, c.dataset.relevance]);"
+    )
     return [
-        {
-            "id": card.get_attribute("data-id"),
-            "score": float(card.get_attribute("data-score")),
-            # data-relevance is empty where a hit has none (a query outside the calibration's evidence)
-            "relevance": float(card.get_attribute("data-relevance") or "nan"),
-        }
-        for card in driver.find_elements(By.CSS_SELECTOR, "#results .hit")
+        # data-relevance is empty where a hit has none (a query outside the calibration's evidence)
+        {"id": id_, "score": float(score), "relevance": float(relevance or "nan")}
+        for id_, score, relevance in cards
     ]
 
 
